@@ -1,0 +1,17 @@
+// `moonrun serve`: placeholder until its issue lands.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace moonrun::cli {
+
+void add_serve_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "(not yet implemented)");
+  cmd->allow_extras();
+  cmd->callback([] {
+    std::fprintf(stderr, "moonrun serve: not implemented yet\n");
+    throw CLI::RuntimeError(2);
+  });
+}
+
+}  // namespace moonrun::cli

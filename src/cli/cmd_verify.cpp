@@ -1,0 +1,17 @@
+// `moonrun verify`: placeholder until its issue lands.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace moonrun::cli {
+
+void add_verify_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("verify", "(not yet implemented)");
+  cmd->allow_extras();
+  cmd->callback([] {
+    std::fprintf(stderr, "moonrun verify: not implemented yet\n");
+    throw CLI::RuntimeError(2);
+  });
+}
+
+}  // namespace moonrun::cli

@@ -1,0 +1,18 @@
+#pragma once
+// `moonrun <command>`: each command lives in its own cmd_<name>.cpp and registers itself
+// here. A command's callback ends with `throw CLI::RuntimeError(code)` for a non-zero exit.
+// Exit codes: 0 ok, 1 the check failed / the run failed, 2 usage or input error.
+#include <CLI/CLI.hpp>
+
+namespace moonrun::cli {
+
+void add_generate_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
+void add_verify_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_render_command(CLI::App& app);
+void add_parse_command(CLI::App& app);
+void add_make_demo_model_command(CLI::App& app);
+
+}  // namespace moonrun::cli
