@@ -13,7 +13,7 @@ int cpu_threads() {
       int v = std::atoi(env);
       if (v > 0) return v;
     }
-    return std::max(1u, std::thread::hardware_concurrency());
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }();
   return n;
 }
