@@ -1,0 +1,208 @@
+// POST /v1/chat/completions: render the conversation in the checkpoint's chat format, run
+// it, and parse the completion back into reasoning_content, content and tool_calls.
+#include <httplib.h>
+
+#include "chat/chat_request.h"
+#include "common/log.h"
+#include "server/chat_output.h"
+#include "server/generation.h"
+#include "server/handlers.h"
+#include "server/sampling_request.h"
+#include "server/stream_writer.h"
+
+namespace moonrun::server {
+
+using nlohmann::json;
+
+namespace {
+
+json tool_calls_json(const std::vector<ToolCallOut>& calls, int first_index, bool with_index) {
+  json arr = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id}, {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = first_index + static_cast<int>(i);
+    arr.push_back(c);
+  }
+  return arr;
+}
+
+json usage_json(const Usage& u, int reasoning_tokens) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"reasoning_tokens", reasoning_tokens},
+          {"completion_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json chat_logprobs(const ServingContext& ctx, const std::vector<SampleResult>& lps) {
+  auto entry = [&ctx](int32_t token, float lp) {
+    std::string t = ctx.tokenizer->decode(std::vector<uint32_t>{static_cast<uint32_t>(token)});
+    json bytes = json::array();
+    for (unsigned char c : t) bytes.push_back(c);
+    return json{{"token", t}, {"logprob", lp}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (const auto& r : lps) {
+    json e = entry(r.token, r.logprob);
+    json top = json::array();
+    for (const auto& c : r.top) top.push_back(entry(c.token, c.logprob));
+    e["top_logprobs"] = top;
+    content.push_back(e);
+  }
+  return {{"content", content}};
+}
+
+const char* finish_name(FinishReason reason, bool had_tool_calls) {
+  if (reason == FinishReason::kStop && had_tool_calls) return "tool_calls";
+  return finish_reason_name(reason);
+}
+
+}  // namespace
+
+void handle_chat_completions(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  json body;
+  if (!parse_body(ctx, req, res, body)) return;
+  // The chat layer keeps the client's key order (it is rendered back byte for byte).
+  auto request = chat::parse_chat_request(chat::Json::parse(req.body, nullptr, false));
+  if (!request.is_ok()) return send_error(res, from_status(request.status()));
+  for (const auto& w : request->warnings) MR_LOG(WARNING) << w;
+  for (const auto& m : request->messages)
+    if (m.content.num_images() > 0)
+      return send_error(res, bad_request("Image inputs are not supported by this server's model yet.",
+                                         "messages", "unsupported_content"));
+
+  auto segments = chat::render_chat(ctx.chat_format, *request);
+  if (!segments.is_ok()) return send_error(res, from_status(segments.status()));
+  std::vector<int32_t> prompt_ids;
+  {
+    std::vector<uint32_t> ids;
+    for (const auto& s : *segments) ctx.tokenizer->encode_append(s.text, s.allow_special, ids);
+    prompt_ids.assign(ids.begin(), ids.end());
+  }
+
+  auto params = sampling_params_from_json(body, Endpoint::kChat);
+  if (!params.is_ok()) return send_error(res, from_status(params.status()));
+  // Kimi's markers are special tokens: the parser must see them in the text.
+  params->skip_special_tokens = false;
+  int max_tokens = params->max_tokens;
+  Status fit = fit_context(ctx, prompt_ids.size(), max_tokens);
+  if (!fit.is_ok()) return send_error(res, from_status(fit));
+  params->max_tokens = max_tokens;
+
+  const bool thinking = request->thinking;
+  const chat::ChatFormat format = ctx.chat_format;
+  auto gen = Generation::start(*ctx.engine, *ctx.metrics, std::move(prompt_ids), *params);
+  if (!gen.is_ok()) return send_error(res, from_status(gen.status()));
+  const std::string id = new_response_id("chatcmpl");
+  const int64_t created = unix_time_s();
+  const std::string model = ctx.served_model_name;
+  const bool want_logprobs = params->logprobs >= 0;
+  const int n = params->n;
+
+  if (!request->stream) {
+    auto samples = (*gen)->collect();
+    if (!samples.is_ok()) return send_error(res, internal(samples.status().message()));
+    json choices = json::array();
+    int reasoning_tokens = 0;
+    for (int i = 0; i < n; ++i) {
+      const SampleOutcome& s = (*samples)[i];
+      auto parser = make_chat_output_parser(format, thinking);
+      ParsedDelta all;
+      for (size_t k = 0; k < s.text_pieces.size(); ++k) {
+        if (parser->in_reasoning()) reasoning_tokens += s.piece_tokens[k];
+        ParsedDelta d = parser->feed(s.text_pieces[k]);
+        all.reasoning += d.reasoning;
+        all.content += d.content;
+        all.tool_calls.insert(all.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+      }
+      ParsedDelta d = parser->finish();
+      all.reasoning += d.reasoning;
+      all.content += d.content;
+      all.tool_calls.insert(all.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+      json message = {{"role", "assistant"}};
+      message["content"] = all.content.empty() && !all.tool_calls.empty() ? json(nullptr) : json(all.content);
+      message["reasoning_content"] = all.reasoning.empty() ? json(nullptr) : json(all.reasoning);
+      message["reasoning"] = message["reasoning_content"];
+      if (!all.tool_calls.empty()) message["tool_calls"] = tool_calls_json(all.tool_calls, 0, false);
+      json choice = {{"index", i}, {"message", message},
+                     {"logprobs", want_logprobs ? chat_logprobs(ctx, s.logprobs) : json(nullptr)},
+                     {"finish_reason", finish_name(s.finish_reason, !all.tool_calls.empty())}};
+      if (!s.stop_reason.empty()) choice["stop_reason"] = s.stop_reason;
+      choices.push_back(choice);
+    }
+    json out = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
+                {"choices", choices}, {"usage", usage_json((*gen)->usage(), reasoning_tokens)}};
+    res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    return;
+  }
+
+  // Streaming: one parser per choice; deltas as they come; each tool call when it closes.
+  struct ChoiceState {
+    std::unique_ptr<ChatOutputParser> parser;
+    int tool_calls = 0;
+  };
+  auto choices = std::make_shared<std::vector<ChoiceState>>(n);
+  for (auto& c : *choices) c.parser = make_chat_output_parser(format, thinking);
+  auto reasoning_tokens = std::make_shared<int>(0);
+  std::shared_ptr<Generation> g(std::move(gen).value());
+  auto chunk = [id, created, model](json choice_list) {
+    return json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+                {"choices", std::move(choice_list)}};
+  };
+  StreamHandlers h;
+  {
+    json first = json::array();
+    for (int i = 0; i < n; ++i)
+      first.push_back({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                       {"logprobs", nullptr}, {"finish_reason", nullptr}});
+    h.first = sse_data(chunk(first));
+  }
+  h.on_output = [&ctx, chunk, choices, reasoning_tokens, want_logprobs](const RequestOutput& out) {
+    if (out.index < 0 || out.index >= static_cast<int>(choices->size())) return std::string();
+    ChoiceState& c = (*choices)[out.index];
+    if (c.parser->in_reasoning()) *reasoning_tokens += static_cast<int>(out.new_token_ids.size());
+    ParsedDelta d = c.parser->feed(out.text_delta);
+    if (out.finished) {
+      ParsedDelta tail = c.parser->finish();
+      d.reasoning += tail.reasoning;
+      d.content += tail.content;
+      d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
+    }
+    std::string sse;
+    if (!d.empty() || (want_logprobs && !out.logprobs.empty())) {
+      json delta = json::object();
+      if (!d.reasoning.empty()) {
+        delta["reasoning_content"] = d.reasoning;
+        delta["reasoning"] = d.reasoning;
+      }
+      if (!d.content.empty()) delta["content"] = d.content;
+      if (!d.tool_calls.empty()) {
+        delta["tool_calls"] = tool_calls_json(d.tool_calls, c.tool_calls, true);
+        c.tool_calls += static_cast<int>(d.tool_calls.size());
+      }
+      sse += sse_data(chunk(json::array({{{"index", out.index}, {"delta", delta},
+                                          {"logprobs", want_logprobs ? chat_logprobs(ctx, out.logprobs) : json(nullptr)},
+                                          {"finish_reason", nullptr}}})));
+    }
+    if (out.finished) {
+      json fin = {{"index", out.index}, {"delta", json::object()}, {"logprobs", nullptr},
+                  {"finish_reason", finish_name(out.finish_reason, c.tool_calls > 0)}};
+      if (!out.stop_reason.empty()) fin["stop_reason"] = out.stop_reason;
+      sse += sse_data(chunk(json::array({fin})));
+    }
+    return sse;
+  };
+  const bool include_usage = request->include_usage;
+  h.on_done = [chunk, g, include_usage, reasoning_tokens]() {
+    if (!include_usage) return std::string();
+    json c = chunk(json::array());
+    c["usage"] = usage_json(g->usage(), *reasoning_tokens);
+    return sse_data(c);
+  };
+  h.on_error = [](const Status& st) { return sse_data(internal(st.message()).to_json()); };
+  stream_generation(res, g, std::move(h));
+}
+
+}  // namespace moonrun::server

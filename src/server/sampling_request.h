@@ -1,0 +1,17 @@
+#pragma once
+// The sampling fields of an OpenAI request body (chat or completions), with vLLM's
+// extensions (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids,
+// skip_special_tokens), checked for type and range. Errors name the field.
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "engine/sampling_params.h"
+
+namespace moonrun::server {
+
+enum class Endpoint { kChat, kCompletions };
+
+// max_tokens stays -1 when the body has none (the handler fills it from the context).
+Result<SamplingParams> sampling_params_from_json(const nlohmann::json& body, Endpoint endpoint);
+
+}  // namespace moonrun::server

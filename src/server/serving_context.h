@@ -1,0 +1,28 @@
+#pragma once
+// Everything a request handler needs, built once by `moonrun serve` and shared read-only by
+// the HTTP threads (the engine loop and the metrics are thread-safe themselves).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chat/render_chat.h"
+#include "chat/tokenizer.h"
+#include "engine/engine_loop.h"
+#include "server/metrics.h"
+#include "server/serve_options.h"
+
+namespace moonrun::server {
+
+struct ServingContext {
+  ServeOptions options;
+  std::string served_model_name;     // what /v1/models lists and requests must name
+  int64_t max_model_len = 0;         // prompt + completion tokens
+  int64_t created_unix_s = 0;        // /v1/models "created"
+  chat::ChatFormat chat_format = chat::ChatFormat::kKimiK3;
+  std::shared_ptr<const chat::Tokenizer> tokenizer;
+  EngineLoop* engine = nullptr;
+  Metrics* metrics = nullptr;
+};
+
+}  // namespace moonrun::server
