@@ -274,7 +274,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--http-threads", opt->http_threads, "Concurrent HTTP connections served")->capture_default_str();
   cmd->add_option("--log-level", opt->log_level, "debug | info | warning | error")->capture_default_str();
   // Accepted for command-line compatibility with the seeds' SGLang/vLLM launches.
-  bool ignored = false;
+  static bool ignored = false;
   cmd->add_flag("--trust-remote-code,--enable-auto-tool-choice", ignored, "Accepted and ignored (always on)");
   cmd->callback([opt] {
     int rc = run_serve(*opt);

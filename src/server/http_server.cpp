@@ -101,6 +101,11 @@ HttpServer::HttpServer(const ServingContext& ctx) : ctx_(ctx), http_(new httplib
 HttpServer::~HttpServer() = default;
 
 Status HttpServer::bind() {
+  if (ctx_.options.port == 0) {  // any free port (tests): the log line says which
+    port_ = http_->bind_to_any_port(ctx_.options.host);
+    if (port_ <= 0) return unavailable("cannot listen on " + ctx_.options.host + " (no free port)");
+    return Status::ok();
+  }
   if (!http_->bind_to_port(ctx_.options.host, ctx_.options.port))
     return unavailable("cannot listen on " + ctx_.options.host + ":" +
                        std::to_string(ctx_.options.port) + " (address in use or not available)");

@@ -1,0 +1,74 @@
+// Starts a real `moonrun serve` on the embedded demo model and tears it down.
+import { spawn, execFileSync } from 'node:child_process';
+
+export const EXE = process.env.MOONRUN_EXE;
+export const DEMO = process.env.MOONRUN_DEMO_MODEL;
+if (!EXE || !DEMO) throw new Error('set MOONRUN_EXE and MOONRUN_DEMO_MODEL (CTest does)');
+
+export async function startServer(extraArgs = [], { timeoutMs = 120000 } = {}) {
+  const args = ['serve', '--model-path', DEMO, '--served-model-name', 'moonrun-demo',
+                '--host', '127.0.0.1', '--port', '0', ...extraArgs];
+  const proc = spawn(EXE, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), timeoutMs);
+    const onData = (d) => {
+      log += d.toString();
+      const m = log.match(/on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m && log.includes('ready to roll')) { clearTimeout(timer); resolve(Number(m[1])); }
+    };
+    proc.stderr.on('data', onData);
+    proc.stdout.on('data', (d) => { log += d.toString(); });
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`server exited ${code}:\n${log}`)); });
+  });
+  proc.removeAllListeners('exit');
+  const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
+  return {
+    proc, port, base: `http://127.0.0.1:${port}`, exited,
+    log: () => log,
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+      const r = await Promise.race([exited, new Promise((res) => setTimeout(() => res(null), 20000))]);
+      if (r === null) { proc.kill('SIGKILL'); await exited; }
+      return r;
+    },
+  };
+}
+
+export async function post(base, path, body, headers = {}) {
+  const res = await fetch(base + path, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
+  const text = await res.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: res.status, json, text };
+}
+
+export function generate(tokenIds, maxTokens) {
+  const out = execFileSync(EXE, ['generate', '--model', DEMO, '--token-ids', tokenIds.join(','),
+                                 '--max-tokens', String(maxTokens), '--temperature', '0'],
+                           { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  return JSON.parse(out.trim().split('\n').pop());
+}
+
+// Parses a raw SSE body into its data payloads (strings), checking the framing.
+export function sseEvents(text) {
+  const events = [];
+  for (const block of text.split('\n\n')) {
+    if (!block.trim()) continue;
+    if (!block.startsWith('data: ')) throw new Error('bad SSE block: ' + JSON.stringify(block));
+    events.push(block.slice(6));
+  }
+  return events;
+}
+
+export async function metric(base, name, headers = {}) {
+  const text = await (await fetch(base + '/metrics', { headers })).text();
+  const line = text.split('\n').find((l) => l.startsWith(name + ' '));
+  return line === undefined ? undefined : Number(line.split(' ')[1]);
+}
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
