@@ -1,0 +1,40 @@
+#include "server/chat_output.h"
+
+#include "chat/parse_message.h"
+
+namespace moonrun::server {
+namespace {
+
+// Wraps the chat layer's streaming parser and tracks which channel the generation is in,
+// so the handler can count reasoning tokens: every token up to the first content or tool
+// call of a thinking generation is reasoning (the closing markers included).
+class Adapter final : public ChatOutputParser {
+ public:
+  Adapter(chat::ChatFormat format, bool thinking)
+      : parser_(chat::make_completion_parser(format, chat::ParseOptions{thinking, std::nullopt})),
+        in_reasoning_(thinking) {}
+
+  ParsedDelta feed(std::string_view text) override { return convert(parser_->feed(text)); }
+  ParsedDelta finish() override { return convert(parser_->finish()); }
+  bool in_reasoning() const override { return in_reasoning_; }
+
+ private:
+  ParsedDelta convert(chat::ParseDelta d) {
+    if (!d.content.empty() || !d.tool_calls.empty()) in_reasoning_ = false;
+    ParsedDelta out;
+    out.reasoning = std::move(d.reasoning);
+    out.content = std::move(d.content);
+    for (auto& c : d.tool_calls) out.tool_calls.push_back({std::move(c.id), std::move(c.name), std::move(c.arguments)});
+    return out;
+  }
+  std::unique_ptr<chat::CompletionParser> parser_;
+  bool in_reasoning_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatOutputParser> make_chat_output_parser(chat::ChatFormat format, bool thinking) {
+  return std::make_unique<Adapter>(format, thinking);
+}
+
+}  // namespace moonrun::server
