@@ -46,6 +46,13 @@ Result<SafetensorsHeader> parse_safetensors_header(const uint8_t* bytes, size_t 
                                                    uint64_t file_size_bytes,
                                                    const std::string& file_for_errors);
 
+// Reads only the first 8 + header_len bytes of `path` (pread, no mmap) and validates them
+// against the file's size: what `verify` uses on multi-GB shards.
+Result<SafetensorsHeader> read_safetensors_header(const std::string& path);
+
+// "[64, 16]": shapes as error messages print them.
+std::string shape_to_string(const std::vector<int64_t>& shape);
+
 class SafetensorsFile {
  public:
   static Result<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
@@ -73,6 +80,22 @@ class SafetensorsFile {
 // HF_HUB_CACHE overrides the hub folder.
 Result<std::string> resolve_model_path(const std::string& dir_or_repo);
 
+// The pieces of a repo id resolved in the HF cache, for tools that look past the snapshot
+// (verify reads blobs/ and the .incomplete downloads there).
+struct HfCacheLocation {
+  std::string repo_id;       // "org/name"
+  std::string revision;      // as asked ("main" by default)
+  std::string repo_dir;      // HUB/models--org--name
+  std::string commit;        // the snapshot folder's name
+  std::string snapshot_dir;  // repo_dir/snapshots/commit
+};
+// True when `s` has the shape of a repo id ("org/name" or "org/name@rev"), not a path.
+bool looks_like_repo_id(const std::string& s);
+// The hub folder: $HF_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub,
+// else ~/.cache/huggingface/hub.
+std::string hf_hub_cache_dir();
+Result<HfCacheLocation> resolve_hf_cache(const std::string& repo_id_at_rev);
+
 class Checkpoint {
  public:
   // Opens config.json and every safetensors file (through the index when present).
@@ -89,6 +112,7 @@ class Checkpoint {
                                 const std::vector<int64_t>& shape) const;
   std::vector<std::string> tensor_names() const;
   uint64_t total_bytes() const;  // sum of the safetensors files' sizes
+  const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
 
  private:
   Checkpoint() = default;

@@ -1,0 +1,356 @@
+#include "model/config.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace moonrun {
+
+const char* expert_quant_name(ExpertQuant q) {
+  switch (q) {
+    case ExpertQuant::none: return "none";
+    case ExpertQuant::mxfp4_packed: return "mxfp4-pack-quantized";
+    case ExpertQuant::mxfp4_gpt_oss: return "mxfp4 (gpt-oss blocks/scales)";
+  }
+  return "?";
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+// Reads typed fields of one JSON object, naming "<source>: <path>.<key>" in every error.
+class FieldReader {
+ public:
+  FieldReader(const json& obj, std::string source, std::string path)
+      : obj_(obj), source_(std::move(source)), path_(std::move(path)) {}
+
+  std::string where(const std::string& key) const {
+    return source_ + ": " + (path_.empty() ? key : path_ + "." + key);
+  }
+  bool has(const std::string& key) const { return obj_.contains(key) && !obj_[key].is_null(); }
+  const json& raw(const std::string& key) const { return obj_[key]; }
+
+  // Integer field; `required` fields must be present, others default to `dflt`.
+  Status get_int(const std::string& key, int& out, bool required, int dflt = 0) const {
+    if (!has(key)) {
+      if (required) return failed_precondition(where(key) + " is missing");
+      out = dflt;
+      return Status::ok();
+    }
+    const json& v = obj_[key];
+    if (!v.is_number_integer()) return failed_precondition(where(key) + " must be an integer, got " + v.dump());
+    int64_t x = v.get<int64_t>();
+    if (x < INT32_MIN || x > INT32_MAX) return failed_precondition(where(key) + " is out of range: " + v.dump());
+    out = static_cast<int>(x);
+    return Status::ok();
+  }
+  Status get_positive(const std::string& key, int& out, bool required = true, int dflt = 0) const {
+    MR_RETURN_IF_ERROR(get_int(key, out, required, dflt));
+    if (has(key) && out <= 0) return failed_precondition(where(key) + " must be positive, got " + std::to_string(out));
+    return Status::ok();
+  }
+  Status get_float(const std::string& key, float& out, bool required, float dflt = 0) const {
+    if (!has(key)) {
+      if (required) return failed_precondition(where(key) + " is missing");
+      out = dflt;
+      return Status::ok();
+    }
+    const json& v = obj_[key];
+    if (!v.is_number()) return failed_precondition(where(key) + " must be a number, got " + v.dump());
+    out = v.get<float>();
+    return Status::ok();
+  }
+  Status get_bool(const std::string& key, bool& out, bool dflt) const {
+    if (!has(key)) {
+      out = dflt;
+      return Status::ok();
+    }
+    const json& v = obj_[key];
+    if (!v.is_boolean()) return failed_precondition(where(key) + " must be true or false, got " + v.dump());
+    out = v.get<bool>();
+    return Status::ok();
+  }
+  Status get_string(const std::string& key, std::string& out, const std::string& dflt) const {
+    if (!has(key)) {
+      out = dflt;
+      return Status::ok();
+    }
+    const json& v = obj_[key];
+    if (!v.is_string()) return failed_precondition(where(key) + " must be a string, got " + v.dump());
+    out = v.get<std::string>();
+    return Status::ok();
+  }
+  // A list of 1-based layer numbers, each in [1, num_layers].
+  Status get_layer_list(const std::string& key, int num_layers, std::vector<int>& out) const {
+    if (!has(key)) return failed_precondition(where(key) + " is missing");
+    const json& v = obj_[key];
+    if (!v.is_array()) return failed_precondition(where(key) + " must be a list of 1-based layer numbers");
+    for (const auto& e : v) {
+      if (!e.is_number_integer())
+        return failed_precondition(where(key) + " must hold integers, got " + e.dump());
+      int64_t layer = e.get<int64_t>();
+      if (layer < 1 || layer > num_layers)
+        return failed_precondition(where(key) + " lists layer " + std::to_string(layer) +
+                                   " but num_hidden_layers is " + std::to_string(num_layers) +
+                                   " (the lists are 1-based)");
+      out.push_back(static_cast<int>(layer));
+    }
+    return Status::ok();
+  }
+
+ private:
+  const json& obj_;
+  std::string source_;
+  std::string path_;
+};
+
+Status parse_quantization(const json& qc, const std::string& where, ModelConfig& cfg) {
+  if (qc.is_null()) {
+    cfg.expert_quant = ExpertQuant::none;
+    return Status::ok();
+  }
+  if (!qc.is_object()) return failed_precondition(where + " must be an object");
+  std::string method = qc.value("quant_method", std::string());
+  if (method == "compressed-tensors") {
+    // The format may sit at the top of the block or in each config group.
+    std::set<std::string> formats;
+    if (qc.contains("format") && qc["format"].is_string()) formats.insert(qc["format"].get<std::string>());
+    if (qc.contains("config_groups") && qc["config_groups"].is_object()) {
+      for (const auto& [name, group] : qc["config_groups"].items()) {
+        if (group.is_object() && group.contains("format") && group["format"].is_string())
+          formats.insert(group["format"].get<std::string>());
+        if (group.is_object() && group.contains("weights") && group["weights"].is_object()) {
+          const json& w = group["weights"];
+          if (w.value("num_bits", 4) != 4 || w.value("group_size", 32) != 32)
+            return failed_precondition(where + ".config_groups." + name +
+                                       ": only 4-bit weights in groups of 32 (MXFP4) are supported, got " +
+                                       w.dump());
+        }
+      }
+    }
+    if (formats.size() == 1 && *formats.begin() == "mxfp4-pack-quantized") {
+      cfg.expert_quant = ExpertQuant::mxfp4_packed;
+      return Status::ok();
+    }
+    std::string got;
+    for (const auto& f : formats) got += (got.empty() ? "" : ", ") + f;
+    return failed_precondition(where + ": compressed-tensors format \"" + got +
+                               "\" is not supported (moonrun reads \"mxfp4-pack-quantized\")");
+  }
+  if (method == "mxfp4") {
+    cfg.expert_quant = ExpertQuant::mxfp4_gpt_oss;
+    return Status::ok();
+  }
+  return failed_precondition(where + ".quant_method \"" + method +
+                             "\" is not supported (moonrun reads compressed-tensors mxfp4-pack-quantized, "
+                             "gpt-oss mxfp4, or unquantized checkpoints)");
+}
+
+Status parse_text_config(const json& tc, const std::string& source, const std::string& path,
+                         ModelConfig& cfg) {
+  FieldReader r(tc, source, path);
+  MR_RETURN_IF_ERROR(r.get_positive("vocab_size", cfg.vocab_size));
+  MR_RETURN_IF_ERROR(r.get_positive("hidden_size", cfg.hidden_size));
+  MR_RETURN_IF_ERROR(r.get_positive("num_hidden_layers", cfg.num_hidden_layers));
+  MR_RETURN_IF_ERROR(r.get_positive("num_attention_heads", cfg.num_attention_heads));
+  MR_RETURN_IF_ERROR(r.get_positive("intermediate_size", cfg.intermediate_size, false, 0));
+  MR_RETURN_IF_ERROR(r.get_float("rms_norm_eps", cfg.rms_norm_eps, false, 1e-6f));
+  MR_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", cfg.tie_word_embeddings, cfg.tie_word_embeddings));
+  MR_RETURN_IF_ERROR(r.get_int("max_position_embeddings", cfg.max_position_embeddings, false, 4096));
+
+  std::string act;
+  MR_RETURN_IF_ERROR(r.get_string("hidden_act", act, "silu"));
+  if (act == "situ") {
+    cfg.hidden_act = Activation::situ;
+    MR_RETURN_IF_ERROR(r.get_float("activation_situ_beta", cfg.situ_beta, false, 1.0f));
+    if (cfg.situ_beta == 0.0f) cfg.situ_beta = 1.0f;  // the reference: `beta or 1.0`
+    MR_RETURN_IF_ERROR(r.get_float("activation_situ_linear_beta", cfg.situ_linear_beta, false, 0.0f));
+  } else if (act == "silu") {
+    cfg.hidden_act = Activation::silu;
+  } else {
+    return failed_precondition(r.where("hidden_act") + " \"" + act + "\" is not supported (situ or silu)");
+  }
+
+  // MLA.
+  MR_RETURN_IF_ERROR(r.get_int("q_lora_rank", cfg.q_lora_rank, false, 0));
+  MR_RETURN_IF_ERROR(r.get_positive("kv_lora_rank", cfg.kv_lora_rank));
+  MR_RETURN_IF_ERROR(r.get_positive("qk_nope_head_dim", cfg.qk_nope_head_dim));
+  MR_RETURN_IF_ERROR(r.get_int("qk_rope_head_dim", cfg.qk_rope_head_dim, true));
+  MR_RETURN_IF_ERROR(r.get_positive("v_head_dim", cfg.v_head_dim));
+  MR_RETURN_IF_ERROR(r.get_bool("mla_use_output_gate", cfg.mla_use_output_gate, false));
+  if (cfg.q_lora_rank < 0 || cfg.qk_rope_head_dim < 0)
+    return failed_precondition(r.where("q_lora_rank") + " and qk_rope_head_dim must be >= 0");
+  bool use_nope = false;
+  MR_RETURN_IF_ERROR(r.get_bool("mla_use_nope", use_nope, false));
+  if (!use_nope)
+    return failed_precondition(r.where("mla_use_nope") +
+                               " must be true: the K3 / Kimi Linear MLA layers use no rotary embedding "
+                               "(the reference asserts it)");
+  int kv_heads = cfg.num_attention_heads;
+  MR_RETURN_IF_ERROR(r.get_int("num_key_value_heads", kv_heads, false, cfg.num_attention_heads));
+  if (kv_heads != cfg.num_attention_heads)
+    return failed_precondition(r.where("num_key_value_heads") + " is " + std::to_string(kv_heads) +
+                               " but MLA needs it equal to num_attention_heads (" +
+                               std::to_string(cfg.num_attention_heads) + ")");
+
+  // Per-layer attention kinds.
+  cfg.layers.assign(cfg.num_hidden_layers, LayerSpec{});
+  for (auto& l : cfg.layers) l.attn = LayerKind::mla;
+  if (r.has("linear_attn_config")) {
+    const json& la = r.raw("linear_attn_config");
+    if (!la.is_object()) return failed_precondition(r.where("linear_attn_config") + " must be an object");
+    FieldReader lr(la, source, (path.empty() ? "" : path + ".") + "linear_attn_config");
+    std::vector<int> kda_layers, full_layers;
+    MR_RETURN_IF_ERROR(lr.get_layer_list("kda_layers", cfg.num_hidden_layers, kda_layers));
+    MR_RETURN_IF_ERROR(lr.get_layer_list("full_attn_layers", cfg.num_hidden_layers, full_layers));
+    std::set<int> full(full_layers.begin(), full_layers.end());
+    for (int layer : kda_layers) {
+      if (full.count(layer))
+        return failed_precondition(lr.where("kda_layers") + " and full_attn_layers both list layer " +
+                                   std::to_string(layer));
+      cfg.layers[layer - 1].attn = LayerKind::kda;
+    }
+    if (!kda_layers.empty()) {
+      MR_RETURN_IF_ERROR(lr.get_positive("num_heads", cfg.kda_num_heads));
+      MR_RETURN_IF_ERROR(lr.get_positive("head_dim", cfg.kda_head_dim));
+      MR_RETURN_IF_ERROR(lr.get_positive("short_conv_kernel_size", cfg.kda_conv_kernel, false, 4));
+      cfg.kda_has_lower_bound = lr.has("gate_lower_bound");
+      MR_RETURN_IF_ERROR(lr.get_float("gate_lower_bound", cfg.kda_gate_lower_bound, false, 0.0f));
+      MR_RETURN_IF_ERROR(lr.get_bool("use_full_rank_gate", cfg.kda_full_rank_gate, false));
+    }
+  }
+  for (auto& l : cfg.layers) {
+    if (l.attn == LayerKind::kda) l.kda_index = cfg.num_kda_layers++;
+    else l.mla_index = cfg.num_mla_layers++;
+  }
+
+  MR_RETURN_IF_ERROR(r.get_int("attn_res_block_size", cfg.attn_res_block_size, false, 0));
+  if (cfg.attn_res_block_size < 0)
+    return failed_precondition(r.where("attn_res_block_size") + " must be positive or null");
+
+  // MoE.
+  MR_RETURN_IF_ERROR(r.get_int("num_experts", cfg.num_experts, false, 0));
+  MR_RETURN_IF_ERROR(r.get_int("first_k_dense_replace", cfg.first_k_dense_replace, false, 0));
+  MR_RETURN_IF_ERROR(r.get_positive("moe_layer_freq", cfg.moe_layer_freq, false, 1));
+  bool any_dense = false;
+  for (int i = 0; i < cfg.num_hidden_layers; ++i) {
+    bool moe = cfg.num_experts > 0 && i >= cfg.first_k_dense_replace && i % cfg.moe_layer_freq == 0;
+    cfg.layers[i].mlp = moe ? MlpKind::moe : MlpKind::dense;
+    any_dense |= !moe;
+  }
+  if (any_dense && cfg.intermediate_size <= 0)
+    return failed_precondition(r.where("intermediate_size") + " is needed by the dense MLP layers");
+  if (cfg.num_experts > 0) {
+    MR_RETURN_IF_ERROR(r.get_positive("num_experts_per_token", cfg.num_experts_per_token));
+    MR_RETURN_IF_ERROR(r.get_positive("moe_intermediate_size", cfg.moe_intermediate_size));
+    MR_RETURN_IF_ERROR(r.get_int("num_shared_experts", cfg.num_shared_experts, false, 0));
+    MR_RETURN_IF_ERROR(r.get_int("routed_expert_hidden_size", cfg.routed_expert_hidden_size, false, 0));
+    MR_RETURN_IF_ERROR(r.get_bool("latent_moe_use_norm", cfg.latent_moe_use_norm, false));
+    MR_RETURN_IF_ERROR(r.get_bool("moe_renormalize", cfg.moe_renormalize, true));
+    MR_RETURN_IF_ERROR(r.get_float("routed_scaling_factor", cfg.routed_scaling_factor, false, 1.0f));
+    MR_RETURN_IF_ERROR(r.get_positive("num_expert_group", cfg.num_expert_group, false, 1));
+    MR_RETURN_IF_ERROR(r.get_positive("topk_group", cfg.topk_group, false, 1));
+    std::string router;
+    MR_RETURN_IF_ERROR(r.get_string("moe_router_activation_func", router, "sigmoid"));
+    if (router != "sigmoid")
+      return failed_precondition(r.where("moe_router_activation_func") + " \"" + router +
+                                 "\" is not supported (sigmoid)");
+    if (cfg.num_experts_per_token > cfg.num_experts)
+      return failed_precondition(r.where("num_experts_per_token") + " is " +
+                                 std::to_string(cfg.num_experts_per_token) + " but num_experts is " +
+                                 std::to_string(cfg.num_experts));
+    if (cfg.num_experts % cfg.num_expert_group != 0)
+      return failed_precondition(r.where("num_expert_group") + " " + std::to_string(cfg.num_expert_group) +
+                                 " does not divide num_experts " + std::to_string(cfg.num_experts));
+    if (cfg.num_expert_group > cfg.topk_group) {  // grouped routing is active
+      if (cfg.num_experts / cfg.num_expert_group < 2)
+        return failed_precondition(r.where("num_expert_group") +
+                                   ": grouped routing scores each group by its top-2 experts, so groups "
+                                   "need at least 2 experts");
+      if (cfg.topk_group * (cfg.num_experts / cfg.num_expert_group) < cfg.num_experts_per_token)
+        return failed_precondition(r.where("topk_group") + " " + std::to_string(cfg.topk_group) +
+                                   " groups hold fewer experts than num_experts_per_token " +
+                                   std::to_string(cfg.num_experts_per_token));
+    }
+    if (cfg.routed_expert_hidden_size < 0)
+      return failed_precondition(r.where("routed_expert_hidden_size") + " must be positive or null");
+  }
+
+  // Quantization may sit in the text config or (K3) at the top level too.
+  if (r.has("quantization_config"))
+    MR_RETURN_IF_ERROR(parse_quantization(r.raw("quantization_config"), r.where("quantization_config"), cfg));
+  if (cfg.expert_quant != ExpertQuant::none) {
+    if (cfg.num_experts == 0)
+      return failed_precondition(r.where("quantization_config") + " quantizes routed experts but num_experts is 0");
+    if (cfg.expert_io_dim() % 32 != 0 || cfg.moe_intermediate_size % 32 != 0)
+      return failed_precondition(r.where("moe_intermediate_size") +
+                                 ": MXFP4 experts need input widths divisible by 32 (expert width " +
+                                 std::to_string(cfg.expert_io_dim()) + ", intermediate " +
+                                 std::to_string(cfg.moe_intermediate_size) + ")");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_model_config(const json& config, const std::string& source) {
+  if (!config.is_object()) return failed_precondition(source + ": the top level must be a JSON object");
+  ModelConfig cfg;
+  FieldReader top(config, source, "");
+  MR_RETURN_IF_ERROR(top.get_string("model_type", cfg.model_type, ""));
+  if (cfg.model_type == "kimi_k3") {
+    if (!top.has("text_config") || !config["text_config"].is_object())
+      return failed_precondition(source + ": text_config is missing (a kimi_k3 config nests the text model there)");
+    const json& tc = config["text_config"];
+    cfg.tensor_prefix = "language_model.model.";
+    cfg.lm_head_name = "language_model.lm_head.weight";
+    MR_RETURN_IF_ERROR(top.get_bool("tie_word_embeddings", cfg.tie_word_embeddings, false));
+    if (top.has("quantization_config") && !tc.contains("quantization_config"))
+      MR_RETURN_IF_ERROR(parse_quantization(config["quantization_config"], source + ": quantization_config", cfg));
+    MR_RETURN_IF_ERROR(parse_text_config(tc, source, "text_config", cfg));
+    FieldReader ttc(tc, source, "text_config");
+    MR_RETURN_IF_ERROR(ttc.get_int("bos_token_id", cfg.bos_token_id, false, -1));
+    MR_RETURN_IF_ERROR(ttc.get_int("eos_token_id", cfg.eos_token_id, false, -1));
+    MR_RETURN_IF_ERROR(ttc.get_int("pad_token_id", cfg.pad_token_id, false, -1));
+    // The top level wins: it is what the K3 wrapper and the tokenizer use.
+    MR_RETURN_IF_ERROR(top.get_int("bos_token_id", cfg.bos_token_id, false, cfg.bos_token_id));
+    MR_RETURN_IF_ERROR(top.get_int("eos_token_id", cfg.eos_token_id, false, cfg.eos_token_id));
+    MR_RETURN_IF_ERROR(top.get_int("pad_token_id", cfg.pad_token_id, false, cfg.pad_token_id));
+    MR_RETURN_IF_ERROR(top.get_int("media_placeholder_token_id", cfg.media_placeholder_token_id, false, -1));
+  } else if (cfg.model_type == "kimi_linear") {
+    cfg.tensor_prefix = "model.";
+    cfg.lm_head_name = "lm_head.weight";
+    MR_RETURN_IF_ERROR(parse_text_config(config, source, "", cfg));
+    MR_RETURN_IF_ERROR(top.get_int("bos_token_id", cfg.bos_token_id, false, -1));
+    MR_RETURN_IF_ERROR(top.get_int("eos_token_id", cfg.eos_token_id, false, -1));
+    MR_RETURN_IF_ERROR(top.get_int("pad_token_id", cfg.pad_token_id, false, -1));
+  } else if (cfg.model_type.empty()) {
+    return failed_precondition(source + ": model_type is missing (moonrun runs kimi_k3 and kimi_linear)");
+  } else {
+    return failed_precondition(source + ": model_type \"" + cfg.model_type +
+                               "\" is not supported (moonrun runs kimi_k3 and kimi_linear)");
+  }
+  for (int* id : {&cfg.bos_token_id, &cfg.eos_token_id, &cfg.pad_token_id, &cfg.media_placeholder_token_id}) {
+    if (*id >= cfg.vocab_size)
+      return failed_precondition(source + ": special token id " + std::to_string(*id) +
+                                 " is outside the vocabulary (vocab_size " + std::to_string(cfg.vocab_size) + ")");
+  }
+  return cfg;
+}
+
+Result<ModelConfig> load_model_config(const std::string& path) {
+  std::string file = path;
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/config.json";
+  std::ifstream in(file);
+  if (!in) return not_found(file + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return failed_precondition(file + ": not valid JSON");
+  return parse_model_config(j, file);
+}
+
+}  // namespace moonrun

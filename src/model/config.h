@@ -1,0 +1,112 @@
+#pragma once
+// ModelConfig: the typed, validated form of a checkpoint's config.json (K3_SPEC.md §1–2).
+// Two layouts are read: `kimi_k3` (the text model under "text_config", special token ids at
+// the top level) and `kimi_linear` (everything at the top level). Parsed once; every other
+// part of moonrun reads these fields, never the JSON.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace moonrun {
+
+enum class LayerKind { kda, mla };
+enum class MlpKind { dense, moe };
+
+// How the routed experts are stored in the checkpoint.
+enum class ExpertQuant {
+  none,              // bf16 w1/w2/w3 `.weight` (Kimi Linear, test checkpoints)
+  mxfp4_packed,      // compressed-tensors "mxfp4-pack-quantized": weight_packed/weight_scale
+  mxfp4_gpt_oss,     // gpt-oss style ("quant_method": "mxfp4"): weight_blocks/weight_scales
+};
+const char* expert_quant_name(ExpertQuant q);
+
+enum class Activation { situ, silu };
+
+struct LayerSpec {
+  LayerKind attn = LayerKind::kda;
+  MlpKind mlp = MlpKind::dense;
+  int kda_index = -1;  // index among the KDA layers (cache slot layer), -1 for MLA
+  int mla_index = -1;  // index among the MLA layers (page pool layer), -1 for KDA
+};
+
+struct ModelConfig {
+  std::string model_type;  // "kimi_k3" or "kimi_linear" (the top level)
+  // Where the text model's tensors live: "language_model.model." (K3) or "model." (Kimi Linear).
+  std::string tensor_prefix;
+  std::string lm_head_name;  // "language_model.lm_head.weight" / "lm_head.weight"
+
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;  // dense MLP (layers < first_k_dense_replace)
+  int num_hidden_layers = 0;
+  float rms_norm_eps = 1e-6f;
+  bool tie_word_embeddings = false;
+  int max_position_embeddings = 0;
+
+  // Special tokens (K3: top level; Kimi Linear: text config). -1 when absent.
+  int bos_token_id = -1;
+  int eos_token_id = -1;
+  int pad_token_id = -1;
+  int media_placeholder_token_id = -1;
+
+  Activation hidden_act = Activation::silu;
+  float situ_beta = 1.0f;         // activation_situ_beta
+  float situ_linear_beta = 0.0f;  // activation_situ_linear_beta; 0: up passes through
+
+  // MLA (full attention) layers.
+  int num_attention_heads = 0;
+  int q_lora_rank = 0;  // 0: null in config.json (q_proj instead of q_a/q_b)
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  bool mla_use_output_gate = false;
+
+  // KDA (linear attention) layers.
+  int kda_num_heads = 0;
+  int kda_head_dim = 0;
+  int kda_conv_kernel = 4;
+  bool kda_has_lower_bound = false;
+  float kda_gate_lower_bound = 0.0f;  // -5 in K3 (safe gate)
+  bool kda_full_rank_gate = false;    // g_proj (K3) vs g_a_proj/g_b_proj (Kimi Linear)
+
+  // Attention Residuals; 0 = plain residual stream.
+  int attn_res_block_size = 0;
+
+  // MoE.
+  int num_experts = 0;  // 0: no MoE layers
+  int num_experts_per_token = 0;
+  int num_shared_experts = 0;
+  int moe_intermediate_size = 0;
+  int routed_expert_hidden_size = 0;  // LatentMoE width; 0: experts run at hidden_size
+  bool latent_moe_use_norm = false;
+  int first_k_dense_replace = 0;
+  int moe_layer_freq = 1;
+  bool moe_renormalize = true;
+  float routed_scaling_factor = 1.0f;
+  int num_expert_group = 1;
+  int topk_group = 1;
+  ExpertQuant expert_quant = ExpertQuant::none;
+
+  std::vector<LayerSpec> layers;  // [num_hidden_layers]
+  int num_kda_layers = 0;
+  int num_mla_layers = 0;
+
+  // Derived widths.
+  int kda_proj_dim() const { return kda_num_heads * kda_head_dim; }
+  int mla_q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int mla_cache_row() const { return kv_lora_rank + qk_rope_head_dim; }
+  // Width the routed experts work in (LatentMoE) and the shared MLP's intermediate width.
+  int expert_io_dim() const { return routed_expert_hidden_size > 0 ? routed_expert_hidden_size : hidden_size; }
+  int shared_intermediate_size() const { return moe_intermediate_size * num_shared_experts; }
+};
+
+// Parses and validates. `source` names the file in messages ("DIR/config.json").
+Result<ModelConfig> parse_model_config(const nlohmann::json& config, const std::string& source);
+// Reads DIR/config.json (or the path itself when it names a file) and parses it.
+Result<ModelConfig> load_model_config(const std::string& path);
+
+}  // namespace moonrun
