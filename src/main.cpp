@@ -16,6 +16,14 @@ int main(int argc, char** argv) {
   moonrun::cli::add_verify_command(app);
   moonrun::cli::add_bench_command(app);
   moonrun::cli::add_make_demo_model_command(app);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // A command's own exit code comes as CLI::RuntimeError(code); any other parse error
+    // (unknown option, missing value, bad number) is a usage error: exit 2, as commands.h
+    // promises, not CLI11's 100+ codes.
+    const int code = app.exit(e);
+    return (e.get_name() == "RuntimeError" || code == 0) ? code : 2;
+  }
   return 0;
 }

@@ -135,14 +135,90 @@ void kda_recurrent(const float* q, const float* k, const float* v, const float* 
 
 // The chunked (WY) form of the same recurrence (FLA naive_chunk_kda), for a chunk of C tokens
 // with in-chunk cumulative log decays G_c = sum_{s<=c} g_s (per channel):
-//   L[c][i]  = beta_c * sum_d k_c k_i exp(G_c - G_i)          (i < c, strictly lower)
+//   L[c][i]  = beta_c * sum_x k_c k_i exp(G_c - G_i)          (i < c, strictly lower)
 //   T        = (I + L)^-1 Diag(beta)
 //   W = T (exp(G) * k),  U = T v                              (the WY representation)
 //   V'       = U - W S                                        (the pseudo-values)
-//   o_c      = (q_c * exp(G_c)) S + sum_{j<=c} [sum_d q_c k_j exp(G_c - G_j)] V'_j
+//   o_c      = (q_c * exp(G_c)) S + sum_{j<=c} P[c][j] V'_j,  P[c][j] = sum_x q_c k_j exp(G_c - G_j)
 //   S        = Diag(exp(G_last)) S + sum_j (k_j * exp(G_last - G_j)) V'_j^T
-// Only exponents <= 0 are ever evaluated (each pair is formed with j <= c), so nothing
-// overflows however strong the decay is. A partial last chunk is just a smaller C.
+// Only exponents <= 0 are ever evaluated, so nothing overflows however strong the decay.
+// For the pair matrices L and P the rows are taken in blocks of kSub starting at r: a pair
+// (c, j) with j < r <= c factors as exp(G_c - G_r) * exp(G_r - G_j), both factors <= 1, so
+// the pair is a plain dot product of rescaled rows; pairs inside a block take their exps
+// directly. A partial last chunk is just a smaller C.
+namespace {
+
+constexpr int kSub = 8;
+
+float dot(const float* a, const float* b, int n) {
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+// y[0..n) += a * x[0..n)
+void axpy(float a, const float* x, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// One head's chunk scratch: row-major [C, d] and [C, C].
+struct ChunkScratch {
+  std::vector<float> q, k, v, G, beta;  // the chunk's rows and cumulative log decays
+  std::vector<float> A, P;              // -L then (I+L)^-1 - I;  the q-k pair matrix
+  std::vector<float> qs, ks, kt;        // rows rescaled to a block reference
+  std::vector<float> ek, W, U, Vp;
+  ChunkScratch(int C, int d)
+      : q(C * d), k(C * d), v(C * d), G(C * d), beta(C), A(C * C), P(C * C), qs(C * d),
+        ks(C * d), kt(C * d), ek(C * d), W(C * d), U(C * d), Vp(C * d) {}
+};
+
+// Fills A[c][j] = -L[c][j] (j < c) and P[c][j] (j <= c) for a chunk of C rows.
+void pair_matrices(ChunkScratch& s, int C, int Cmax, int d) {
+  std::fill(s.A.begin(), s.A.end(), 0.0f);
+  std::fill(s.P.begin(), s.P.end(), 0.0f);
+  for (int r = 0; r < C; r += kSub) {
+    const int r_end = std::min(C, r + kSub);
+    const float* Gr = &s.G[r * d];
+    // Rows of this block relative to r; earlier rows relative to r from the other side.
+    for (int c = r; c < r_end; ++c)
+      for (int x = 0; x < d; ++x) {
+        const float e = std::exp(s.G[c * d + x] - Gr[x]);
+        s.qs[c * d + x] = s.q[c * d + x] * e;
+        s.ks[c * d + x] = s.k[c * d + x] * e;
+      }
+    for (int j = 0; j < r; ++j)
+      for (int x = 0; x < d; ++x) s.kt[j * d + x] = s.k[j * d + x] * std::exp(Gr[x] - s.G[j * d + x]);
+    for (int c = r; c < r_end; ++c) {
+      float* Ac = &s.A[c * Cmax];
+      float* Pc = &s.P[c * Cmax];
+      const float bc = s.beta[c];
+      for (int j = 0; j < r; ++j) {
+        Ac[j] = -bc * dot(&s.ks[c * d], &s.kt[j * d], d);
+        Pc[j] = dot(&s.qs[c * d], &s.kt[j * d], d);
+      }
+      for (int j = r; j <= c; ++j) {
+        float lk = 0, lq = 0;
+        for (int x = 0; x < d; ++x) {
+          const float kj = s.k[j * d + x] * std::exp(s.G[c * d + x] - s.G[j * d + x]);
+          lk += s.k[c * d + x] * kj;
+          lq += s.q[c * d + x] * kj;
+        }
+        if (j < c) Ac[j] = -bc * lk;
+        Pc[j] = lq;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void kda_chunked(const float* q, const float* k, const float* v, const float* g,
                  const float* beta, int n_tokens, int num_heads, int head_dim, float* S,
                  float* o, int chunk_size) {
@@ -151,95 +227,68 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
   parallel_heads(H, static_cast<int64_t>(n_tokens) * d * (chunk_size + d) * 4, [&](int h) {
     float* Sh = S + static_cast<int64_t>(h) * d * d;  // [d_k, d_v]
     const int Cmax = chunk_size;
-    // Per-chunk scratch, row-major [C, d] / [C, C].
-    std::vector<float> qc(Cmax * d), kc(Cmax * d), vc(Cmax * d), G(Cmax * d), bc(Cmax);
-    std::vector<float> A(Cmax * Cmax), Wm(Cmax * d), U(Cmax * d), Vp(Cmax * d), ek(Cmax * d);
+    ChunkScratch s(Cmax, d);
     for (int t0 = 0; t0 < n_tokens; t0 += Cmax) {
       const int C = std::min(Cmax, n_tokens - t0);
       // Gather this head's rows and the cumulative log decay.
       for (int c = 0; c < C; ++c) {
         const int64_t row = (static_cast<int64_t>(t0 + c) * H + h) * d;
-        std::copy(q + row, q + row + d, &qc[c * d]);
-        std::copy(k + row, k + row + d, &kc[c * d]);
-        std::copy(v + row, v + row + d, &vc[c * d]);
-        for (int i = 0; i < d; ++i) G[c * d + i] = g[row + i] + (c ? G[(c - 1) * d + i] : 0.0f);
-        bc[c] = beta[static_cast<int64_t>(t0 + c) * H + h];
+        std::copy(q + row, q + row + d, &s.q[c * d]);
+        std::copy(k + row, k + row + d, &s.k[c * d]);
+        std::copy(v + row, v + row + d, &s.v[c * d]);
+        for (int x = 0; x < d; ++x)
+          s.G[c * d + x] = g[row + x] + (c ? s.G[(c - 1) * d + x] : 0.0f);
+        s.beta[c] = beta[static_cast<int64_t>(t0 + c) * H + h];
       }
-      // A <- -L (strictly lower), then forward substitution turns it into (I + L)^-1 - I.
-      std::fill(A.begin(), A.end(), 0.0f);
+      pair_matrices(s, C, Cmax, d);
+      // Forward substitution: A = -L becomes (I + L)^-1 - I, row by row, using
+      // X = N + N X with N = -L (row c needs the final rows m < c).
       for (int c = 1; c < C; ++c) {
+        float* Ac = &s.A[c * Cmax];
         for (int i = 0; i < c; ++i) {
-          float s = 0;
-          for (int x = 0; x < d; ++x)
-            s += kc[c * d + x] * kc[i * d + x] * std::exp(G[c * d + x] - G[i * d + x]);
-          A[c * Cmax + i] = -bc[c] * s;
-        }
-      }
-      for (int c = 1; c < C; ++c) {
-        // Row c of (I + L)^-1: A[c, :c] += sum_{m in (i, c)} A[c, m] * A[m, :c] with the
-        // rows m < c already final.
-        for (int i = 0; i < c; ++i) {
-          float s = A[c * Cmax + i];
-          for (int m = i + 1; m < c; ++m) s += A[c * Cmax + m] * A[m * Cmax + i];
-          A[c * Cmax + i] = s;
+          float acc = Ac[i];
+          for (int m = i + 1; m < c; ++m) acc += Ac[m] * s.A[m * Cmax + i];
+          Ac[i] = acc;  // columns ascend, so Ac[m > i] still hold N
         }
       }
       // T = (A + I) Diag(beta):  W = T (exp(G) k),  U = T v.
       for (int c = 0; c < C; ++c)
-        for (int x = 0; x < d; ++x) ek[c * d + x] = std::exp(G[c * d + x]) * kc[c * d + x];
+        for (int x = 0; x < d; ++x) s.ek[c * d + x] = std::exp(s.G[c * d + x]) * s.k[c * d + x];
       for (int c = 0; c < C; ++c) {
-        float* wr = &Wm[c * d];
-        float* ur = &U[c * d];
+        float* wr = &s.W[c * d];
+        float* ur = &s.U[c * d];
         for (int x = 0; x < d; ++x) {
-          wr[x] = bc[c] * ek[c * d + x];
-          ur[x] = bc[c] * vc[c * d + x];
+          wr[x] = s.beta[c] * s.ek[c * d + x];
+          ur[x] = s.beta[c] * s.v[c * d + x];
         }
         for (int j = 0; j < c; ++j) {
-          const float a = A[c * Cmax + j] * bc[j];
-          for (int x = 0; x < d; ++x) {
-            wr[x] += a * ek[j * d + x];
-            ur[x] += a * vc[j * d + x];
-          }
+          const float a = s.A[c * Cmax + j] * s.beta[j];
+          axpy(a, &s.ek[j * d], wr, d);
+          axpy(a, &s.v[j * d], ur, d);
         }
       }
       // V' = U - W S
       for (int c = 0; c < C; ++c) {
-        float* vp = &Vp[c * d];
-        std::copy(&U[c * d], &U[c * d] + d, vp);
-        for (int i = 0; i < d; ++i) {
-          const float wi = Wm[c * d + i];
-          const float* Si = Sh + static_cast<int64_t>(i) * d;
-          for (int j = 0; j < d; ++j) vp[j] -= wi * Si[j];
-        }
+        float* vp = &s.Vp[c * d];
+        std::copy(&s.U[c * d], &s.U[c * d] + d, vp);
+        for (int i = 0; i < d; ++i) axpy(-s.W[c * d + i], Sh + static_cast<int64_t>(i) * d, vp, d);
       }
       // Outputs: the inter-chunk part through S, the intra-chunk part through V'.
       for (int c = 0; c < C; ++c) {
         float* oc = o + (static_cast<int64_t>(t0 + c) * H + h) * d;
         std::fill(oc, oc + d, 0.0f);
-        for (int i = 0; i < d; ++i) {
-          const float qi = qc[c * d + i] * std::exp(G[c * d + i]);
-          const float* Si = Sh + static_cast<int64_t>(i) * d;
-          for (int j = 0; j < d; ++j) oc[j] += qi * Si[j];
-        }
-        for (int j = 0; j <= c; ++j) {
-          float a = 0;
-          for (int x = 0; x < d; ++x)
-            a += qc[c * d + x] * kc[j * d + x] * std::exp(G[c * d + x] - G[j * d + x]);
-          const float* vp = &Vp[j * d];
-          for (int y = 0; y < d; ++y) oc[y] += a * vp[y];
-        }
+        for (int i = 0; i < d; ++i)
+          axpy(s.q[c * d + i] * std::exp(s.G[c * d + i]), Sh + static_cast<int64_t>(i) * d, oc, d);
+        for (int j = 0; j <= c; ++j) axpy(s.P[c * Cmax + j], &s.Vp[j * d], oc, d);
       }
       // State to the end of the chunk.
-      const float* Glast = &G[(C - 1) * d];
+      const float* Glast = &s.G[(C - 1) * d];
       for (int i = 0; i < d; ++i) {
         float* Si = Sh + static_cast<int64_t>(i) * d;
         const float di = std::exp(Glast[i]);
         for (int j = 0; j < d; ++j) Si[j] *= di;
-        for (int c = 0; c < C; ++c) {
-          const float kd = kc[c * d + i] * std::exp(Glast[i] - G[c * d + i]);
-          const float* vp = &Vp[c * d];
-          for (int j = 0; j < d; ++j) Si[j] += kd * vp[j];
-        }
+        for (int c = 0; c < C; ++c)
+          axpy(s.k[c * d + i] * std::exp(Glast[i] - s.G[c * d + i]), &s.Vp[c * d], Si, d);
       }
     }
   });

@@ -1,0 +1,325 @@
+// `moonrun plan` arithmetic and report (see plan.h).
+#include "tools/plan.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "tools/kimi_k3_config.h"
+
+namespace moonrun::tools {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kGB = 1e9;
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+// The seeds' whole-VM rule: "92 % of the VM's memory minus the checkpoint".
+constexpr double kVmRuleFraction = 0.92;
+
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return (v < 0 ? "-" : "") + out;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// "1,560.94 GB"
+std::string gb(double bytes) {
+  double v = bytes / kGB;
+  double whole = std::floor(std::fabs(v));
+  std::string frac = fmt("%.2f", std::fabs(v) - whole).substr(1);  // ".94"
+  if (frac == ".00" && std::fabs(v) - whole > 0.5) whole += 1;  // rounding carried
+  return (v < 0 ? "-" : "") + with_commas(int64_t(whole)) + frac + " GB";
+}
+
+// Why TP = t fails for this model, or "" when it divides everything it must.
+std::string tp_failure(const PlanModelShape& s, int t) {
+  auto per_rank = [&](int64_t n) { return fmt("%g", double(n) / t); };
+  if (s.n_heads % t != 0)
+    return std::to_string(s.n_heads) + " attention heads / " + std::to_string(t) + " = " +
+           per_rank(s.n_heads) + " per rank";
+  if (s.hidden % t != 0)
+    return "hidden " + std::to_string(s.hidden) + " / " + std::to_string(t) + " = " + per_rank(s.hidden) +
+           " per rank";
+  if (s.n_kda_layers > 0 && s.kda_heads % t != 0)
+    return std::to_string(s.kda_heads) + " KDA heads / " + std::to_string(t) + " = " + per_rank(s.kda_heads) +
+           " per rank";
+  return "";
+}
+
+}  // namespace
+
+Result<Plan> make_plan(const PlanInputs& in) {
+  const PlanModelShape& s = in.shape;
+  if (in.gpus_per_node < 1 || in.nodes < 1)
+    return invalid_argument("--gpus-per-node and --nodes must be at least 1");
+  if (!(in.mem_fraction > 0 && in.mem_fraction <= 1))
+    return invalid_argument("--mem-fraction must be in (0, 1], got " + fmt("%g", in.mem_fraction));
+  if (in.kv_dtype_bytes != 1 && in.kv_dtype_bytes != 2)
+    return invalid_argument("--kv-dtype must be bf16 or fp8");
+
+  Plan p;
+  p.in = in;
+  p.total_gpus = in.gpus_per_node * in.nodes;
+  // The seeds' shape: one flat group, TP over every GPU for attention and dense weights, EP
+  // over the same GPUs for routed experts (no pipeline parallelism in K3).
+  p.tp = p.ep = p.total_gpus;
+  p.context_length = in.context_length > 0 ? in.context_length
+                     : s.max_context > 0   ? s.max_context
+                                           : 1048576;
+
+  // ---- tensor parallel sizes: TP must divide the heads and the hidden width.
+  int64_t g = std::gcd(s.n_heads, s.hidden);
+  if (s.n_kda_layers > 0) g = std::gcd(g, s.kda_heads);
+  p.tp_gcd = int(g);
+  for (int t = 1; t <= g; ++t)
+    if (g % t == 0) p.valid_tp.push_back(t);
+  for (int t : {3, 24, 40, 48, 64, 128}) {
+    std::string why = tp_failure(s, t);
+    if (!why.empty() && p.invalid_examples.size() < 5) p.invalid_examples.push_back({t, false, why});
+  }
+  p.tp_check = {p.tp, true, tp_failure(s, p.tp)};
+  p.tp_check.ok = p.tp_check.why.empty();
+
+  // ---- weights: total and this GPU's share.
+  const WeightBytes& w = in.weights;
+  p.checkpoint_bytes = w.total_bytes();
+  const uint64_t tp_bytes = w.bytes_of(Shard::kTensorParallel);
+  const uint64_t ep_bytes = w.bytes_of(Shard::kExpertParallel);
+  const uint64_t rep_bytes = w.bytes_of(Shard::kReplicated);
+  uint64_t ep_share = 0;
+  if (s.n_experts > 0) {
+    p.experts_per_gpu = (s.n_experts + p.ep - 1) / p.ep;  // the busiest rank
+    ep_share = uint64_t(double(ep_bytes) * double(p.experts_per_gpu) / double(s.n_experts));
+  }
+  p.weights_per_gpu_bytes = tp_bytes / p.tp + ep_share + rep_bytes;
+
+  // ---- memory per GPU.
+  p.usable_per_gpu_bytes = in.gpu.usable_bytes;
+  p.budget_per_gpu_bytes = uint64_t(double(in.gpu.usable_bytes) * in.mem_fraction);
+  p.reserve_per_gpu_bytes = p.usable_per_gpu_bytes - p.budget_per_gpu_bytes;
+  p.left_per_gpu_bytes = int64_t(p.budget_per_gpu_bytes) - int64_t(p.weights_per_gpu_bytes);
+
+  // ---- caches. MLA keeps latent + rope key per token per layer; every TP rank holds all of
+  // it (the latent is shared by the heads, so it is not split).
+  p.kv_bytes_per_token = uint64_t(s.n_mla_layers) * uint64_t(s.kv_lora_rank + s.qk_rope_head_dim) *
+                         uint64_t(in.kv_dtype_bytes);
+  // KDA: per layer S [heads, d_k, d_v] fp32 and three conv windows of (K-1) rows of heads x d
+  // in bf16 (the activations' dtype). Split by heads over TP.
+  const uint64_t P = uint64_t(s.kda_heads) * uint64_t(s.kda_head_dim);
+  p.kda_recurrent_bytes_per_seq = uint64_t(s.n_kda_layers) * P * uint64_t(s.kda_head_dim) * 4;
+  p.kda_state_bytes_per_seq = p.kda_recurrent_bytes_per_seq +
+                              uint64_t(s.n_kda_layers) * 3 * uint64_t(std::max<int64_t>(s.kda_conv_kernel - 1, 0)) * P * 2;
+  p.kda_state_per_gpu_bytes_per_seq = p.kda_state_bytes_per_seq / p.tp;
+  p.kv_bytes_per_seq = p.kv_bytes_per_token * uint64_t(p.context_length);
+  if (p.left_per_gpu_bytes > 0) {
+    if (p.kv_bytes_per_token > 0) p.pool_tokens = p.left_per_gpu_bytes / int64_t(p.kv_bytes_per_token);
+    const uint64_t per_seq = p.kv_bytes_per_seq + p.kda_state_per_gpu_bytes_per_seq;
+    if (per_seq > 0) p.concurrent_seqs = p.left_per_gpu_bytes / int64_t(per_seq);
+  }
+
+  // ---- the seeds' whole-VM rule.
+  p.vm_nominal_bytes = uint64_t(p.total_gpus) * in.gpu.nominal_bytes;
+  p.vm_rule_left_bytes = int64_t(kVmRuleFraction * double(p.vm_nominal_bytes)) - int64_t(p.checkpoint_bytes);
+
+  // ---- verdict.
+  p.fits = true;
+  if (!p.tp_check.ok) {
+    p.fits = false;
+    p.reasons.push_back("TP " + std::to_string(p.tp) + " is not valid: " + p.tp_check.why +
+                        " (TP must divide " + std::to_string(p.tp_gcd) + ")");
+  }
+  if (p.left_per_gpu_bytes <= 0) {
+    p.fits = false;
+    p.reasons.push_back("weights need " + gb(double(p.weights_per_gpu_bytes)) + " per GPU but " +
+                        fmt("%g", in.mem_fraction) + " x " + gb(double(p.usable_per_gpu_bytes)) + " = " +
+                        gb(double(p.budget_per_gpu_bytes)) + " is available");
+  }
+  if (p.vm_rule_left_bytes <= 0)
+    p.reasons.push_back("whole-machine rule: 92 % of " + gb(double(p.vm_nominal_bytes)) + " = " +
+                        gb(kVmRuleFraction * double(p.vm_nominal_bytes)) + " is less than the " +
+                        gb(double(p.checkpoint_bytes)) + " checkpoint");
+  if (p.fits) {
+    p.reasons.push_back(gb(double(p.left_per_gpu_bytes)) + " per GPU left for the KV pool and KDA state after " +
+                        gb(double(p.weights_per_gpu_bytes)) + " of weights");
+    if (p.concurrent_seqs == 0)
+      p.reasons.push_back("warning: one " + with_commas(p.context_length) + "-token sequence needs " +
+                          gb(double(p.kv_bytes_per_seq)) + " of KV per GPU; the pool holds " +
+                          with_commas(p.pool_tokens) + " tokens, so full-length requests cannot all be resident");
+  }
+  if (!w.exact && s.n_experts > 0 && p.ep > 0 && s.n_experts % p.ep != 0)
+    p.reasons.push_back("warning: " + std::to_string(s.n_experts) + " experts do not split evenly over EP " +
+                        std::to_string(p.ep) + "; the busiest rank holds " + std::to_string(p.experts_per_gpu));
+  p.cost_per_hour = in.price_per_gpu_hour * p.total_gpus;
+  return p;
+}
+
+std::string format_plan_table(const Plan& p) {
+  const PlanInputs& in = p.in;
+  const PlanModelShape& s = in.shape;
+  std::ostringstream o;
+  auto row = [&](const std::string& label, const std::string& value) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  %-44s %s\n", label.c_str(), value.c_str());
+    o << buf;
+  };
+  o << "model            : " << s.name << "\n";
+  o << "cluster          : " << in.nodes << " x " << in.gpus_per_node << " " << in.gpu.label << " = "
+    << p.total_gpus << " GPUs, TP " << p.tp << " x EP " << p.ep << "\n";
+  o << "context length   : " << with_commas(p.context_length) << " tokens, KV cache "
+    << (in.kv_dtype_bytes == 1 ? "fp8" : "bf16") << "\n\n";
+
+  o << "Weights (" << in.weights.note << ")\n";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "  %-44s %-10s %16s\n", "group", "shard", "total");
+  o << buf;
+  for (const auto& g : in.weights.groups) {
+    std::snprintf(buf, sizeof buf, "  %-44s %-10s %16s%s\n", g.name.c_str(), shard_name(g.shard),
+                  gb(double(g.bytes)).c_str(), g.estimated ? "  (estimated: config lacks its sizes)" : "");
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, "  %-44s %-10s %16s%s\n", "safetensors headers", "-",
+                gb(double(in.weights.file_overhead_bytes)).c_str(), in.weights.exact ? "" : "  (estimated)");
+  o << buf;
+  row("total (the download)", with_commas(int64_t(p.checkpoint_bytes)) + " bytes (" +
+                                  gb(double(p.checkpoint_bytes)) + ")");
+  row("per GPU under TP " + std::to_string(p.tp) + " x EP " + std::to_string(p.ep),
+      gb(double(p.weights_per_gpu_bytes)) +
+          (s.n_experts > 0 ? " (" + std::to_string(p.experts_per_gpu) + " of " + std::to_string(s.n_experts) +
+                                 " experts per GPU)"
+                           : ""));
+
+  o << "\nTensor parallel (TP must divide " << s.n_heads << " heads and hidden " << s.hidden
+    << (s.n_kda_layers > 0 ? " and " + std::to_string(s.kda_heads) + " KDA heads" : "") << ")\n";
+  std::string valid;
+  for (int t : p.valid_tp) valid += (valid.empty() ? "" : ", ") + std::to_string(t);
+  row("gcd = " + std::to_string(p.tp_gcd) + ": valid TP sizes", valid);
+  for (const auto& c : p.invalid_examples) row("TP " + std::to_string(c.tp) + " fails", c.why);
+  row("TP " + std::to_string(p.tp) + " (this cluster)", p.tp_check.ok ? "valid" : "INVALID: " + p.tp_check.why);
+
+  o << "\nMemory per GPU (" << in.gpu.name << ": " << in.gpu.usable_source << ")\n";
+  row("usable", gb(double(p.usable_per_gpu_bytes)) + fmt(" (%.2f GiB)", double(p.usable_per_gpu_bytes) / kGiB));
+  row("x mem-fraction " + fmt("%g", in.mem_fraction), gb(double(p.budget_per_gpu_bytes)));
+  row("- weights", gb(double(p.weights_per_gpu_bytes)));
+  row("= left for KV pool + KDA state", gb(double(p.left_per_gpu_bytes)));
+  row("outside the fraction (activations, graphs)", gb(double(p.reserve_per_gpu_bytes)));
+
+  o << "\nCaches\n";
+  row("KV per token (" + std::to_string(s.n_mla_layers) + " MLA layers x " +
+          std::to_string(s.kv_lora_rank + s.qk_rope_head_dim) + " x " + std::to_string(in.kv_dtype_bytes) + " B)",
+      with_commas(int64_t(p.kv_bytes_per_token)) + " bytes, on every TP rank");
+  row("KV per sequence at " + with_commas(p.context_length),
+      gb(double(p.kv_bytes_per_seq)) + fmt(" (%.2f GiB)", double(p.kv_bytes_per_seq) / kGiB));
+  if (s.n_kda_layers > 0) {
+    row("KDA state per sequence (" + std::to_string(s.n_kda_layers) + " layers)",
+        gb(double(p.kda_state_bytes_per_seq)) + fmt(" (%.2f GiB)", double(p.kda_state_bytes_per_seq) / kGiB) +
+            "; S alone " + gb(double(p.kda_recurrent_bytes_per_seq)));
+    row("  per GPU (split by heads over TP " + std::to_string(p.tp) + ")",
+        fmt("%.1f MB", double(p.kda_state_per_gpu_bytes_per_seq) / 1e6));
+  }
+  row("KV pool if all left memory is KV", with_commas(p.pool_tokens) + " tokens");
+  row("concurrent sequences at " + with_commas(p.context_length), with_commas(p.concurrent_seqs));
+
+  o << "\nWhole machine (the seeds' rule: 92 % of memory - checkpoint)\n";
+  row(std::to_string(p.total_gpus) + " x " + gb(double(in.gpu.nominal_bytes)),
+      gb(double(p.vm_nominal_bytes)) + ": " +
+          (p.vm_rule_left_bytes > 0 ? "fits, about " + gb(double(p.vm_rule_left_bytes)) + " left"
+                                    : "does not fit (" + gb(double(p.vm_rule_left_bytes)) + ")"));
+
+  o << "\nRESULT: " << (p.fits ? "FITS" : "DOES NOT FIT") << "\n";
+  for (const auto& r : p.reasons) o << "  - " << r << "\n";
+  if (in.price_per_gpu_hour > 0)
+    o << "cost             : " << p.total_gpus << " GPUs x $" << fmt("%.2f", in.price_per_gpu_hour) << " = $"
+      << fmt("%.2f", p.cost_per_hour) << " per hour\n";
+  return o.str();
+}
+
+json plan_to_json(const Plan& p) {
+  const PlanInputs& in = p.in;
+  json groups = json::array();
+  for (const auto& g : in.weights.groups)
+    groups.push_back({{"name", g.name}, {"shard", shard_name(g.shard)}, {"bytes", g.bytes},
+                      {"tensors", g.n_tensors}, {"estimated", g.estimated}});
+  json invalid = json::array();
+  for (const auto& c : p.invalid_examples) invalid.push_back({{"tp", c.tp}, {"why", c.why}});
+  return {
+      {"model", in.shape.name},
+      {"gpu", in.gpu.name},
+      {"gpus_per_node", in.gpus_per_node},
+      {"nodes", in.nodes},
+      {"total_gpus", p.total_gpus},
+      {"tp", p.tp},
+      {"ep", p.ep},
+      {"context_length", p.context_length},
+      {"kv_dtype", in.kv_dtype_bytes == 1 ? "fp8" : "bf16"},
+      {"mem_fraction", in.mem_fraction},
+      {"weights", {{"exact", in.weights.exact}, {"source", in.weights.note}, {"groups", groups},
+                   {"file_overhead_bytes", in.weights.file_overhead_bytes},
+                   {"total_bytes", p.checkpoint_bytes}, {"per_gpu_bytes", p.weights_per_gpu_bytes},
+                   {"experts_per_gpu", p.experts_per_gpu}}},
+      {"tensor_parallel", {{"gcd", p.tp_gcd}, {"valid", p.valid_tp}, {"invalid_examples", invalid},
+                           {"chosen_valid", p.tp_check.ok}, {"chosen_why", p.tp_check.why}}},
+      {"memory_per_gpu", {{"usable_bytes", p.usable_per_gpu_bytes}, {"usable_source", in.gpu.usable_source},
+                          {"budget_bytes", p.budget_per_gpu_bytes}, {"left_bytes", p.left_per_gpu_bytes},
+                          {"reserve_bytes", p.reserve_per_gpu_bytes}}},
+      {"cache", {{"kv_bytes_per_token", p.kv_bytes_per_token}, {"kv_bytes_per_sequence", p.kv_bytes_per_seq},
+                 {"kda_state_bytes_per_sequence", p.kda_state_bytes_per_seq},
+                 {"kda_recurrent_bytes_per_sequence", p.kda_recurrent_bytes_per_seq},
+                 {"kda_state_per_gpu_bytes_per_sequence", p.kda_state_per_gpu_bytes_per_seq},
+                 {"pool_tokens", p.pool_tokens}, {"concurrent_sequences", p.concurrent_seqs}}},
+      {"vm_rule", {{"nominal_bytes", p.vm_nominal_bytes}, {"fraction", kVmRuleFraction},
+                   {"left_bytes", p.vm_rule_left_bytes}, {"fits", p.vm_rule_left_bytes > 0}}},
+      {"fits", p.fits},
+      {"reasons", p.reasons},
+      {"price_per_gpu_hour", in.price_per_gpu_hour},
+      {"cost_per_hour", p.cost_per_hour},
+  };
+}
+
+Result<LoadedModel> load_plan_model(const std::string& model) {
+  LoadedModel m;
+  if (model == "kimi-k3") {
+    json cfg = json::parse(kimi_k3_config_json(), nullptr, false);
+    MR_CHECK(!cfg.is_discarded()) << "built-in kimi-k3 config does not parse";
+    m.shape = MR_TRY(plan_shape_from_config(cfg, "kimi-k3"));
+    m.weights = weight_bytes_from_config(m.shape);
+    return m;
+  }
+  std::error_code ec;
+  fs::path path(model);
+  fs::path config_path = fs::is_directory(path, ec) ? path / "config.json" : path;
+  if (!fs::exists(config_path, ec))
+    return not_found(model + ": not 'kimi-k3', a config.json file or a checkpoint directory with a config.json");
+  std::ifstream f(config_path);
+  json cfg = json::parse(f, nullptr, false);
+  if (cfg.is_discarded()) return invalid_argument(config_path.string() + ": not valid JSON");
+  m.shape = MR_TRY(plan_shape_from_config(cfg, model));
+  bool has_shards = false;
+  if (fs::is_directory(path, ec)) {
+    has_shards = fs::exists(path / "model.safetensors.index.json", ec);
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.path().extension() == ".safetensors") has_shards = true;
+  }
+  if (has_shards) {
+    m.weights = MR_TRY(weight_bytes_from_checkpoint(model));
+  } else {
+    m.weights = weight_bytes_from_config(m.shape);
+  }
+  return m;
+}
+
+}  // namespace moonrun::tools
