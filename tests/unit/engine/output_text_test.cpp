@@ -67,12 +67,55 @@ TEST(OutputText, WithoutADetokenizerThereIsNoText) {
   EXPECT_EQ(text.take_delta(true), "");
 }
 
+TEST(Utf8, IllFormedBytesBecomeReplacementCharacters) {
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(to_valid_utf8("a\xC3\xA9b"), "a\xC3\xA9b");
+  EXPECT_EQ(to_valid_utf8("a\xC3z"), "a" + r + "z");          // truncated sequence
+  EXPECT_EQ(to_valid_utf8("\xA9"), r);                        // lone continuation byte
+  EXPECT_EQ(to_valid_utf8("\xC0\xAF"), r + r);               // overlong: C0 is never valid
+  EXPECT_EQ(to_valid_utf8("\xED\xA0\x80"), r + r + r);       // a surrogate
+  EXPECT_EQ(to_valid_utf8("\xF0\x9F\x98z"), r + "z");        // maximal subpart: one U+FFFD
+  EXPECT_EQ(to_valid_utf8("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
+}
+
+TEST(OutputText, RawBytesFromTheDetokenizerAreHandedOutAsValidUtf8) {
+  OutputText text(byte_decode, {});
+  for (int32_t t : {int32_t{'a'}, int32_t{0xA9}, int32_t{'b'}}) text.append(t);
+  EXPECT_EQ(text.take_delta(true), "a\xEF\xBF\xBD" "b");
+}
+
 TEST(Utf8, IncompleteTail) {
   EXPECT_EQ(utf8_incomplete_tail("ab"), 0u);
   EXPECT_EQ(utf8_incomplete_tail("a\xC3"), 1u);
   EXPECT_EQ(utf8_incomplete_tail("a\xC3\xA9"), 0u);
   EXPECT_EQ(utf8_incomplete_tail("\xF0\x9F\x98"), 3u);
   EXPECT_EQ(utf8_incomplete_tail("\xF0\x9F\x98\x80"), 0u);
+}
+
+}  // namespace
+}  // namespace moonrun
+
+// The hook over the real tokenizer: byte-level ranks (token b = byte b) plus one special.
+#include "engine/detokenize.h"
+
+namespace moonrun {
+namespace {
+
+TEST(DetokenizeWith, StreamsWholeCharactersAndSpecialNamesFromTheTokenizer) {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  auto ranks = chat::RankTable::from_tokens(bytes);
+  ASSERT_TRUE(ranks.is_ok()) << ranks.status().to_string();
+  auto tok = chat::Tokenizer::create(std::move(ranks).value(), {{"<|im_end|>", 256}});
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  OutputText text(detokenize_with(std::make_shared<const chat::Tokenizer>(std::move(tok).value())), {});
+  std::vector<std::string> deltas;
+  for (int32_t t : {int32_t{'a'}, int32_t{0xC3}, int32_t{0xA9}, int32_t{256}, int32_t{0xC3}}) {
+    text.append(t);
+    deltas.push_back(text.take_delta(false));
+  }
+  deltas.push_back(text.take_delta(true));  // the lone 0xC3 at the end: U+FFFD
+  EXPECT_EQ(deltas, (std::vector<std::string>{"a", "", "\xC3\xA9", "<|im_end|>", "", "\xEF\xBF\xBD"}));
 }
 
 }  // namespace
