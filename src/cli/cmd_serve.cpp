@@ -130,51 +130,38 @@ int run_serve(server::ServeOptions opt) {
                << " s, type=" << cfg.model_type << ", avail mem=" << fmt2(avail_after)
                << " GB, mem usage=" << fmt2(std::max(0.0, avail_before - avail_after)) << " GB.";
 
-  // Limits and pools.
+  // Limits and pools. The CPU backend's "static memory" is a fraction of available RAM
+  // (default 5 %), capped at what max_running sequences of the full context would use.
   int64_t context_len = opt.context_length > 0 ? opt.context_length : cfg.max_position_embeddings;
   if (context_len <= 0) context_len = 4096;
   if (opt.context_length > 0 && cfg.max_position_embeddings > 0 && opt.context_length > cfg.max_position_embeddings)
     MR_LOG(WARNING) << "--context-length " << opt.context_length << " is above the model's max_position_embeddings "
                     << cfg.max_position_embeddings;
   const int max_running = opt.max_running_requests > 0 ? opt.max_running_requests : 64;
-  CacheLayout layout;
-  layout.num_mla_layers = cfg.num_mla_layers;
-  layout.row_floats = cfg.mla_cache_row();
-  layout.dtype_bytes = 4;
-  layout.kda_slot_bytes = CpuModelRunner::kda_slot_bytes(cfg);
-  // The CPU backend's "static memory": a fraction of available RAM (default 5 %), capped at
-  // what max_running sequences of the full context would use.
+  const CacheLayout layout = cpu_cache_layout(cfg);
   const double fraction = opt.mem_fraction_static > 0 ? opt.mem_fraction_static : 0.05;
   int64_t budget = static_cast<int64_t>(fraction * avail_after * (1ll << 30));
-  const int64_t want = layout.bytes_per_token() * context_len * max_running + layout.kda_slot_bytes * max_running;
-  budget = std::min(budget, std::max<int64_t>(want, layout.kda_slot_bytes * max_running + layout.bytes_per_token() * opt.page_size_tokens));
-  auto cache_cfg = size_cache_from_budget(layout, budget, opt.page_size_tokens, max_running);
-  if (!cache_cfg.is_ok()) {
-    std::fprintf(stderr, "moonrun serve: %s\n", cache_cfg.status().message().c_str());
-    return 2;
-  }
-  auto cache = std::make_unique<CacheManager>(*cache_cfg);
-  MR_LOG(INFO) << "KV Cache is allocated. dtype: float32, #tokens: " << cache_cfg->total_tokens()
-               << ", KV size: " << fmt2(cache_cfg->mla_bytes() / 1e9) << " GB";
-  MR_LOG(INFO) << "KDA state slots are allocated. #slots: " << cache_cfg->num_kda_slots
-               << ", state size: " << fmt2(cache_cfg->kda_bytes() / 1e9) << " GB";
-  auto runner = std::make_unique<CpuModelRunner>(std::move(model).value(), cache->mla_view(), cache_cfg->num_kda_slots);
-  MR_LOG(INFO) << "Memory pool end. avail mem=" << fmt2(available_memory_gb()) << " GB";
+  const int64_t full = layout.bytes_per_token() * context_len * max_running + layout.kda_slot_bytes * max_running;
+  const int64_t least = layout.kda_slot_bytes * max_running + layout.bytes_per_token() * std::max<int64_t>(context_len, opt.page_size_tokens);
+  budget = std::max(std::min(budget, full), least);
 
-  EngineConfig ecfg;
-  ecfg.scheduler.max_running_requests = max_running;
-  ecfg.scheduler.max_tokens_per_step = opt.chunked_prefill_size;
-  ecfg.scheduler.max_queued_requests = opt.max_queued_requests;
-  ecfg.max_model_len = static_cast<int>(std::min<int64_t>(context_len, INT32_MAX));
-  ecfg.eos_token_ids = {cfg.eos_token_id};
+  CpuEngineOptions eopt;
+  eopt.max_running_requests = max_running;
+  eopt.chunked_prefill_size = opt.chunked_prefill_size;
+  eopt.max_queued_requests = opt.max_queued_requests;
+  eopt.context_length = static_cast<int>(std::min<int64_t>(context_len, INT32_MAX));
+  eopt.page_size_tokens = opt.page_size_tokens;
+  eopt.cache_budget_bytes = budget;
   auto detok = [tok](const std::vector<int32_t>& ids) {
     return tok->decode(std::vector<uint32_t>(ids.begin(), ids.end()));
   };
-  auto loop = EngineLoop::create(ecfg, std::move(cache), std::move(runner), detok);
+  std::shared_ptr<const KimiK3Model> shared_model(std::move(model).value());
+  auto loop = make_cpu_engine(shared_model, eopt, detok);
   if (!loop.is_ok()) {
     std::fprintf(stderr, "moonrun serve: %s\n", loop.status().message().c_str());
     return 2;
   }
+  MR_LOG(INFO) << "Memory pool end. avail mem=" << fmt2(available_memory_gb()) << " GB";
   Status st = (*loop)->start();
   if (!st.is_ok()) {
     std::fprintf(stderr, "moonrun serve: %s\n", st.message().c_str());
@@ -187,18 +174,13 @@ int run_serve(server::ServeOptions opt) {
   ctx.served_model_name = !opt.served_model_name.empty() ? opt.served_model_name
                           : !opt.model_path.empty()      ? opt.model_path
                                                          : "moonrun-demo";
-  ctx.max_model_len = context_len;
+  ctx.max_model_len = (*loop)->config().max_model_len;
   ctx.created_unix_s = std::chrono::duration_cast<std::chrono::seconds>(
                            std::chrono::system_clock::now().time_since_epoch()).count();
   ctx.chat_format = *format;
   ctx.tokenizer = tok;
   ctx.engine = loop->get();
   ctx.metrics = &metrics;
-
-  MR_LOG(INFO) << "max_total_num_tokens=" << cache_cfg->total_tokens()
-               << ", chunked_prefill_size=" << opt.chunked_prefill_size
-               << ", max_running_requests=" << max_running << ", context_len=" << context_len
-               << ", available_mem=" << fmt2(available_memory_gb()) << " GB";
 
   server::HttpServer http(ctx);
   st = http.bind();
