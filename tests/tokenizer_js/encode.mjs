@@ -1,13 +1,16 @@
 // Encodes the corpus with js-tiktoken and exports the encoding's ranks in tiktoken.model
 // form, for tokenizer_js_check to compare against.
 // usage: node encode.mjs cl100k_base|o200k_base CORPUS RANKS_OUT IDS_OUT
+//        node encode.mjs cl100k_base|o200k_base --export-ranks RANKS_OUT
 //   IDS_OUT: one line per document, "<index> <id> <id> ..." or "<index> skip" for the
 //   ill-formed UTF-8 documents (a JS string cannot hold them).
 import { readFileSync, writeFileSync } from "node:fs";
 import { Tiktoken } from "js-tiktoken/lite";
 
-const [name, corpusPath, ranksOut, idsOut] = process.argv.slice(2);
-if (!idsOut) {
+const argv = process.argv.slice(2);
+const exportOnly = argv[1] === "--export-ranks";
+const [name, corpusPath, ranksOut, idsOut] = exportOnly ? [argv[0], null, argv[2], null] : argv;
+if (!ranksOut || (!exportOnly && !idsOut)) {
   console.error("usage: node encode.mjs cl100k_base|o200k_base CORPUS RANKS_OUT IDS_OUT");
   process.exit(2);
 }
@@ -21,6 +24,7 @@ for (const [rank, bytes] of [...enc.textMap.entries()].sort((a, b) => a[0] - b[0
 }
 writeFileSync(ranksOut, lines.join("\n") + "\n");
 writeFileSync(ranksOut + ".special.json", JSON.stringify(ranks.special_tokens));
+if (exportOnly) process.exit(0);
 
 const corpus = readFileSync(corpusPath);
 const fatal = new TextDecoder("utf-8", { fatal: true });

@@ -4,10 +4,12 @@
 // Kinds: prose code cjk emoji space numbers scripts mixed long special invalid.
 // `invalid` documents hold ill-formed UTF-8 (no JS string can), the others are valid UTF-8.
 //
-// usage: node gen_corpus.mjs OUT_FILE [--target-bytes N] [--long-runs] [--seed N]
-//   --long-runs adds runs over 25,000 characters of letters, whitespace and punctuation
-//   (the Kimi splitting cases; js-tiktoken's cubic merge cannot encode those in time, so
-//   the js test leaves them out).
+// usage: node gen_corpus.mjs OUT_FILE [--target-bytes N] [--python] [--seed N]
+//   --python adds what only Python tiktoken can check: runs over 25,000 characters of
+//   letters, whitespace and punctuation (the Kimi splitting cases; js-tiktoken's cubic
+//   merge cannot encode them in time), and characters where JavaScript's regex differs
+//   from Rust's (\s: NEL U+0085 is White_Space, BOM U+FEFF is not; case-insensitive
+//   contractions also match "'ſ" (U+017F); Script=Han vs Script_Extensions (U+3001)).
 import { writeFileSync } from "node:fs";
 
 const args = process.argv.slice(2);
@@ -17,7 +19,7 @@ let longRuns = false;
 let seedArg = 0;
 for (let i = 1; i < args.length; ++i) {
   if (args[i] === "--target-bytes") targetBytes = Number(args[++i]);
-  else if (args[i] === "--long-runs") longRuns = true;
+  else if (args[i] === "--python") longRuns = true;
   else if (args[i] === "--seed") seedArg = Number(args[++i]);
 }
 if (!out) {
@@ -205,6 +207,13 @@ function kimiLongRuns() {
   runs.push(Array.from({ length: 26_000 }, () => range(0x4e00, 0x9fa5)).join(""));
   runs.push(Array.from({ length: 30_000 }, () => range(0x61, 0x7a)).join("") + " " + "z".repeat(100));
   runs.push(" \t".repeat(14_000) + "done");
+  const odd = ["\u0085", "\ufeff", "\u180e", "'ſ", "'ſt", "'K", "'\u212a", "、", "。", "々", "〇", "\u3001中文", "中\u3001文", "\u001c",
+    "\u2028", "İ", "ǅ", "ǈ", "ᾈ", "Σ'S", "ﬀ", "ẞ'LL", " \u0085\n", "x\ufeffy", "\u0300\u0301", "a\u0300'S"];
+  for (let d = 0; d < 40; ++d) {
+    let s = "";
+    for (let i = 0; i < 200; ++i) s += pick(odd) + pick(["", " ", "\n", pick(words), "中", "Ab"]);
+    runs.push(s);
+  }
   return runs;
 }
 

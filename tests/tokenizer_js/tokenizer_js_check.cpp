@@ -1,7 +1,7 @@
 // Compares moonrun's tokenizer with token ids recorded by a reference tokenizer
 // (js-tiktoken here in CI; Python tiktoken / tokenization_kimi.py for the Kimi fixtures).
 //
-//   tokenizer_js_check check --ranks F --specials F.json --pattern cl100k|o200k|kimi
+//   tokenizer_js_check check --ranks F --specials F.json|k3-defaults --pattern cl100k|o200k|kimi
 //                            [--plain] --corpus C --ids I
 //   tokenizer_js_check train --corpus C --merges N --out F   (a test vocabulary)
 //
@@ -112,9 +112,14 @@ int check(const std::map<std::string, std::string>& args) {
     std::fprintf(stderr, "%s\n", ranks.status().to_string().c_str());
     return 2;
   }
+  // --specials FILE.json ({"name": id}) or "k3-defaults" (the K3 names after the base ranks).
   std::vector<SpecialToken> specials;
-  const auto special_json = nlohmann::json::parse(read_file(arg(args, "--specials")));
-  for (const auto& [name, id] : special_json.items()) specials.push_back({name, id.get<uint32_t>()});
+  if (arg(args, "--specials") == "k3-defaults") {
+    specials = kimi_k3_default_special_tokens(uint32_t(ranks->size()));
+  } else {
+    const auto special_json = nlohmann::json::parse(read_file(arg(args, "--specials")));
+    for (const auto& [name, id] : special_json.items()) specials.push_back({name, id.get<uint32_t>()});
+  }
 
   TokenizerOptions options;
   const std::string pattern = arg(args, "--pattern");
