@@ -223,6 +223,37 @@ TEST(Engine, StopConditions) {
   }
 }
 
+TEST(Engine, SkippedSpecialTokensStayInTheIdsButAddNoText) {
+  const auto prompt = test_prompts()[3];
+  const auto ref = reference_greedy(prompt, kVocab, 12, /*eos=*/-1);
+  const int32_t special = ref[2];
+  for (bool skip : {true, false}) {
+    CacheConfig c = pool(64, 4, 16);
+    CacheManager cache(c);
+    FakeRunner runner(cache.mla_view(), 4, kVocab);
+    EngineConfig config{{.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, {kEos}, 0};
+    config.is_special_token = [special](int32_t id) { return id == special; };
+    Engine engine(config, cache, runner, letters);
+    SamplingParams p = greedy(12);
+    p.ignore_eos = true;
+    p.skip_special_tokens = skip;
+    ASSERT_TRUE(engine.add_request(1, prompt, p).is_ok());
+    std::vector<RequestOutput> outs;
+    while (engine.has_work()) ASSERT_TRUE(engine.step(outs).is_ok());
+    std::string text;
+    std::vector<int32_t> ids;
+    for (const auto& o : outs) {
+      text += o.text_delta;
+      ids.insert(ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }
+    std::vector<int32_t> kept;
+    for (int32_t t : ref)
+      if (!skip || t != special) kept.push_back(t);
+    EXPECT_EQ(ids, ref);
+    EXPECT_EQ(text, letters(kept)) << "skip " << skip;
+  }
+}
+
 TEST(Engine, ValidationAndQueueLimits) {
   Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 64, .max_queued_requests = 2}, 32);
   EXPECT_EQ(h.engine.add_request(1, {}, greedy(4)).code(), StatusCode::kInvalidArgument);
@@ -254,6 +285,60 @@ TEST(Engine, BackendFailureIsAStatusNotAHang) {
   EXPECT_FALSE(outs[0].error.is_ok());
   EXPECT_FALSE(h.engine.has_work());
   EXPECT_EQ(h.engine.stats().cache.free_pages, 64);
+}
+
+}  // namespace
+}  // namespace moonrun
+
+namespace moonrun {
+namespace {
+
+TEST(Engine, LogprobsTravelWithTheirTokens) {
+  Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128);
+  SamplingParams p = greedy(5);
+  p.ignore_eos = true;
+  p.logprobs = 3;
+  const auto prompt = test_prompts()[1];
+  ASSERT_TRUE(h.engine.add_request(1, prompt, p).is_ok());
+  std::vector<RequestOutput> outs;
+  while (h.engine.has_work()) ASSERT_TRUE(h.engine.step(outs).is_ok());
+  std::vector<int32_t> context = prompt;
+  std::vector<float> logits(kVocab);
+  for (const RequestOutput& o : outs) {
+    ASSERT_EQ(o.new_token_ids.size(), 1u);
+    ASSERT_EQ(o.logprobs.size(), 1u);
+    // The greedy token is the most likely one, and its logprob is log_softmax of the
+    // fake model's logits for this context.
+    testing::fake_logits(testing::digest_of(context), kVocab, logits.data());
+    const std::vector<float> lp = log_softmax(logits.data(), kVocab);
+    EXPECT_EQ(o.logprobs[0].token, o.new_token_ids[0]);
+    EXPECT_FLOAT_EQ(o.logprobs[0].logprob, lp[o.new_token_ids[0]]);
+    ASSERT_EQ(o.logprobs[0].top.size(), 3u);
+    EXPECT_EQ(o.logprobs[0].top[0].token, o.new_token_ids[0]);
+    context.push_back(o.new_token_ids[0]);
+  }
+  EXPECT_EQ(outs.size(), 5u);
+}
+
+TEST(Engine, AbortEndsEverySampleOfARequest) {
+  Harness h(pool(64, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 4096}, 128);
+  SamplingParams p;
+  p.n = 3;
+  p.ignore_eos = true;
+  p.max_tokens = 50;
+  ASSERT_TRUE(h.engine.add_request(9, test_prompts()[0], p).is_ok());
+  std::vector<RequestOutput> outs;
+  ASSERT_TRUE(h.engine.step(outs).is_ok());
+  EXPECT_EQ(h.engine.stats().cache.free_slots, 5);
+  outs.clear();
+  h.engine.abort_request(9, outs);
+  ASSERT_EQ(outs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(outs[i].index, i);
+    EXPECT_EQ(outs[i].finish_reason, FinishReason::kAbort);
+  }
+  EXPECT_EQ(h.engine.stats().cache.free_slots, 8);
+  EXPECT_FALSE(h.engine.has_work());
 }
 
 }  // namespace
