@@ -11,15 +11,10 @@
 #include <vector>
 
 #include "chat/chat_request.h"
+#include "chat/tokenizer.h"  // Segment: {text, allow_special}, what Tokenizer::encode takes
 #include "common/status.h"
 
 namespace moonrun::chat {
-
-struct Segment {
-  std::string text;
-  bool allow_special = false;
-  bool operator==(const Segment&) const = default;
-};
 
 enum class ChatFormat { kKimiK3, kKimiK2 };
 const char* chat_format_name(ChatFormat format);

@@ -6,10 +6,12 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <span>
 #include <sstream>
 
 #include "chat/chat_request.h"
 #include "chat/render_chat.h"
+#include "chat/tokenizer.h"
 #include "cli/commands.h"
 
 namespace moonrun::cli {
@@ -51,7 +53,14 @@ void run(const RenderArgs& a) {
   auto segments = chat::render_chat(*format, *request, options);
   if (!segments) fail(invalid_argument(a.request_file + ": " + segments.status().message()));
   if (a.ids) {
-    fail(unimplemented("--ids: token ids need the tokenizer (src/chat/tokenizer.h), which is not in this build yet"));
+    if (a.model.empty()) fail(invalid_argument("--ids: needs --model DIR (the checkpoint's tiktoken.model)"));
+    auto tokenizer = chat::Tokenizer::load(a.model);
+    if (!tokenizer) fail(tokenizer.status());
+    const std::vector<uint32_t> ids = tokenizer->encode(std::span<const chat::Segment>(*segments));
+    std::string out = "[";
+    for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+    std::cout << out << "]\n";
+    return;
   }
   if (a.segments) {
     chat::Json out = chat::Json::array();
