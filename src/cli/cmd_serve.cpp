@@ -16,6 +16,7 @@
 #include "chat/tokenizer.h"
 #include "cli/commands.h"
 #include "common/log.h"
+#include "engine/detokenize.h"
 #include "engine/engine_loop.h"
 #include "model/checkpoint.h"
 #include "model/kimi_k3.h"
@@ -152,9 +153,8 @@ int run_serve(server::ServeOptions opt) {
   eopt.context_length = static_cast<int>(std::min<int64_t>(context_len, INT32_MAX));
   eopt.page_size_tokens = opt.page_size_tokens;
   eopt.cache_budget_bytes = budget;
-  auto detok = [tok](const std::vector<int32_t>& ids) {
-    return tok->decode(std::vector<uint32_t>(ids.begin(), ids.end()));
-  };
+  eopt.is_special_token = [tok](int32_t id) { return id >= 0 && tok->is_special(static_cast<uint32_t>(id)); };
+  auto detok = detokenize_with(tok);
   std::shared_ptr<const KimiK3Model> shared_model(std::move(model).value());
   auto loop = make_cpu_engine(shared_model, eopt, detok);
   if (!loop.is_ok()) {

@@ -51,7 +51,7 @@ test('greedy outputs in a concurrent batch equal moonrun generate', async () => 
   const prompts = [[1, 2, 3], [40, 41, 42, 43, 44, 45, 46], Array.from({ length: 70 }, (_, i) => (i * 7) % 200 + 5), [9]];
   const expected = prompts.map((p) => generate(p, 8).token_ids);
   const results = await Promise.all(prompts.map((p) => post(srv.base, '/v1/completions', {
-    model: 'moonrun-demo', prompt: p, max_tokens: 8, temperature: 0, ignore_eos: true, logprobs: 0 })));
+    model: 'moonrun-demo', prompt: p, max_tokens: 8, temperature: 0, ignore_eos: true, skip_special_tokens: false })));
   for (let i = 0; i < prompts.length; ++i) {
     assert.equal(results[i].status, 200, results[i].text);
     const text = results[i].json.choices[0].text;
