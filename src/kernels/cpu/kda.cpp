@@ -306,6 +306,11 @@ void kda_forward(const KdaWeights& w, const KdaDims& dims, const float* x, int n
   MR_CHECK_EQ(w.A_log.size(), static_cast<size_t>(H));
   MR_CHECK_EQ(w.dt_bias.size(), static_cast<size_t>(D));
   MR_CHECK_EQ(w.o_norm.size(), static_cast<size_t>(d));
+  MR_CHECK_EQ(w.q_proj.out_features, D);
+  MR_CHECK_EQ(w.f_b_proj.out_features, D);
+  MR_CHECK_EQ(w.b_proj.out_features, H);
+  MR_CHECK_EQ(w.o_proj.in_features, D);
+  MR_CHECK_EQ((w.g_proj.empty() ? w.g_b_proj : w.g_proj).out_features, D);
 
   const size_t TD = static_cast<size_t>(T) * D;
   std::vector<float> proj(TD), q(TD), k(TD), v(TD);  // [T, H*d]

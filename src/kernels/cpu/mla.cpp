@@ -155,6 +155,10 @@ void mla_forward(const MlaWeights& w, const MlaDims& dims, const float* x, int n
   MR_CHECK_EQ(w.kv_b_proj.out_features, H * (dims.qk_nope_head_dim + V));
   MR_CHECK_EQ(w.kv_b_proj.in_features, L);
   MR_CHECK_EQ(w.kv_a_proj_with_mqa.out_features, L + R);
+  MR_CHECK_EQ(w.kv_a_layernorm.size(), static_cast<size_t>(L));
+  MR_CHECK_EQ((dims.q_lora_rank > 0 ? w.q_b_proj : w.q_proj).out_features, H * QD);
+  MR_CHECK_EQ(w.o_proj.in_features, H * V);
+  MR_CHECK(!dims.output_gate || w.g_proj.out_features == H * V) << "g_proj";
 
   // Queries [T, H, nope | pe].
   std::vector<float> q(static_cast<size_t>(T) * H * QD);
