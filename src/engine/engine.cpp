@@ -1,0 +1,266 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/log.h"
+
+namespace moonrun {
+
+Status check_engine_config(const EngineConfig& config, const CacheConfig& cache) {
+  if (config.max_model_len < 2)
+    return invalid_argument("--context-length must be >= 2 tokens, got " + std::to_string(config.max_model_len));
+  if (config.max_model_len > cache.total_tokens()) {
+    return invalid_argument("--context-length " + std::to_string(config.max_model_len) +
+                            " exceeds the KV pool (" + std::to_string(cache.total_tokens()) +
+                            " tokens); lower it or give the cache more memory (--mem-fraction-static)");
+  }
+  if (config.scheduler.max_running_requests < 1)
+    return invalid_argument("--max-running-requests must be >= 1, got " +
+                            std::to_string(config.scheduler.max_running_requests));
+  if (cache.num_kda_slots < 1) return invalid_argument("the cache has no KDA state slot");
+  return Status::ok();
+}
+
+Engine::Engine(const EngineConfig& config, CacheManager& cache, ModelRunner& runner, DetokenizeFn detokenize)
+    : config_(config),
+      cache_(cache),
+      runner_(runner),
+      detokenize_(std::move(detokenize)),
+      scheduler_([&] {
+        // A running request holds a KDA slot for its whole life: never admit more requests
+        // than there are slots.
+        SchedulerConfig s = config.scheduler;
+        s.max_running_requests = std::min(s.max_running_requests, cache.config().num_kda_slots);
+        return s;
+      }(), cache),
+      seed_gen_(config.seed) {
+  const Status st = check_engine_config(config, cache.config());
+  MR_CHECK(st.is_ok()) << st.message();
+}
+
+Status Engine::validate(const std::vector<int32_t>& prompt_ids, const SamplingParams& params) const {
+  MR_RETURN_IF_ERROR(params.validate());
+  if (prompt_ids.empty()) return invalid_argument("the prompt is empty (at least one token is needed)");
+  const int vocab = runner_.vocab();
+  for (size_t i = 0; i < prompt_ids.size(); ++i) {
+    if (prompt_ids[i] < 0 || prompt_ids[i] >= vocab)
+      return invalid_argument("prompt token " + std::to_string(i) + " is " + std::to_string(prompt_ids[i]) +
+                              ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  }
+  const int64_t n_prompt = static_cast<int64_t>(prompt_ids.size());
+  if (n_prompt >= config_.max_model_len) {
+    return out_of_range("the prompt has " + std::to_string(n_prompt) + " tokens; the context length is " +
+                        std::to_string(config_.max_model_len) + " (prompt + output)");
+  }
+  if (params.max_tokens > 0 && n_prompt + params.max_tokens > config_.max_model_len) {
+    return out_of_range("the prompt (" + std::to_string(n_prompt) + " tokens) plus max_tokens (" +
+                        std::to_string(params.max_tokens) + ") exceed the context length of " +
+                        std::to_string(config_.max_model_len) + " tokens");
+  }
+  return Status::ok();
+}
+
+Status Engine::add_request(uint64_t request_id, std::vector<int32_t> prompt_ids, const SamplingParams& params) {
+  MR_RETURN_IF_ERROR(validate(prompt_ids, params));
+  if (has_request(request_id)) return invalid_argument("duplicate request id " + std::to_string(request_id));
+  const int max_queued = scheduler_.config().max_queued_requests;
+  if (max_queued >= 0 && scheduler_.num_waiting() + params.n > max_queued) {
+    return resource_exhausted("the waiting queue is full (" + std::to_string(scheduler_.num_waiting()) +
+                              " waiting, --max-queued-requests " + std::to_string(max_queued) + "); retry later");
+  }
+  std::vector<int64_t>& group = groups_[request_id];
+  for (int i = 0; i < params.n; ++i) {
+    auto req = std::make_unique<Request>();
+    req->seq_id = next_seq_id_++;
+    req->group_id = request_id;
+    req->index = i;
+    req->prompt_ids = prompt_ids;
+    req->params = params;
+    req->params.n = 1;
+    // vLLM's parallel sampling: sample i of a seeded request uses seed + i.
+    req->rng = SamplerRng(params.seed ? *params.seed + i : seed_gen_());
+    req->max_output_tokens =
+        params.max_tokens > 0 ? params.max_tokens : config_.max_model_len - req->num_prompt_tokens();
+    req->text = OutputText(detokenize_, params.stop);
+    const Status st = scheduler_.add(req.get());
+    MR_CHECK(st.is_ok()) << st.message();  // room was checked above
+    totals_.prompt_tokens_total += req->num_prompt_tokens();
+    group.push_back(req->seq_id);
+    requests_.emplace(req->seq_id, std::move(req));
+  }
+  return Status::ok();
+}
+
+bool Engine::is_eos(int32_t token) const {
+  return std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), token) != config_.eos_token_ids.end();
+}
+
+RequestOutput Engine::finish(Request* req, FinishReason reason, std::string text_delta) {
+  scheduler_.remove(req);  // frees its pages and slot now
+  req->state = RequestState::kFinished;
+  req->finish_reason = reason;
+  RequestOutput out;
+  out.request_id = req->group_id;
+  out.index = req->index;
+  out.text_delta = std::move(text_delta);
+  out.finished = true;
+  out.finish_reason = reason;
+  out.stop_reason = req->stop_reason;
+  out.num_prompt_tokens = req->num_prompt_tokens();
+  out.num_output_tokens = req->num_output_tokens();
+  ++totals_.requests_finished_total;
+  return out;
+}
+
+void Engine::abort_request(uint64_t request_id, std::vector<RequestOutput>& outputs) {
+  auto it = groups_.find(request_id);
+  if (it == groups_.end()) return;
+  for (int64_t seq : it->second) {
+    auto r = requests_.find(seq);
+    if (r == requests_.end()) continue;  // this sample already finished
+    outputs.push_back(finish(r->second.get(), FinishReason::kAbort, r->second->text.take_delta(true)));
+    requests_.erase(r);
+  }
+  groups_.erase(it);
+}
+
+void Engine::fail_all(const Status& error, std::vector<RequestOutput>& outputs) {
+  for (auto& [seq, req] : requests_) {
+    RequestOutput out = finish(req.get(), FinishReason::kError, {});
+    out.error = error;
+    outputs.push_back(std::move(out));
+  }
+  requests_.clear();
+  groups_.clear();
+}
+
+// ---- the step ------------------------------------------------------------------------
+
+SchedulerOutput Engine::schedule() { return scheduler_.schedule(); }
+
+ForwardBatch Engine::prepare_inputs(const SchedulerOutput& scheduled) {
+  ForwardBatch batch;
+  batch.seqs.reserve(scheduled.seqs.size());
+  for (const ScheduledSeq& s : scheduled.seqs) {
+    Request* req = s.req;
+    ForwardSeq seq;
+    seq.kda_slot = cache_.kda_slot(req->seq_id);
+    // A slot new to this sequence still holds its last owner's state (or a preempted run's).
+    if (cache_.take_fresh_slot(req->seq_id)) runner_.reset_kda_slot(seq.kda_slot);
+    seq.n_past_tokens = req->num_computed_tokens;
+    seq.new_token_ids.reserve(s.n_new_tokens);
+    for (int t = 0; t < s.n_new_tokens; ++t) seq.new_token_ids.push_back(req->token_at(req->num_computed_tokens + t));
+    seq.pages = cache_.page_table(req->seq_id);
+    seq.all_logits = false;
+    batch.seqs.push_back(std::move(seq));
+  }
+  return batch;
+}
+
+Status Engine::forward(const ForwardBatch& batch, std::vector<float>& logits) {
+  MR_RETURN_IF_ERROR(runner_.forward(batch, logits));
+  const size_t want = static_cast<size_t>(batch.n_logit_rows()) * runner_.vocab();
+  if (logits.size() != want) {
+    return internal_error("model runner returned " + std::to_string(logits.size()) + " logits, expected " +
+                          std::to_string(batch.n_logit_rows()) + " rows x " + std::to_string(runner_.vocab()));
+  }
+  return Status::ok();
+}
+
+std::vector<std::optional<SampleResult>> Engine::sample(const SchedulerOutput& scheduled,
+                                                        const std::vector<float>& logits) {
+  const int vocab = runner_.vocab();
+  std::vector<std::optional<SampleResult>> samples(scheduled.seqs.size());
+  for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
+    const ScheduledSeq& s = scheduled.seqs[i];
+    if (!s.samples) continue;  // a prefill chunk short of the prompt's end: logits unused
+    Request* req = s.req;
+    samples[i] = sample_token(logits.data() + i * vocab, vocab, req->params, req->prompt_ids, req->output_ids,
+                              req->rng);
+  }
+  return samples;
+}
+
+void Engine::postprocess(const SchedulerOutput& scheduled, const std::vector<std::optional<SampleResult>>& samples,
+                         std::vector<RequestOutput>& outputs) {
+  scheduler_.on_step_done(scheduled);
+  for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
+    if (!samples[i]) continue;
+    Request* req = scheduled.seqs[i].req;
+    const SampleResult& sample = *samples[i];
+    const int32_t token = sample.token;
+    req->output_ids.push_back(token);
+    ++totals_.generation_tokens_total;
+
+    // vLLM's order: the length cap first, then eos, then stop tokens, then stop strings.
+    FinishReason reason = FinishReason::kNone;
+    bool stopped_by_token = false;
+    if (req->num_output_tokens() >= req->max_output_tokens || req->num_tokens() >= config_.max_model_len) {
+      reason = FinishReason::kLength;
+    } else if ((!req->params.ignore_eos && is_eos(token)) ||
+               std::find(req->params.stop_token_ids.begin(), req->params.stop_token_ids.end(), token) !=
+                   req->params.stop_token_ids.end()) {
+      reason = FinishReason::kStop;
+      stopped_by_token = true;
+    }
+    // A stop token ends the text without being part of it.
+    if (!stopped_by_token && req->text.append(token)) {
+      reason = FinishReason::kStop;
+      req->stop_reason = req->text.matched_stop();
+    }
+
+    std::string delta = req->text.take_delta(reason != FinishReason::kNone);
+    RequestOutput out;
+    if (reason != FinishReason::kNone) {
+      out = finish(req, reason, std::move(delta));
+    } else {
+      out.request_id = req->group_id;
+      out.index = req->index;
+      out.text_delta = std::move(delta);
+      out.num_prompt_tokens = req->num_prompt_tokens();
+      out.num_output_tokens = req->num_output_tokens();
+    }
+    out.new_token_ids.push_back(token);
+    if (req->params.logprobs >= 0) out.logprobs.push_back(sample);
+    outputs.push_back(std::move(out));
+
+    if (req->finished()) {
+      auto g = groups_.find(req->group_id);
+      auto& seqs = g->second;
+      seqs.erase(std::find(seqs.begin(), seqs.end(), req->seq_id));
+      if (seqs.empty()) groups_.erase(g);
+      requests_.erase(req->seq_id);  // req dangles from here on
+    }
+  }
+}
+
+Status Engine::step(std::vector<RequestOutput>& outputs) {
+  const SchedulerOutput scheduled = schedule();
+  if (scheduled.empty()) {
+    // Work is waiting but nothing could be scheduled: with max_model_len <= pool size and an
+    // empty running set this cannot happen, so it is a bug, not a wait.
+    if (has_work() && scheduler_.num_running() == 0 && scheduled.preempted.empty())
+      return internal_error("scheduler made no progress with " + std::to_string(scheduler_.num_waiting()) +
+                            " waiting requests and an idle cache");
+    return Status::ok();
+  }
+  ForwardBatch batch = prepare_inputs(scheduled);
+  std::vector<float> logits;  // [n_seqs, vocab]
+  MR_RETURN_IF_ERROR(forward(batch, logits));
+  const auto samples = sample(scheduled, logits);
+  postprocess(scheduled, samples, outputs);
+  ++totals_.steps_total;
+  return Status::ok();
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = totals_;
+  s.num_running = scheduler_.num_running();
+  s.num_waiting = scheduler_.num_waiting();
+  s.cache = cache_.stats();
+  s.preemptions_total = scheduler_.num_preemptions();
+  return s;
+}
+
+}  // namespace moonrun

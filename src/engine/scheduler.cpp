@@ -1,0 +1,106 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+namespace moonrun {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "";
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, CacheManager& cache) : config_(config), cache_(cache) {
+  MR_CHECK(config.max_running_requests >= 1) << "max_running_requests " << config.max_running_requests;
+}
+
+Status Scheduler::add(Request* req) {
+  MR_CHECK(req && req->state == RequestState::kWaiting) << "add() takes a waiting request";
+  if (config_.max_queued_requests >= 0 && num_waiting() >= config_.max_queued_requests) {
+    return resource_exhausted("the waiting queue is full (" + std::to_string(num_waiting()) +
+                              " requests, --max-queued-requests " +
+                              std::to_string(config_.max_queued_requests) + "); retry later");
+  }
+  waiting_.push_back(req);
+  return Status::ok();
+}
+
+void Scheduler::preempt(Request* victim) {
+  cache_.free(victim->seq_id);
+  victim->state = RequestState::kWaiting;
+  victim->num_computed_tokens = 0;
+  ++victim->num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(victim);
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int budget = config_.max_tokens_per_step > 0 ? config_.max_tokens_per_step : INT_MAX;
+
+  // Running requests, oldest first; preemption takes from the tail (the newest).
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Request* req = running_[i];
+    const int n_new = std::min(req->num_tokens() - req->num_computed_tokens, budget);
+    MR_CHECK(n_new > 0) << "running request " << req->seq_id << " has nothing to compute";
+    bool fits = false;
+    while (true) {
+      if (cache_.allocate(req->seq_id, req->num_computed_tokens + n_new)) {
+        fits = true;
+        break;
+      }
+      Request* victim = running_.back();
+      running_.pop_back();
+      preempt(victim);
+      out.preempted.push_back(victim);
+      if (victim == req) break;
+    }
+    if (!fits) break;  // req itself was the newest: everything after it is gone too
+    const bool samples = req->num_computed_tokens + n_new == req->num_tokens();
+    out.seqs.push_back({req, n_new, samples});
+    out.n_tokens += n_new;
+    budget -= n_new;
+    ++i;
+  }
+
+  // Newcomers, in arrival order, only when the running set was not squeezed this step.
+  if (out.preempted.empty()) {
+    while (!waiting_.empty() && budget > 0 && num_running() < config_.max_running_requests) {
+      Request* req = waiting_.front();
+      MR_CHECK_EQ(req->num_computed_tokens, 0);
+      const int n_new = std::min(req->num_tokens(), budget);
+      if (!cache_.allocate(req->seq_id, n_new)) break;
+      waiting_.pop_front();
+      req->state = RequestState::kRunning;
+      running_.push_back(req);
+      out.seqs.push_back({req, n_new, n_new == req->num_tokens()});
+      out.n_tokens += n_new;
+      budget -= n_new;
+    }
+  }
+  return out;
+}
+
+void Scheduler::on_step_done(const SchedulerOutput& out) {
+  for (const ScheduledSeq& s : out.seqs) {
+    s.req->num_computed_tokens += s.n_new_tokens;
+    MR_CHECK_LE(s.req->num_computed_tokens, s.req->num_tokens());
+  }
+}
+
+void Scheduler::remove(Request* req) {
+  cache_.free(req->seq_id);
+  auto r = std::find(running_.begin(), running_.end(), req);
+  if (r != running_.end()) running_.erase(r);
+  auto w = std::find(waiting_.begin(), waiting_.end(), req);
+  if (w != waiting_.end()) waiting_.erase(w);
+}
+
+}  // namespace moonrun

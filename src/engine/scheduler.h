@@ -1,0 +1,73 @@
+#pragma once
+// Decides, once per step, which requests run and how many of their tokens get computed.
+// vLLM's scheduler (v1/core/sched/scheduler.py) in its plain FCFS form:
+//   - a budget of max_tokens_per_step tokens (--chunked-prefill-size) per step;
+//   - running requests first, in admission order: each asks for all its uncomputed tokens
+//     (1 for a decode) capped by the budget left, so a long prompt is prefilled in chunks;
+//   - when the cache cannot hold a request's tokens, the most recently admitted running
+//     request is preempted (caches freed, back to the head of the waiting queue, recompute
+//     later) until it fits; if the request itself was the last one, it waits;
+//   - then, if nobody was preempted this step, waiting requests join in arrival order while
+//     the budget, the cache and --max-running-requests allow. The first that does not fit
+//     stops admission (FCFS: a small request never overtakes a larger one ahead of it).
+// Pure logic over token counts and the cache manager: the unit tests drive it without a
+// model.
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "cache/cache_manager.h"
+#include "common/status.h"
+#include "engine/request.h"
+
+namespace moonrun {
+
+struct SchedulerConfig {
+  int max_running_requests = 64;
+  int max_tokens_per_step = 8192;  // <= 0: no chunking (whole prompts in one step)
+  int max_queued_requests = -1;    // waiting-queue limit for new requests; -1: none
+};
+
+struct ScheduledSeq {
+  Request* req = nullptr;
+  int n_new_tokens = 0;  // tokens [num_computed, num_computed + n_new) are computed
+  bool samples = false;  // the step reaches the request's last known token: sample one more
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSeq> seqs;  // running requests first, then newly admitted ones
+  std::vector<Request*> preempted;
+  int n_tokens = 0;
+  bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, CacheManager& cache);
+
+  // Queues a new request; resource_exhausted when the waiting queue is full.
+  Status add(Request* req);
+  SchedulerOutput schedule();
+  // After the forward: the scheduled tokens are in the caches now.
+  void on_step_done(const SchedulerOutput& out);
+  // Takes a request out (finished or aborted) and frees its caches. Idempotent.
+  void remove(Request* req);
+
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  const std::deque<Request*>& waiting() const { return waiting_; }
+  const std::vector<Request*>& running() const { return running_; }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  void preempt(Request* victim);
+
+  SchedulerConfig config_;
+  CacheManager& cache_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace moonrun

@@ -1,0 +1,79 @@
+#include "engine/output_text.h"
+
+#include <gtest/gtest.h>
+
+namespace moonrun {
+namespace {
+
+// A byte-level "tokenizer": token t decodes to the byte t (so "é" = 0xC3 0xA9 is two tokens
+// and decoding only the first yields an unfinished UTF-8 sequence, as with real BPE).
+std::string byte_decode(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t t : ids) s.push_back(static_cast<char>(t));
+  return s;
+}
+std::vector<int32_t> bytes_of(const std::string& s) {
+  std::vector<int32_t> ids;
+  for (unsigned char c : s) ids.push_back(c);
+  return ids;
+}
+
+TEST(OutputText, NeverSplitsAUtf8Character) {
+  OutputText text(byte_decode, {});
+  std::vector<std::string> deltas;
+  for (int32_t t : bytes_of("a\xC3\xA9z")) {  // "aéz"
+    EXPECT_FALSE(text.append(t));
+    deltas.push_back(text.take_delta(false));
+  }
+  EXPECT_EQ(deltas, (std::vector<std::string>{"a", "", "\xC3\xA9", "z"}));
+  EXPECT_EQ(text.text(), "a\xC3\xA9z");
+}
+
+TEST(OutputText, StopStringAcrossTokensIsCutAndNeverStreamed) {
+  OutputText text(byte_decode, {"END"});
+  std::string streamed;
+  bool stopped = false;
+  for (int32_t t : bytes_of("abcENxEND tail")) {
+    stopped = text.append(t);
+    streamed += text.take_delta(stopped);
+    if (stopped) break;
+  }
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(text.matched_stop(), "END");
+  EXPECT_EQ(text.text(), "abcENx");
+  EXPECT_EQ(streamed, "abcENx");  // "EN" was held back until it could not start "END"
+}
+
+TEST(OutputText, EarliestStopStringWins) {
+  OutputText text(byte_decode, {"cd", "bcd"});
+  bool stopped = false;
+  for (int32_t t : bytes_of("abcd")) stopped = text.append(t);
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(text.matched_stop(), "bcd");
+  EXPECT_EQ(text.text(), "a");
+}
+
+TEST(OutputText, FinishFlushesTheHeldBackTail) {
+  OutputText text(byte_decode, {"xyz"});
+  for (int32_t t : bytes_of("abxy")) text.append(t);
+  EXPECT_EQ(text.take_delta(false), "ab");
+  EXPECT_EQ(text.take_delta(true), "xy");
+  EXPECT_EQ(text.take_delta(true), "");
+}
+
+TEST(OutputText, WithoutADetokenizerThereIsNoText) {
+  OutputText text(nullptr, {"a"});
+  EXPECT_FALSE(text.append('a'));
+  EXPECT_EQ(text.take_delta(true), "");
+}
+
+TEST(Utf8, IncompleteTail) {
+  EXPECT_EQ(utf8_incomplete_tail("ab"), 0u);
+  EXPECT_EQ(utf8_incomplete_tail("a\xC3"), 1u);
+  EXPECT_EQ(utf8_incomplete_tail("a\xC3\xA9"), 0u);
+  EXPECT_EQ(utf8_incomplete_tail("\xF0\x9F\x98"), 3u);
+  EXPECT_EQ(utf8_incomplete_tail("\xF0\x9F\x98\x80"), 0u);
+}
+
+}  // namespace
+}  // namespace moonrun

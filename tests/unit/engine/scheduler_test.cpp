@@ -1,0 +1,180 @@
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+namespace moonrun {
+namespace {
+
+CacheConfig pool(int num_pages, int num_slots, int page_size) {
+  CacheConfig c;
+  c.layout.num_mla_layers = 1;
+  c.layout.row_floats = 2;
+  c.page_size_tokens = page_size;
+  c.num_pages = num_pages;
+  c.num_kda_slots = num_slots;
+  return c;
+}
+
+struct Fixture {
+  CacheManager cache;
+  Scheduler sched;
+  std::vector<std::unique_ptr<Request>> reqs;
+  Fixture(CacheConfig c, SchedulerConfig s) : cache(c), sched(s, cache) {}
+
+  Request* add(int prompt_len) {
+    auto r = std::make_unique<Request>();
+    r->seq_id = static_cast<int64_t>(reqs.size());
+    r->prompt_ids.assign(prompt_len, 1);
+    reqs.push_back(std::move(r));
+    EXPECT_TRUE(sched.add(reqs.back().get()).is_ok());
+    return reqs.back().get();
+  }
+  // One step as the engine does it: schedule, "compute", append a token where sampled.
+  SchedulerOutput step() {
+    SchedulerOutput out = sched.schedule();
+    sched.on_step_done(out);
+    for (const auto& s : out.seqs)
+      if (s.samples) s.req->output_ids.push_back(7);
+    return out;
+  }
+};
+
+std::vector<std::pair<int64_t, int>> plan(const SchedulerOutput& out) {
+  std::vector<std::pair<int64_t, int>> p;
+  for (const auto& s : out.seqs) p.push_back({s.req->seq_id, s.n_new_tokens});
+  return p;
+}
+using Plan = std::vector<std::pair<int64_t, int>>;
+
+TEST(Scheduler, TokenBudgetChunksLongPromptsAndNewcomersJoinRunningDecodes) {
+  Fixture f(pool(100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 64});
+  Request* a = f.add(100);
+  Request* b = f.add(50);
+  Request* c = f.add(30);
+  // Step 1: the budget goes to A's first chunk.
+  SchedulerOutput s1 = f.step();
+  EXPECT_EQ(plan(s1), (Plan{{0, 64}}));
+  EXPECT_FALSE(s1.seqs[0].samples);
+  EXPECT_EQ(a->num_computed_tokens, 64);
+  // Step 2: A finishes its prompt (36) and samples; B starts with the 28 left.
+  SchedulerOutput s2 = f.step();
+  EXPECT_EQ(plan(s2), (Plan{{0, 36}, {1, 28}}));
+  EXPECT_TRUE(s2.seqs[0].samples);
+  EXPECT_FALSE(s2.seqs[1].samples);
+  EXPECT_EQ(a->num_output_tokens(), 1);
+  // Step 3: A decodes 1 token, B its last 22, C joins with its whole prompt (30 <= 41).
+  SchedulerOutput s3 = f.step();
+  EXPECT_EQ(plan(s3), (Plan{{0, 1}, {1, 22}, {2, 30}}));
+  EXPECT_EQ(s3.n_tokens, 53);
+  // Step 4: three decodes in one batch.
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(c->num_output_tokens(), 2);
+  EXPECT_EQ(b->num_computed_tokens, 51);
+}
+
+TEST(Scheduler, MaxRunningRequestsCapsTheBatch) {
+  Fixture f(pool(100, 8, 16), {.max_running_requests = 2, .max_tokens_per_step = 1000});
+  for (int i = 0; i < 4; ++i) f.add(5);
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 5}, {1, 5}}));
+  EXPECT_EQ(f.sched.num_waiting(), 2);
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 1}, {1, 1}}));
+  f.sched.remove(f.reqs[0].get());  // finished: a place opens
+  EXPECT_EQ(plan(f.step()), (Plan{{1, 1}, {2, 5}}));
+}
+
+TEST(Scheduler, FcfsAHeadThatDoesNotFitBlocksSmallerOnesBehindIt) {
+  // 4 pages of 4 tokens. A holds 2 pages; B (12 tokens, 3 pages) cannot start; C (2 tokens)
+  // would fit but must not overtake B.
+  Fixture f(pool(4, 8, 4), {.max_running_requests = 8, .max_tokens_per_step = 100});
+  f.add(7);
+  f.step();
+  f.add(12);
+  f.add(2);
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 1}}));
+  EXPECT_EQ(f.sched.num_waiting(), 2);
+  f.sched.remove(f.reqs[0].get());
+  EXPECT_EQ(plan(f.step()), (Plan{{1, 12}, {2, 2}}));  // in order, once B fits
+}
+
+TEST(Scheduler, PreemptsTheNewestWhenThePoolRunsOutAndResumesByRecompute) {
+  // 3 pages of 4 tokens: A (6 tokens -> 2 pages) and B (3 tokens -> 1 page) fill the pool.
+  Fixture f(pool(3, 4, 4), {.max_running_requests = 4, .max_tokens_per_step = 100});
+  Request* a = f.add(6);
+  Request* b = f.add(3);
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 6}, {1, 3}}));  // both sample: A has 7 tokens, B 4
+  EXPECT_EQ(f.cache.stats().free_pages, 0);
+  // Step 2: both compute the token they sampled; B's 4th token still fits its one page.
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 1}, {1, 1}}));  // A at 8 tokens, B at 5
+  // Step 3: A's 8th token fits its 2 pages; B's 5th needs a second page and none is free:
+  // B is the newest running request, so B itself is preempted.
+  SchedulerOutput s3 = f.step();
+  EXPECT_EQ(plan(s3), (Plan{{0, 1}}));
+  ASSERT_EQ(s3.preempted.size(), 1u);
+  EXPECT_EQ(s3.preempted[0], b);
+  EXPECT_EQ(b->state, RequestState::kWaiting);
+  EXPECT_EQ(b->num_computed_tokens, 0);
+  EXPECT_EQ(b->num_output_tokens(), 2);  // generated tokens kept: recomputed with the prompt
+  EXPECT_FALSE(f.cache.has(b->seq_id));
+  EXPECT_EQ(f.sched.waiting().front(), b);
+  // Step 4: A's 9th token takes the page B gave back; B (4 pages' worth) waits.
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 1}}));
+  EXPECT_EQ(f.cache.stats().free_pages, 0);
+  f.sched.remove(a);
+  // B resumes over prompt + generated tokens (3 + 2) and samples at the end.
+  SchedulerOutput s5 = f.step();
+  EXPECT_EQ(plan(s5), (Plan{{1, 5}}));
+  EXPECT_TRUE(s5.seqs[0].samples);
+  EXPECT_EQ(b->num_output_tokens(), 3);
+  EXPECT_EQ(f.sched.num_preemptions(), 1);
+}
+
+TEST(Scheduler, PreemptionTakesFromTheTailAndKeepsArrivalOrderInTheQueue) {
+  // 5 pages of 2 tokens; A, B, C each 3 tokens (2 pages): C cannot start. A grows until
+  // it needs a page held by the newer B.
+  Fixture f(pool(5, 4, 2), {.max_running_requests = 4, .max_tokens_per_step = 100});
+  Request* a = f.add(3);
+  Request* b = f.add(3);
+  Request* c = f.add(3);
+  f.step();  // A, B prefilled (4 pages), C waits; each now 4 tokens
+  EXPECT_EQ(f.sched.num_running(), 2);
+  f.step();  // A and B compute their 4th token: still 2 pages each
+  EXPECT_EQ(f.sched.num_running(), 2);
+  f.step();  // 5th token: A takes the last free page; B needs one too: B (the newest) goes
+  EXPECT_EQ(f.sched.num_running(), 1);
+  ASSERT_EQ(f.sched.num_waiting(), 2);
+  EXPECT_EQ(f.sched.waiting()[0], b);  // B before C: it came first
+  EXPECT_EQ(f.sched.waiting()[1], c);
+  EXPECT_EQ(a->state, RequestState::kRunning);
+}
+
+TEST(Scheduler, RemoveFreesPagesAndSlotAtOnce) {
+  Fixture f(pool(10, 2, 4), {.max_running_requests = 2, .max_tokens_per_step = 100});
+  Request* a = f.add(9);
+  f.add(2);
+  f.step();
+  EXPECT_EQ(f.cache.stats().free_pages, 10 - 3 - 1);
+  EXPECT_EQ(f.cache.free_slots(), 0);
+  f.sched.remove(a);
+  EXPECT_EQ(f.cache.stats().free_pages, 10 - 1);
+  EXPECT_EQ(f.cache.free_slots(), 1);
+  EXPECT_EQ(f.sched.num_running(), 1);
+  f.sched.remove(a);  // idempotent
+  EXPECT_EQ(f.sched.num_running(), 1);
+}
+
+TEST(Scheduler, FullWaitingQueueRejects) {
+  CacheManager cache(pool(10, 2, 4));
+  Scheduler sched({.max_running_requests = 2, .max_tokens_per_step = 100, .max_queued_requests = 1}, cache);
+  Request r1, r2;
+  r1.prompt_ids = r2.prompt_ids = {1};
+  r2.seq_id = 1;
+  EXPECT_TRUE(sched.add(&r1).is_ok());
+  const Status st = sched.add(&r2);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("--max-queued-requests"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moonrun
