@@ -105,7 +105,11 @@ EngineStats EngineLoop::stats() const {
 }
 
 void EngineLoop::deliver(std::vector<RequestOutput>& outputs) {
+  // Stats first, under the same lock: a client that sees its request finish also sees its
+  // cache freed in stats().
+  const EngineStats snapshot = engine_->stats();
   std::lock_guard<std::mutex> lock(mu_);
+  stats_ = snapshot;
   for (RequestOutput& out : outputs) {
     auto it = streams_.find(out.request_id);
     if (it == streams_.end()) continue;
@@ -180,8 +184,6 @@ void EngineLoop::run() {
         }
         for (uint64_t id : ids) engine_->abort_request(id, outputs);
         deliver(outputs);
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_ = engine_->stats();
         return;
       }
       if (engine_->has_work()) {
@@ -193,8 +195,6 @@ void EngineLoop::run() {
         }
       }
       deliver(outputs);
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_ = engine_->stats();
     }
   } catch (const std::exception& e) {
     deliver(outputs);

@@ -315,7 +315,7 @@ Result<LoadedModel> load_plan_model(const std::string& model) {
       if (e.path().extension() == ".safetensors") has_shards = true;
   }
   if (has_shards) {
-    m.weights = MR_TRY(weight_bytes_from_checkpoint(model));
+    m.weights = MR_TRY(weight_bytes_from_checkpoint(model, &m.shape.config));
   } else {
     m.weights = weight_bytes_from_config(m.shape);
   }

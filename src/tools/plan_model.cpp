@@ -2,134 +2,55 @@
 #include "tools/plan_model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 
+#include "model/weight_names.h"
+
 namespace moonrun::tools {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-// ---- config.json fields ------------------------------------------------------------
-
-Result<int64_t> get_int(const json& j, const char* key, const std::string& where) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null())
-    return invalid_argument(where + ": missing field " + key);
-  if (!it->is_number_integer() || it->get<int64_t>() < 0)
-    return invalid_argument(where + ": field " + key + " must be a non-negative integer");
-  return it->get<int64_t>();
-}
-
-int64_t get_int_or(const json& j, const char* key, int64_t fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) return fallback;
-  return it->get<int64_t>();
-}
-
-bool get_bool_or(const json& j, const char* key, bool fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_boolean()) return fallback;
-  return it->get<bool>();
-}
-
-// True when the quantization config puts the routed experts in MXFP4: compressed-tensors
-// with a 4-bit float group scheme, or the gpt-oss spelling quant_method "mxfp4".
-bool experts_are_mxfp4(const json& text, int64_t* group_size) {
-  auto it = text.find("quantization_config");
-  if (it == text.end() || !it->is_object()) return false;
-  const json& q = *it;
-  if (q.value("quant_method", "") == "mxfp4") return true;
-  if (q.value("format", "").find("mxfp4") == std::string::npos) return false;
-  if (auto g = q.find("config_groups"); g != q.end() && g->is_object()) {
-    for (const auto& [name, group] : g->items()) {
-      if (group.contains("weights") && group["weights"].is_object())
-        *group_size = get_int_or(group["weights"], "group_size", 32);
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
 Result<PlanModelShape> plan_shape_from_config(const json& config, const std::string& source) {
-  if (!config.is_object()) return invalid_argument(source + ": config is not a JSON object");
-  const bool nested = config.contains("text_config") && config["text_config"].is_object();
-  const json& text = nested ? config["text_config"] : config;
-  const std::string where = nested ? source + ": text_config" : source;
-
   PlanModelShape s;
+  s.config = MR_TRY(parse_model_config(config, source));
+  const ModelConfig& c = s.config;
   s.name = source;
-  s.hidden = MR_TRY(get_int(text, "hidden_size", where));
-  s.n_layers = MR_TRY(get_int(text, "num_hidden_layers", where));
-  s.vocab = MR_TRY(get_int(text, "vocab_size", where));
-  s.n_heads = MR_TRY(get_int(text, "num_attention_heads", where));
-  s.dense_intermediate = get_int_or(text, "intermediate_size", 0);
-  s.first_k_dense = get_int_or(text, "first_k_dense_replace", 0);
-  s.n_experts = get_int_or(text, "num_experts", get_int_or(text, "n_routed_experts", 0));
-  s.n_experts_per_token =
-      get_int_or(text, "num_experts_per_token", get_int_or(text, "num_experts_per_tok", 0));
-  s.n_shared_experts = get_int_or(text, "num_shared_experts", get_int_or(text, "n_shared_experts", 0));
-  s.moe_intermediate = get_int_or(text, "moe_intermediate_size", 0);
-  s.latent_moe_hidden = get_int_or(text, "routed_expert_hidden_size", 0);
-  s.q_lora_rank = get_int_or(text, "q_lora_rank", 0);
-  s.kv_lora_rank = MR_TRY(get_int(text, "kv_lora_rank", where));
-  s.qk_nope_head_dim = MR_TRY(get_int(text, "qk_nope_head_dim", where));
-  s.qk_rope_head_dim = MR_TRY(get_int(text, "qk_rope_head_dim", where));
-  s.v_head_dim = MR_TRY(get_int(text, "v_head_dim", where));
-  s.mla_output_gate = get_bool_or(text, "mla_use_output_gate", false);
-  s.tie_word_embeddings =
-      get_bool_or(text, "tie_word_embeddings", get_bool_or(config, "tie_word_embeddings", false));
-  s.max_context = get_int_or(text, "max_position_embeddings", 0);
-  s.experts_mxfp4 = experts_are_mxfp4(text, &s.mxfp4_group_size);
+  s.hidden = c.hidden_size;
+  s.n_layers = c.num_hidden_layers;
+  s.vocab = c.vocab_size;
+  s.n_heads = c.num_attention_heads;
+  s.n_mla_layers = c.num_mla_layers;
+  s.n_kda_layers = c.num_kda_layers;
+  s.kda_heads = c.kda_num_heads;
+  s.kda_head_dim = c.kda_head_dim;
+  s.kda_conv_kernel = c.kda_conv_kernel;
+  s.kda_full_rank_gate = c.kda_full_rank_gate;
+  s.q_lora_rank = c.q_lora_rank;
+  s.kv_lora_rank = c.kv_lora_rank;
+  s.qk_nope_head_dim = c.qk_nope_head_dim;
+  s.qk_rope_head_dim = c.qk_rope_head_dim;
+  s.v_head_dim = c.v_head_dim;
+  s.mla_output_gate = c.mla_use_output_gate;
+  s.dense_intermediate = c.intermediate_size;
+  s.first_k_dense = c.first_k_dense_replace;
+  s.n_experts = c.num_experts;
+  s.n_experts_per_token = c.num_experts_per_token;
+  s.n_shared_experts = c.num_shared_experts;
+  s.moe_intermediate = c.moe_intermediate_size;
+  s.latent_moe_hidden = c.routed_expert_hidden_size;
+  s.experts_mxfp4 = c.expert_quant != ExpertQuant::none;
+  s.tie_word_embeddings = c.tie_word_embeddings;
+  s.max_context = c.max_position_embeddings;
   s.has_vision = config.contains("vision_config") && config["vision_config"].is_object();
   if (s.has_vision) s.vision_config = config["vision_config"];
-
   if (s.hidden == 0 || s.n_layers == 0 || s.n_heads == 0)
-    return invalid_argument(where + ": hidden_size, num_hidden_layers and num_attention_heads must be positive");
-  if (s.first_k_dense > s.n_layers)
-    return invalid_argument(where + ": first_k_dense_replace exceeds num_hidden_layers");
-  if (s.n_experts > 0 && s.moe_intermediate == 0)
-    return invalid_argument(where + ": num_experts is set but moe_intermediate_size is missing");
-
-  // Layer kinds: 1-based lists in linear_attn_config; without one every layer is MLA.
-  auto lac = text.find("linear_attn_config");
-  if (lac != text.end() && lac->is_object()) {
-    const std::string lwhere = where + ".linear_attn_config";
-    std::set<int64_t> full, kda;
-    for (const char* key : {"full_attn_layers", "kda_layers"}) {
-      auto it = lac->find(key);
-      if (it == lac->end() || !it->is_array())
-        return invalid_argument(lwhere + ": missing list " + key);
-      for (const auto& v : *it) {
-        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > s.n_layers)
-          return invalid_argument(lwhere + "." + key + " lists layer " + v.dump() +
-                                  " but num_hidden_layers is " + std::to_string(s.n_layers) +
-                                  " (layers are 1-based)");
-        (std::string(key) == "kda_layers" ? kda : full).insert(v.get<int64_t>());
-      }
-    }
-    for (int64_t l : full)
-      if (kda.count(l))
-        return invalid_argument(lwhere + ": layer " + std::to_string(l) + " is in both full_attn_layers and kda_layers");
-    if (int64_t(full.size() + kda.size()) != s.n_layers)
-      return invalid_argument(lwhere + ": full_attn_layers and kda_layers cover " +
-                              std::to_string(full.size() + kda.size()) + " layers, num_hidden_layers is " +
-                              std::to_string(s.n_layers));
-    s.n_mla_layers = int64_t(full.size());
-    s.n_kda_layers = int64_t(kda.size());
-    s.kda_heads = MR_TRY(get_int(*lac, "num_heads", lwhere));
-    s.kda_head_dim = MR_TRY(get_int(*lac, "head_dim", lwhere));
-    s.kda_conv_kernel = get_int_or(*lac, "short_conv_kernel_size", 4);
-    s.kda_full_rank_gate = get_bool_or(*lac, "use_full_rank_gate", false);
-  } else {
-    s.n_mla_layers = s.n_layers;
-  }
+    return invalid_argument(source + ": hidden_size, num_hidden_layers and num_attention_heads must be positive");
   return s;
 }
 
@@ -159,7 +80,7 @@ uint64_t WeightBytes::bytes_of(Shard s) const {
 
 namespace {
 
-constexpr uint64_t kBf16 = 2, kF32 = 4;
+constexpr uint64_t kBf16 = 2;
 
 // Accumulates tensors into named groups, keeping the order groups first appear in.
 class GroupTable {
@@ -180,7 +101,6 @@ class GroupTable {
             bool est = false) {
     add(g, s, count, out * in * kBf16, est);
   }
-  void f32(const std::string& g, Shard s, uint64_t count, uint64_t n) { add(g, s, count, n * kF32); }
   std::vector<WeightGroup> take() { return std::move(groups_); }
 
  private:
@@ -228,90 +148,48 @@ void add_vision_tower(GroupTable& t, const json& vc, int64_t text_hidden) {
 }  // namespace
 
 WeightBytes weight_bytes_from_config(const PlanModelShape& s) {
-  const auto TP = Shard::kTensorParallel, EP = Shard::kExpertParallel, R = Shard::kReplicated;
-  const uint64_t H = s.hidden;
   GroupTable t;
-
-  t.bf16("embeddings + lm_head", TP, s.tie_word_embeddings ? 1 : 2, s.vocab, H);
-  // Per layer: two RMSNorms and, with Attention Residuals, two (norm, proj) vector pairs.
-  t.bf16("norms + attention residuals", R, s.n_layers * 6 + 3, H);
-
-  // Gated MLA: the latent down-projections are small and replicated (every rank needs the
-  // whole latent); the per-head up-projections and output are split by heads.
-  const uint64_t qk_head = s.qk_nope_head_dim + s.qk_rope_head_dim;
-  const uint64_t nh = s.n_heads, nm = s.n_mla_layers;
-  const std::string mla = "MLA attention (per-head)", mla_r = "MLA latent down-projections";
-  if (s.q_lora_rank > 0) {
-    t.bf16(mla_r, R, nm, s.q_lora_rank, H);                 // q_a_proj
-    t.bf16(mla_r, R, nm, s.q_lora_rank);                    // q_a_layernorm
-    t.bf16(mla, TP, nm, nh * qk_head, s.q_lora_rank);     // q_b_proj
-  } else {
-    t.bf16(mla, TP, nm, nh * qk_head, H);                 // q_proj
+  uint64_t header_bytes = 0;
+  for (const ExpectedTensor& e : expected_tensors(s.config)) {
+    t.add(role_of_tensor(e.name, &s.config), shard_of_tensor(e.name), 1, e.nbytes());
+    // Its header entry as the safetensors writer spells it, with 11-digit offsets (shards of
+    // ~16 GB): "NAME":{"dtype":"U8","shape":[3072,1792],"data_offsets":[X,Y]},
+    std::string shape;
+    for (int64_t d : e.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    header_bytes += e.name.size() + std::string(dtype_name(e.dtype)).size() + shape.size() + 2 * 11 + 48;
   }
-  t.bf16(mla_r, R, nm, s.kv_lora_rank + s.qk_rope_head_dim, H);  // kv_a_proj_with_mqa
-  t.bf16(mla_r, R, nm, s.kv_lora_rank);                          // kv_a_layernorm
-  t.bf16(mla, TP, nm, nh * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);  // kv_b_proj
-  t.bf16(mla, TP, nm, H, nh * s.v_head_dim);                   // o_proj
-  if (s.mla_output_gate) t.bf16(mla, TP, nm, nh * s.v_head_dim, H);  // g_proj
-
-  // KDA: q/k/v/g/o at heads x head_dim, low-rank decay f_a -> f_b, beta per head.
-  if (s.n_kda_layers > 0) {
-    const uint64_t nk = s.n_kda_layers, P = s.kda_heads * s.kda_head_dim, d = s.kda_head_dim;
-    const std::string kda = "KDA attention (per-head)", kda_r = "KDA low-rank gates + o_norm";
-    t.bf16(kda, TP, nk * 3, P, H);                     // q_proj, k_proj, v_proj
-    t.f32(kda, TP, nk * 3, P * s.kda_conv_kernel);     // q/k/v_conv1d [P, 1, K]
-    t.bf16(kda_r, R, nk, d, H);                          // f_a_proj
-    t.bf16(kda, TP, nk, P, d);                         // f_b_proj
-    t.f32(kda, TP, nk, P);                             // dt_bias
-    t.f32(kda, TP, nk, s.kda_heads);                   // A_log
-    t.bf16(kda, TP, nk, s.kda_heads, H);               // b_proj
-    if (s.kda_full_rank_gate) {
-      t.bf16(kda, TP, nk, P, H);                       // g_proj
-    } else {
-      t.bf16(kda_r, R, nk, d, H);                        // g_a_proj
-      t.bf16(kda, TP, nk, P, d);                       // g_b_proj
-    }
-    t.f32(kda_r, R, nk, d);                              // o_norm
-    t.bf16(kda, TP, nk, H, P);                         // o_proj
-  }
-
-  if (s.first_k_dense > 0) t.bf16("dense MLP", TP, s.first_k_dense * 3, s.dense_intermediate, H);
-
-  if (s.n_experts > 0) {
-    const uint64_t nl = s.n_moe_layers(), E = s.n_experts, I = s.moe_intermediate;
-    const uint64_t in = s.latent_moe_hidden > 0 ? s.latent_moe_hidden : H;
-    t.bf16("MoE router", R, nl, E, H);                 // gate.weight
-    t.f32("MoE router", R, nl, E);                     // e_score_correction_bias
-    if (s.n_shared_experts > 0)
-      t.bf16("shared experts", TP, nl * 3, s.n_shared_experts * I, H);
-    if (s.latent_moe_hidden > 0) {
-      t.bf16("LatentMoE down/up projections", TP, nl * 2, s.latent_moe_hidden, H);
-      t.bf16("norms + attention residuals", R, nl, s.latent_moe_hidden);  // routed_expert_norm
-    }
-    // Each expert: w1, w3 [I, in] and w2 [in, I]; the same element count either way.
-    const uint64_t n_mats = nl * E * 3, elems = I * in;
-    if (s.experts_mxfp4) {
-      // weight_packed u8 [out, in/2] (two codes a byte) + weight_scale u8 [out, in/32] (E8M0).
-      t.add("routed experts (MXFP4)", EP, n_mats, elems / 2);
-      t.add("routed experts (MXFP4)", EP, n_mats, elems / s.mxfp4_group_size);
-    } else {
-      t.add("routed experts (bf16)", EP, n_mats, elems * kBf16);
-    }
-  }
-
-  if (s.has_vision) add_vision_tower(t, s.vision_config, int64_t(H));
+  if (s.has_vision) add_vision_tower(t, s.vision_config, s.hidden);
 
   WeightBytes wb;
   wb.groups = t.take();
-  // safetensors headers: one JSON entry per tensor, ~150 bytes for K3's long expert names
-  // ("language_model.model.layers.45.block_sparse_moe.experts.123.w1.weight_packed" with
-  // dtype, shape and two 11-digit offsets).
-  uint64_t n_tensors = 0;
-  for (const auto& g : wb.groups) n_tensors += g.n_tensors;
-  wb.file_overhead_bytes = n_tensors * 150;
+  for (const auto& g : wb.groups)
+    if (g.estimated) header_bytes += g.n_tensors * 90;  // short vision names
+  wb.file_overhead_bytes = header_bytes;
   wb.exact = false;
-  wb.note = "computed from config.json (MXFP4 routed experts, bf16 elsewhere)";
+  wb.note = "computed from config.json: expected_tensors() of the model's name table";
   return wb;
+}
+
+std::string role_of_tensor(const std::string& name, const ModelConfig* cfg) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (has(".experts.")) return "routed experts";
+  if (name.rfind("vision_tower.", 0) == 0 || name.rfind("mm_projector.", 0) == 0) return "vision tower + projector";
+  if (has("embed_tokens") || has("lm_head")) return "embeddings + lm_head";
+  if (has("block_sparse_moe.gate.")) return "MoE router";
+  if (has("shared_experts.")) return "shared experts";
+  if (has("routed_expert_down_proj") || has("routed_expert_up_proj")) return "LatentMoE down/up projections";
+  if (has(".mlp.")) return "dense MLP";
+  if (has(".self_attn.")) {
+    // "...layers.N.self_attn...": the layer's kind decides MLA or KDA.
+    const size_t at = name.find("layers.");
+    if (cfg && at != std::string::npos) {
+      const int layer = std::atoi(name.c_str() + at + 7);
+      if (layer >= 0 && layer < int(cfg->layers.size()))
+        return cfg->layers[size_t(layer)].attn == LayerKind::mla ? "MLA attention" : "KDA attention";
+    }
+    return "attention";
+  }
+  return "norms + attention residuals";
 }
 
 Shard shard_of_tensor(const std::string& name) {
@@ -327,7 +205,7 @@ Shard shard_of_tensor(const std::string& name) {
 
 // ---- exact byte count from a checkpoint's headers -------------------------------------
 
-Result<WeightBytes> weight_bytes_from_checkpoint(const std::string& dir) {
+Result<WeightBytes> weight_bytes_from_checkpoint(const std::string& dir, const ModelConfig* config) {
   std::vector<fs::path> files;
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   std::error_code ec;
@@ -376,13 +254,7 @@ Result<WeightBytes> weight_bytes_from_checkpoint(const std::string& dir) {
         return data_loss(fname + ": tensor " + name + " has no valid data_offsets");
       const uint64_t nbytes = (*off)[1].get<uint64_t>() - (*off)[0].get<uint64_t>();
       data_bytes += nbytes;
-      const Shard shard = shard_of_tensor(name);
-      const bool vision = name.rfind("vision_tower.", 0) == 0 || name.rfind("mm_projector.", 0) == 0;
-      const char* group = shard == Shard::kExpertParallel ? "routed experts"
-                          : vision                        ? "vision tower + projector"
-                          : shard == Shard::kReplicated   ? "norms, router, latent down-projections"
-                                                          : "attention, dense, shared experts, embeddings";
-      t.add(group, shard, 1, nbytes);
+      t.add(role_of_tensor(name, config), shard_of_tensor(name), 1, nbytes);
     }
     if (data_bytes + 8 + header_len > size)
       return data_loss(fname + ": tensors need " + std::to_string(data_bytes + 8 + header_len) +

@@ -11,12 +11,14 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "model/config.h"
 
 namespace moonrun::tools {
 
-// The config fields plan reads. Both layouts are accepted: K3's nested `text_config` and
-// Kimi Linear's flat config.json.
+// The config fields plan reads, taken from the typed ModelConfig (model/config.h), which
+// reads both layouts: K3's nested `text_config` and Kimi Linear's flat config.json.
 struct PlanModelShape {
+  ModelConfig config;            // the parsed config (expected_tensors lists its weights)
   std::string name;              // "kimi-k3", or the directory / file given
   int64_t hidden = 0;            // hidden_size
   int64_t n_layers = 0;          // num_hidden_layers
@@ -77,18 +79,22 @@ struct WeightBytes {
   uint64_t bytes_of(Shard s) const;
 };
 
-// Computed from config.json alone. Routed experts: MXFP4 when the quantization config says
-// so (packed u8 [out, in/2] + E8M0 scale u8 [out, in/32]), everything else bf16, the KDA
-// A_log/dt_bias/conv/o_norm and the router bias fp32 (K3_SPEC.md section 6). The vision
-// tower's config in the published file has only patch_size and merge_kernel_size, so its
-// size is estimated from the reference defaults (MoonViT: 27 layers, width 1024) and marked.
+// Computed from config.json alone: every text tensor from expected_tensors() (the one name
+// table: MXFP4 experts as packed u8 [out, in/2] + E8M0 scale u8 [out, in/32], fp32 where the
+// release is fp32, bf16 elsewhere), plus the safetensors headers those names imply. The
+// vision tower's config in the published file has only patch_size and merge_kernel_size, so
+// its size is estimated from the reference defaults (MoonViT: 27 layers, width 1024) and
+// marked as an estimate.
 WeightBytes weight_bytes_from_config(const PlanModelShape& shape);
 
 // Exact: the safetensors files of a checkpoint directory (through the index when present),
 // each header's tensors summed by role, headers counted as overhead.
-Result<WeightBytes> weight_bytes_from_checkpoint(const std::string& dir);
+Result<WeightBytes> weight_bytes_from_checkpoint(const std::string& dir, const ModelConfig* config);
 
 // Which shard class a checkpoint tensor name belongs to (by the K3 name table).
 Shard shard_of_tensor(const std::string& name);
+// The role a tensor plays, for the weight table ("routed experts", "KDA attention", ...);
+// `config` tells MLA from KDA layers (both have q_proj/o_proj) and may be null.
+std::string role_of_tensor(const std::string& name, const ModelConfig* config);
 
 }  // namespace moonrun::tools

@@ -77,3 +77,29 @@ TEST(Utf8, IncompleteTail) {
 
 }  // namespace
 }  // namespace moonrun
+
+// The hook over the real tokenizer: byte-level ranks (token b = byte b) plus one special.
+#include "engine/detokenize.h"
+
+namespace moonrun {
+namespace {
+
+TEST(DetokenizeWith, StreamsWholeCharactersAndSpecialNamesFromTheTokenizer) {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  auto ranks = chat::RankTable::from_tokens(bytes);
+  ASSERT_TRUE(ranks.is_ok()) << ranks.status().to_string();
+  auto tok = chat::Tokenizer::create(std::move(ranks).value(), {{"<|im_end|>", 256}});
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  OutputText text(detokenize_with(std::make_shared<const chat::Tokenizer>(std::move(tok).value())), {});
+  std::vector<std::string> deltas;
+  for (int32_t t : {int32_t{'a'}, int32_t{0xC3}, int32_t{0xA9}, int32_t{256}, int32_t{0xC3}}) {
+    text.append(t);
+    deltas.push_back(text.take_delta(false));
+  }
+  deltas.push_back(text.take_delta(true));  // the lone 0xC3 at the end: U+FFFD
+  EXPECT_EQ(deltas, (std::vector<std::string>{"a", "", "\xC3\xA9", "<|im_end|>", "", "\xEF\xBF\xBD"}));
+}
+
+}  // namespace
+}  // namespace moonrun

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/kimi_k3_config.h"
+#include "model/weight_names.h"
 #include "tools/plan.h"
 
 namespace moonrun::tools {
@@ -143,18 +144,18 @@ TEST(PlanConfig, EmbeddedConfigIsTheSharedFile) {
 }
 
 TEST(PlanConfig, BadConfigNamesTheField) {
+  // The model's config parser (model/config.h) reports; plan passes its message through.
   json cfg = json::parse(kimi_k3_config_json());
   cfg["text_config"]["linear_attn_config"]["kda_layers"].push_back(94);
   auto s = plan_shape_from_config(cfg, "x/config.json");
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.status().message().find("kda_layers lists layer 94 but num_hidden_layers is 93"),
-            std::string::npos)
-      << s.status().message();
+  EXPECT_NE(s.status().message().find("x/config.json"), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("94"), std::string::npos) << s.status().message();
   cfg = json::parse(kimi_k3_config_json());
   cfg["text_config"].erase("hidden_size");
   s = plan_shape_from_config(cfg, "x/config.json");
   ASSERT_FALSE(s.is_ok());
-  EXPECT_EQ(s.status().message(), "x/config.json: text_config: missing field hidden_size");
+  EXPECT_EQ(s.status().message(), "x/config.json: text_config.hidden_size is missing");
 }
 
 // A checkpoint directory: bytes come from the files, exactly. The files are written here in
@@ -208,6 +209,51 @@ TEST(PlanCheckpoint, ExactBytesFromHeaders) {
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("model-00002-of-00002.safetensors"), std::string::npos);
   EXPECT_NE(bad.status().message().find("truncated"), std::string::npos) << bad.status().message();
+  fs::remove_all(dir);
+}
+
+// Both paths agree on a real file: a small K3-shaped checkpoint written by the model area's
+// safetensors writer from the name table; its exact bytes (headers aside) must equal what plan
+// computes from its config.json alone.
+TEST(PlanCheckpoint, ConfigAloneAgreesWithAWrittenCheckpoint) {
+  json cfg = json::parse(kimi_k3_config_json());
+  cfg.erase("vision_config");
+  json& t = cfg["text_config"];
+  t["hidden_size"] = 64, t["intermediate_size"] = 96, t["num_hidden_layers"] = 4, t["vocab_size"] = 256;
+  t["num_attention_heads"] = 4, t["num_key_value_heads"] = 4, t["q_lora_rank"] = 16, t["kv_lora_rank"] = 16;
+  t["qk_nope_head_dim"] = 8, t["qk_rope_head_dim"] = 8, t["v_head_dim"] = 8, t["max_position_embeddings"] = 4096;
+  t["linear_attn_config"]["full_attn_layers"] = {4};
+  t["linear_attn_config"]["kda_layers"] = {1, 2, 3};
+  t["linear_attn_config"]["num_heads"] = 4, t["linear_attn_config"]["head_dim"] = 8;
+  t["num_experts"] = 8, t["num_experts_per_token"] = 2, t["moe_intermediate_size"] = 32;
+  t["routed_expert_hidden_size"] = 32;
+  for (json* j : {&cfg, &t})
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id", "media_placeholder_token_id"})
+      if (j->contains(key)) (*j)[key] = 250;
+  auto shape = plan_shape_from_config(cfg, "small");
+  ASSERT_TRUE(shape.is_ok()) << shape.status().to_string();
+
+  const fs::path dir = fs::temp_directory_path() / ("moonrun_plan_small_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  { std::ofstream(dir / "config.json") << cfg.dump(); }
+  std::vector<TensorToWrite> a, b;
+  uint64_t data_bytes = 0;
+  for (const ExpectedTensor& e : expected_tensors(shape->config)) {
+    (a.size() <= b.size() ? a : b).push_back({e.name, e.dtype, e.shape, std::vector<uint8_t>(e.nbytes(), 0)});
+    data_bytes += e.nbytes();
+  }
+  ASSERT_TRUE(write_safetensors((dir / "model-00001-of-00002.safetensors").string(), a).is_ok());
+  ASSERT_TRUE(write_safetensors((dir / "model-00002-of-00002.safetensors").string(), b).is_ok());
+
+  auto exact = load_plan_model(dir.string());
+  ASSERT_TRUE(exact.is_ok()) << exact.status().to_string();
+  ASSERT_TRUE(exact->weights.exact);
+  WeightBytes computed = weight_bytes_from_config(*shape);
+  EXPECT_EQ(exact->weights.total_bytes() - exact->weights.file_overhead_bytes, data_bytes);
+  EXPECT_EQ(computed.total_bytes() - computed.file_overhead_bytes, data_bytes);
+  for (Shard s : {Shard::kTensorParallel, Shard::kExpertParallel, Shard::kReplicated})
+    EXPECT_EQ(exact->weights.bytes_of(s), computed.bytes_of(s)) << shard_name(s);
   fs::remove_all(dir);
 }
 
