@@ -26,6 +26,51 @@ size_t utf8_incomplete_tail(const std::string& s) {
   return have < want ? have : 0;
 }
 
+std::string to_valid_utf8(const std::string& s) {
+  static const char kReplacement[] = "\xEF\xBF\xBD";
+  std::string out;
+  out.reserve(s.size());
+  const size_t n = s.size();
+  size_t i = 0;
+  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  while (i < n) {
+    const unsigned char c = byte(i);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    // Length and the allowed range of the second byte (excludes overlongs and surrogates).
+    int len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC) len = 3;
+    else if (c == 0xED) len = 3, hi = 0x9F;
+    else if (c >= 0xEE && c <= 0xEF) len = 3;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) len = 4, hi = 0x8F;
+    if (len == 0) {  // a continuation byte or an invalid lead: one replacement per byte
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    // The longest valid prefix of the sequence (the "maximal subpart").
+    size_t k = 1;
+    while (k < static_cast<size_t>(len) && i + k < n) {
+      const unsigned char b = byte(i + k);
+      const bool ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+      if (!ok) break;
+      ++k;
+    }
+    if (k == static_cast<size_t>(len)) out.append(s, i, len);
+    else out += kReplacement;
+    i += k;
+  }
+  return out;
+}
+
 namespace {
 
 bool ends_with_replacement_char(const std::string& s) {
@@ -99,7 +144,7 @@ std::string OutputText::take_delta(bool finished) {
       --end;
   }
   if (end <= sent_bytes_) return {};
-  std::string delta = text_.substr(sent_bytes_, end - sent_bytes_);
+  std::string delta = to_valid_utf8(text_.substr(sent_bytes_, end - sent_bytes_));
   sent_bytes_ = end;
   return delta;
 }

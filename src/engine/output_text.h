@@ -26,7 +26,7 @@ class OutputText {
   // right before it and matched_stop() names it.
   bool append(int32_t token);
   // The text not yet handed out that is safe to hand out now; with finished, everything
-  // left (flushing an unfinished UTF-8 tail too).
+  // left (flushing an unfinished UTF-8 tail too). Always valid UTF-8.
   std::string take_delta(bool finished);
 
   const std::string& text() const { return text_; }
@@ -46,6 +46,11 @@ class OutputText {
   void decode_pending(bool flush);
   bool check_stop(size_t old_size);
 };
+
+// s with every ill-formed UTF-8 subsequence replaced by U+FFFD (per maximal subpart, as
+// Unicode recommends and tiktoken's errors="replace" does): what the engine hands out is
+// always valid UTF-8, whatever the detokenizer returns, so JSON encoding cannot fail.
+std::string to_valid_utf8(const std::string& s);
 
 // Number of trailing bytes of s that form an unfinished UTF-8 character (0 when s ends on a
 // character boundary).

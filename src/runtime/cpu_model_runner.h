@@ -22,6 +22,9 @@ class CpuModelRunner : public ModelRunner {
   // mla_pool: the cache manager's view; num_kda_slots: its slot count.
   CpuModelRunner(std::shared_ptr<const KimiK3Model> model, const MlaPoolView& mla_pool, int num_kda_slots);
 
+  // One sequence's KDA state in bytes (cpu_cache_layout(cfg).kda_slot_bytes).
+  static int64_t kda_slot_bytes(const ModelConfig& cfg) { return cpu_cache_layout(cfg).kda_slot_bytes; }
+
   Status forward(const ForwardBatch& batch, std::vector<float>& logits) override;
   int vocab() const override { return model_->config().vocab_size; }
   void reset_kda_slot(int slot) override { kda_slots_.reset(slot); }

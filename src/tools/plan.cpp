@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "model/checkpoint.h"
 #include "tools/kimi_k3_config.h"
 
 namespace moonrun::tools {
@@ -37,12 +38,15 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// "1,560.94 GB"
+// "1,560.94 GB"; small models in MB or bytes so tiny checkpoints still read.
 std::string gb(double bytes) {
+  const double a = std::fabs(bytes);
+  if (a > 0 && a < 1e6) return with_commas(int64_t(std::llround(bytes))) + " B";
+  if (a > 0 && a < 1e8) return fmt("%.2f MB", bytes / 1e6);
   double v = bytes / kGB;
   double whole = std::floor(std::fabs(v));
   std::string frac = fmt("%.2f", std::fabs(v) - whole).substr(1);  // ".94"
-  if (frac == ".00" && std::fabs(v) - whole > 0.5) whole += 1;  // rounding carried
+  if (std::fabs(v) - whole >= 0.995) whole += 1, frac = ".00";       // rounding carried
   return (v < 0 ? "-" : "") + with_commas(int64_t(whole)) + frac + " GB";
 }
 
@@ -88,9 +92,12 @@ Result<Plan> make_plan(const PlanInputs& in) {
   p.tp_gcd = int(g);
   for (int t = 1; t <= g; ++t)
     if (g % t == 0) p.valid_tp.push_back(t);
-  for (int t : {3, 24, 40, 48, 64, 128}) {
+  // Common sizes that fail (3 nodes' worth, 5 nodes of 8, ...), up to the next power of two.
+  for (int t : {3, 24, 40, 48, 64, 128, int(2 * g)}) {
     std::string why = tp_failure(s, t);
-    if (!why.empty() && p.invalid_examples.size() < 5) p.invalid_examples.push_back({t, false, why});
+    bool seen = false;
+    for (const auto& c : p.invalid_examples) seen |= c.tp == t;
+    if (!why.empty() && !seen && t <= 2 * g && p.invalid_examples.size() < 5) p.invalid_examples.push_back({t, false, why});
   }
   p.tp_check = {p.tp, true, tp_failure(s, p.tp)};
   p.tp_check.ok = p.tp_check.why.empty();
@@ -229,7 +236,7 @@ std::string format_plan_table(const Plan& p) {
         gb(double(p.kda_state_bytes_per_seq)) + fmt(" (%.2f GiB)", double(p.kda_state_bytes_per_seq) / kGiB) +
             "; S alone " + gb(double(p.kda_recurrent_bytes_per_seq)));
     row("  per GPU (split by heads over TP " + std::to_string(p.tp) + ")",
-        fmt("%.1f MB", double(p.kda_state_per_gpu_bytes_per_seq) / 1e6));
+        gb(double(p.kda_state_per_gpu_bytes_per_seq)));
   }
   row("KV pool if all left memory is KV", with_commas(p.pool_tokens) + " tokens");
   row("concurrent sequences at " + with_commas(p.context_length), with_commas(p.concurrent_seqs));
@@ -301,9 +308,15 @@ Result<LoadedModel> load_plan_model(const std::string& model) {
   }
   std::error_code ec;
   fs::path path(model);
+  // "org/name[@revision]" that is not a local path: the snapshot in the Hugging Face cache.
+  if (!fs::exists(path, ec) && model.find('/') != std::string::npos && model.front() != '/' && model.front() != '.') {
+    auto snapshot = resolve_model_path(model);
+    if (snapshot.is_ok()) path = *snapshot;
+  }
   fs::path config_path = fs::is_directory(path, ec) ? path / "config.json" : path;
   if (!fs::exists(config_path, ec))
-    return not_found(model + ": not 'kimi-k3', a config.json file or a checkpoint directory with a config.json");
+    return not_found(model + ": not 'kimi-k3', a config.json file, a checkpoint directory with a config.json, "
+                             "or a repo id in the local Hugging Face cache");
   std::ifstream f(config_path);
   json cfg = json::parse(f, nullptr, false);
   if (cfg.is_discarded()) return invalid_argument(config_path.string() + ": not valid JSON");
@@ -315,7 +328,7 @@ Result<LoadedModel> load_plan_model(const std::string& model) {
       if (e.path().extension() == ".safetensors") has_shards = true;
   }
   if (has_shards) {
-    m.weights = MR_TRY(weight_bytes_from_checkpoint(model, &m.shape.config));
+    m.weights = MR_TRY(weight_bytes_from_checkpoint(path.string(), &m.shape.config));
   } else {
     m.weights = weight_bytes_from_config(m.shape);
   }

@@ -67,6 +67,23 @@ TEST(OutputText, WithoutADetokenizerThereIsNoText) {
   EXPECT_EQ(text.take_delta(true), "");
 }
 
+TEST(Utf8, IllFormedBytesBecomeReplacementCharacters) {
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(to_valid_utf8("a\xC3\xA9b"), "a\xC3\xA9b");
+  EXPECT_EQ(to_valid_utf8("a\xC3z"), "a" + r + "z");          // truncated sequence
+  EXPECT_EQ(to_valid_utf8("\xA9"), r);                        // lone continuation byte
+  EXPECT_EQ(to_valid_utf8("\xC0\xAF"), r + r);               // overlong: C0 is never valid
+  EXPECT_EQ(to_valid_utf8("\xED\xA0\x80"), r + r + r);       // a surrogate
+  EXPECT_EQ(to_valid_utf8("\xF0\x9F\x98z"), r + "z");        // maximal subpart: one U+FFFD
+  EXPECT_EQ(to_valid_utf8("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
+}
+
+TEST(OutputText, RawBytesFromTheDetokenizerAreHandedOutAsValidUtf8) {
+  OutputText text(byte_decode, {});
+  for (int32_t t : {int32_t{'a'}, int32_t{0xA9}, int32_t{'b'}}) text.append(t);
+  EXPECT_EQ(text.take_delta(true), "a\xEF\xBF\xBD" "b");
+}
+
 TEST(Utf8, IncompleteTail) {
   EXPECT_EQ(utf8_incomplete_tail("ab"), 0u);
   EXPECT_EQ(utf8_incomplete_tail("a\xC3"), 1u);
