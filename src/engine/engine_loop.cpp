@@ -74,12 +74,14 @@ void EngineLoop::stop() {
 
 Result<std::shared_ptr<RequestStream>> EngineLoop::submit(std::vector<int32_t> prompt_ids,
                                                           const SamplingParams& params) {
-  if (!alive_) return unavailable("the engine is not running");
-  if (!accepting_) return unavailable("the server is shutting down");
   // Validation reads only the fixed configuration: safe off the loop thread, and the caller
   // gets the 400 at once.
   MR_RETURN_IF_ERROR(engine_->validate(prompt_ids, params));
+  // Checked under the lock that die() and the stopping loop take to sweep the streams, so
+  // a request is either swept (and ended) or refused here: never left hanging.
   std::lock_guard<std::mutex> lock(mu_);
+  if (!alive_ || stop_requested_) return unavailable("the engine is not running");
+  if (!accepting_) return unavailable("the server is shutting down");
   const int max_queued = engine_->config().scheduler.max_queued_requests;
   if (max_queued >= 0 && stats_.num_waiting + static_cast<int>(inbox_.size()) + params.n > max_queued) {
     return resource_exhausted("the waiting queue is full (--max-queued-requests " + std::to_string(max_queued) +
@@ -129,6 +131,7 @@ void EngineLoop::die(const Status& error) {
   deliver(outputs);
   // Requests that never reached the engine, and any stream left over.
   std::lock_guard<std::mutex> lock(mu_);
+  alive_ = false;
   inbox_.clear();
   for (auto& [id, stream] : streams_) {
     while (!stream->all_finished()) {

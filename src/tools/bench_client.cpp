@@ -162,16 +162,20 @@ RequestResult BenchClient::run(int64_t index, const json& body, BenchClock::time
   if (!r.usage_reported) r.completion_tokens = r.n_chunks();
 
   if (!sent || err != httplib::Error::Success) {
-    r.error = "connection: " + httplib::to_string(err);
-    if (status == 200 && !r.chunk_times_s.empty())
-      r.error += " after " + std::to_string(r.n_chunks()) + " chunks";
+    // One reason per kind, so the report groups them; the chunk count is in the JSON.
+    if (status == 200 && err == httplib::Error::Read)
+      r.error = "connection: closed mid-stream";
+    else if (err == httplib::Error::Connection)
+      r.error = "connection: could not connect to " + target_.scheme_host_port;
+    else
+      r.error = "connection: " + httplib::to_string(err) + (status == 200 ? " mid-stream" : "");
     reset();  // the connection is in an unknown state
   } else if (status != 200) {
     r.error = "HTTP " + std::to_string(status) + ": " + error_message(error_body);
   } else if (!stream_error.empty()) {
     r.error = stream_error;
   } else if (!done) {
-    r.error = "stream ended without data: [DONE] after " + std::to_string(r.n_chunks()) + " chunks";
+    r.error = "stream ended without data: [DONE]";
     reset();
   } else if (r.first_token_s < 0) {
     r.error = "stream carried no tokens";

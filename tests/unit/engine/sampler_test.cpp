@@ -60,6 +60,38 @@ TEST(Sampler, TopKKeepsTheKLargestAndTiesAtTheBoundary) {
   EXPECT_EQ(l[2], 2.0f);
 }
 
+// vLLM's top-p literally (sort ascending, drop while the cumulative mass <= 1 - p, keep the
+// last), against the partial-sort implementation on a large random vocabulary.
+TEST(Sampler, TopPMatchesTheAscendingDefinitionOnALargeVocabulary) {
+  SamplerRng rng(5);
+  const int vocab = 20000;
+  std::vector<float> logits(vocab);
+  for (auto& x : logits) x = static_cast<float>(8.0 * rng.uniform() * rng.uniform());
+  for (float top_p : {0.05f, 0.3f, 0.9f, 0.999f}) {
+    const std::vector<double> p = softmax(logits);
+    std::vector<int32_t> asc(vocab);
+    for (int i = 0; i < vocab; ++i) asc[i] = i;
+    std::sort(asc.begin(), asc.end(), [&](int32_t a, int32_t b) { return p[a] < p[b] || (p[a] == p[b] && a > b); });
+    std::vector<bool> keep(vocab, true);
+    double cumulative = 0.0;
+    for (int i = 0; i + 1 < vocab; ++i) {
+      cumulative += p[asc[i]];
+      if (cumulative <= 1.0 - top_p) keep[asc[i]] = false;
+    }
+    std::vector<float> got = logits;
+    apply_top_k_top_p(got, 0, top_p);
+    int n_kept = 0, n_mismatch = 0;
+    for (int i = 0; i < vocab; ++i) {
+      n_kept += keep[i];
+      n_mismatch += keep[i] == std::isinf(got[i]);
+    }
+    // Summation order differs (ascending vs from the top): at most the boundary token may
+    // flip, when its cumulative mass sits within rounding of 1 - top_p.
+    EXPECT_LE(n_mismatch, 1) << "top_p " << top_p << ", " << n_kept << " kept";
+    EXPECT_GT(n_kept, 0);
+  }
+}
+
 TEST(Sampler, TopKThenTopPOnTheRenormalisedRest) {
   SamplingParams p = random_params();
   p.top_k = 3;     // {1, 2, 3}: [2, 3, 4] / 9
