@@ -168,7 +168,7 @@ Result<Plan> make_plan(const PlanInputs& in) {
                           gb(double(p.kv_bytes_per_seq)) + " of KV per GPU; the pool holds " +
                           with_commas(p.pool_tokens) + " tokens, so full-length requests cannot all be resident");
   }
-  if (!w.exact && s.n_experts > 0 && p.ep > 0 && s.n_experts % p.ep != 0)
+  if (s.n_experts > 0 && p.ep > 0 && s.n_experts % p.ep != 0)
     p.reasons.push_back("warning: " + std::to_string(s.n_experts) + " experts do not split evenly over EP " +
                         std::to_string(p.ep) + "; the busiest rank holds " + std::to_string(p.experts_per_gpu));
   p.cost_per_hour = in.price_per_gpu_hour * p.total_gpus;

@@ -86,8 +86,8 @@ TEST(EngineLoop, ConcurrentClientsGetExactlyTheirOwnGreedyOutputs) {
 }
 
 TEST(EngineLoop, AbortEndsTheStreamAndFreesTheCache) {
-  Built b = build(40, 4, 4, {.max_running_requests = 4, .max_tokens_per_step = 64}, 150);
-  b.runner->forward_delay = 2ms;
+  Built b = build(128, 4, 4, {.max_running_requests = 4, .max_tokens_per_step = 64}, 500);
+  b.runner->forward_delay = 5ms;
   SamplingParams p;
   p.temperature = 0;
   p.ignore_eos = true;
@@ -99,8 +99,8 @@ TEST(EngineLoop, AbortEndsTheStreamAndFreesTheCache) {
   FinishReason reason = FinishReason::kNone;
   drain(**s, &reason);
   EXPECT_EQ(reason, FinishReason::kAbort);
-  for (int i = 0; i < 200 && b.loop->stats().cache.free_pages != 40; ++i) std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(b.loop->stats().cache.free_pages, 40);
+  for (int i = 0; i < 200 && b.loop->stats().cache.free_pages != 128; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(b.loop->stats().cache.free_pages, 128);
   EXPECT_EQ(b.loop->stats().cache.free_slots, 4);
 }
 
@@ -142,8 +142,8 @@ TEST(EngineLoop, ABackendFailureFailsEveryPendingRequestAndTheEngineStaysDown) {
 }
 
 TEST(EngineLoop, StopEndsWhateverIsLeftAsAborted) {
-  Built b = build(40, 2, 4, {.max_running_requests = 2, .max_tokens_per_step = 64}, 150);
-  b.runner->forward_delay = 2ms;
+  Built b = build(128, 2, 4, {.max_running_requests = 2, .max_tokens_per_step = 64}, 500);
+  b.runner->forward_delay = 5ms;
   SamplingParams p;
   p.temperature = 0;
   p.ignore_eos = true;

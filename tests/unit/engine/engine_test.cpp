@@ -258,3 +258,57 @@ TEST(Engine, BackendFailureIsAStatusNotAHang) {
 
 }  // namespace
 }  // namespace moonrun
+
+namespace moonrun {
+namespace {
+
+TEST(Engine, LogprobsTravelWithTheirTokens) {
+  Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128);
+  SamplingParams p = greedy(5);
+  p.ignore_eos = true;
+  p.logprobs = 3;
+  const auto prompt = test_prompts()[1];
+  ASSERT_TRUE(h.engine.add_request(1, prompt, p).is_ok());
+  std::vector<RequestOutput> outs;
+  while (h.engine.has_work()) ASSERT_TRUE(h.engine.step(outs).is_ok());
+  std::vector<int32_t> context = prompt;
+  std::vector<float> logits(kVocab);
+  for (const RequestOutput& o : outs) {
+    ASSERT_EQ(o.new_token_ids.size(), 1u);
+    ASSERT_EQ(o.logprobs.size(), 1u);
+    // The greedy token is the most likely one, and its logprob is log_softmax of the
+    // fake model's logits for this context.
+    testing::fake_logits(testing::digest_of(context), kVocab, logits.data());
+    const std::vector<float> lp = log_softmax(logits.data(), kVocab);
+    EXPECT_EQ(o.logprobs[0].token, o.new_token_ids[0]);
+    EXPECT_FLOAT_EQ(o.logprobs[0].logprob, lp[o.new_token_ids[0]]);
+    ASSERT_EQ(o.logprobs[0].top.size(), 3u);
+    EXPECT_EQ(o.logprobs[0].top[0].token, o.new_token_ids[0]);
+    context.push_back(o.new_token_ids[0]);
+  }
+  EXPECT_EQ(outs.size(), 5u);
+}
+
+TEST(Engine, AbortEndsEverySampleOfARequest) {
+  Harness h(pool(64, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 4096}, 128);
+  SamplingParams p;
+  p.n = 3;
+  p.ignore_eos = true;
+  p.max_tokens = 50;
+  ASSERT_TRUE(h.engine.add_request(9, test_prompts()[0], p).is_ok());
+  std::vector<RequestOutput> outs;
+  ASSERT_TRUE(h.engine.step(outs).is_ok());
+  EXPECT_EQ(h.engine.stats().cache.free_slots, 5);
+  outs.clear();
+  h.engine.abort_request(9, outs);
+  ASSERT_EQ(outs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(outs[i].index, i);
+    EXPECT_EQ(outs[i].finish_reason, FinishReason::kAbort);
+  }
+  EXPECT_EQ(h.engine.stats().cache.free_slots, 8);
+  EXPECT_FALSE(h.engine.has_work());
+}
+
+}  // namespace
+}  // namespace moonrun

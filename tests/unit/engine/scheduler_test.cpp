@@ -178,3 +178,16 @@ TEST(Scheduler, FullWaitingQueueRejects) {
 
 }  // namespace
 }  // namespace moonrun
+
+namespace moonrun {
+namespace {
+
+TEST(Scheduler, NoBudgetMeansWholePromptsInOneStep) {
+  Fixture f(pool(100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = -1});
+  f.add(300);
+  f.add(500);
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 300}, {1, 500}}));
+}
+
+}  // namespace
+}  // namespace moonrun
