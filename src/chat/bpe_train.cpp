@@ -30,7 +30,7 @@ Result<std::vector<std::string>> train_bpe_ranks(std::string_view corpus, size_t
   // Distinct pieces with counts. std::map: a deterministic word order.
   std::map<std::string, int64_t, std::less<>> piece_counts;
   {
-    Pretokenizer::Scratch scratch(pre);
+    Pretokenizer::Scratch& scratch = Pretokenizer::thread_scratch();
     for_each_utf8_run(corpus, [&](std::string_view run, bool well_formed) {
       if (!well_formed) {
         ++piece_counts[std::string(run)];

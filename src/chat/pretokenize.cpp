@@ -71,8 +71,9 @@ Result<Pretokenizer> Pretokenizer::compile(std::string_view pattern) {
   return pre;
 }
 
-Pretokenizer::Scratch::Scratch(const Pretokenizer& pre)
-    : match_data_(pcre2_match_data_create_from_pattern(pre.code_.get(), nullptr)),
+Pretokenizer::Scratch::Scratch()
+    // One ovector pair: only the whole match is read (captures beyond it are dropped).
+    : match_data_(pcre2_match_data_create(1, nullptr)),
       match_context_(pcre2_match_context_create(nullptr)),
       // Kimi's letter alternatives repeat a group ((?!Han)[class])*, and JIT backtracking
       // keeps a frame per iteration: a 25,000-letter run needs about a megabyte, more than
@@ -80,6 +81,11 @@ Pretokenizer::Scratch::Scratch(const Pretokenizer& pre)
       jit_stack_(pcre2_jit_stack_create(64 << 10, 64 << 20, nullptr)) {
   MR_CHECK(match_data_ && match_context_ && jit_stack_) << "out of memory allocating PCRE2 match state";
   pcre2_jit_stack_assign(match_context_, nullptr, jit_stack_);
+}
+
+Pretokenizer::Scratch& Pretokenizer::thread_scratch() {
+  thread_local Scratch scratch;
+  return scratch;
 }
 
 Pretokenizer::Scratch::~Scratch() {
@@ -104,6 +110,7 @@ bool Pretokenizer::next_match(std::string_view text, size_t start, Scratch& scra
                      scratch.match_data_, scratch.match_context_);
   }
   if (rc == PCRE2_ERROR_NOMATCH) return false;  // tiktoken drops unmatched text
+  // rc == 0: the match has more captures than the one ovector pair; [0] and [1] are set.
   if (rc < 0) {
     // A resource limit even so: never lose text, take the next character as its own piece.
     *begin = start;

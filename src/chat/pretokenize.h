@@ -39,11 +39,12 @@ class Pretokenizer {
   // Compiles with PCRE2_UTF | PCRE2_UCP and JIT. Error names the pattern offset.
   static Result<Pretokenizer> compile(std::string_view pattern);
 
-  // Per-call matching state (PCRE2 match data); reuse one across many split() calls on
-  // one thread. Not shareable between threads; the Pretokenizer itself is.
+  // Matching state (PCRE2 match data, JIT stack), independent of the pattern. Not
+  // shareable between threads; the Pretokenizer itself is. thread_scratch() is this
+  // thread's, made once: creating one maps a JIT stack, too slow to do per call.
   class Scratch {
    public:
-    explicit Scratch(const Pretokenizer& pre);
+    Scratch();
     ~Scratch();
     Scratch(const Scratch&) = delete;
     Scratch& operator=(const Scratch&) = delete;
@@ -67,6 +68,8 @@ class Pretokenizer {
       pos = end > begin ? end : next_char_end(text, begin);  // empty match: step one char
     }
   }
+
+  static Scratch& thread_scratch();
 
   const std::string& pattern() const { return pattern_; }
 

@@ -187,7 +187,7 @@ void Tokenizer::encode_run(std::string_view text, bool allow_special, Pretokeniz
 }
 
 void Tokenizer::encode_append(std::string_view text, bool allow_special, std::vector<uint32_t>& out) const {
-  Pretokenizer::Scratch scratch(pre_);
+  Pretokenizer::Scratch& scratch = Pretokenizer::thread_scratch();
   const size_t max_run = options_.max_run_chars, chunk = options_.chunk_chars;
   // No character count can exceed the byte count: short texts are never split.
   const bool may_split = (max_run && text.size() > max_run) || (chunk && text.size() > chunk);

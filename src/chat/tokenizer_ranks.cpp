@@ -42,6 +42,35 @@ inline uint64_t hash_bytes(const char* p, size_t n) {
   return h;
 }
 
+// Equality of two n-byte strings with in-bounds word loads (overlapping at the tail):
+// token strings are short, and a libc memcmp call costs more than the comparison.
+inline bool equal_bytes(const char* a, const char* b, size_t n) {
+  if (n >= 8) {
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+      uint64_t x, y;
+      std::memcpy(&x, a + i, 8);
+      std::memcpy(&y, b + i, 8);
+      if (x != y) return false;
+    }
+    uint64_t x, y;
+    std::memcpy(&x, a + n - 8, 8);
+    std::memcpy(&y, b + n - 8, 8);
+    return x == y;
+  }
+  if (n >= 4) {
+    uint32_t x0, y0, x1, y1;
+    std::memcpy(&x0, a, 4);
+    std::memcpy(&y0, b, 4);
+    std::memcpy(&x1, a + n - 4, 4);
+    std::memcpy(&y1, b + n - 4, 4);
+    return x0 == y0 && x1 == y1;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string base64_encode(std::string_view bytes) {
@@ -160,7 +189,7 @@ Status RankTable::finish(const std::string& source) {
   }
   size_t capacity = 16;
   while (capacity < entries_.size() * 2) capacity <<= 1;
-  slots_.assign(capacity, Slot{0, kNoEntry});
+  slots_.assign(capacity, Slot{0, 0, 0, kNoRank});
   slot_mask_ = capacity - 1;
   for (uint32_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
@@ -169,15 +198,14 @@ Status RankTable::finish(const std::string& source) {
     const uint32_t tag = uint32_t(h >> 32);
     for (uint64_t s = h & slot_mask_;; s = (s + 1) & slot_mask_) {
       Slot& slot = slots_[s];
-      if (slot.entry == kNoEntry) {
-        slot = Slot{tag, i};
+      if (slot.length == 0) {
+        slot = Slot{tag, e.offset, e.length, e.rank};
         break;
       }
-      const Entry& other = entries_[slot.entry];
-      if (slot.tag == tag && other.length == e.length &&
-          std::memcmp(arena_.data() + other.offset, key.data(), key.size()) == 0) {
+      if (slot.tag == tag && slot.length == e.length &&
+          std::memcmp(arena_.data() + slot.offset, key.data(), key.size()) == 0) {
         return data_loss(source + ": token of rank " + std::to_string(e.rank) + " repeats the token of rank " +
-                         std::to_string(other.rank));
+                         std::to_string(slot.rank));
       }
     }
   }
@@ -187,6 +215,7 @@ Status RankTable::finish(const std::string& source) {
       return data_loss(source + ": the single byte 0x" + "0123456789abcdef"[b >> 4] + "0123456789abcdef"[b & 15] +
                        " has no rank (every byte needs one)");
     }
+    byte_rank_[b] = rank(std::string_view(&c, 1));
   }
   return Status::ok();
 }
@@ -196,11 +225,10 @@ uint32_t RankTable::rank(std::string_view bytes) const {
   const uint32_t tag = uint32_t(h >> 32);
   for (uint64_t s = h & slot_mask_;; s = (s + 1) & slot_mask_) {
     const Slot& slot = slots_[s];
-    if (slot.entry == kNoEntry) return kNoRank;
-    if (slot.tag != tag) continue;
-    const Entry& e = entries_[slot.entry];
-    if (e.length == bytes.size() && std::memcmp(arena_.data() + e.offset, bytes.data(), bytes.size()) == 0) {
-      return e.rank;
+    if (slot.length == 0) return kNoRank;
+    if (slot.tag == tag && slot.length == bytes.size() &&
+        equal_bytes(arena_.data() + slot.offset, bytes.data(), bytes.size())) {
+      return slot.rank;
     }
   }
 }
@@ -232,13 +260,14 @@ void RankTable::encode_piece(std::string_view piece, std::vector<uint32_t>& out)
 void RankTable::merge_small(std::string_view piece, std::vector<uint32_t>& out) const {
   struct Part {
     uint32_t start;
-    uint32_t rank;
+    uint32_t rank;   // of this part joined with the next
+    uint32_t token;  // this part's own rank (so no lookups at the end)
   };
   Part parts[98];
   const uint32_t n = uint32_t(piece.size());
-  for (uint32_t i = 0; i + 1 < n; ++i) parts[i] = {i, rank(piece.substr(i, 2))};
-  parts[n - 1] = {n - 1, kNoRank};
-  parts[n] = {n, kNoRank};
+  for (uint32_t i = 0; i + 1 < n; ++i) parts[i] = {i, rank(piece.substr(i, 2)), byte_rank_[uint8_t(piece[i])]};
+  parts[n - 1] = {n - 1, kNoRank, byte_rank_[uint8_t(piece[n - 1])]};
+  parts[n] = {n, kNoRank, kNoRank};
   size_t count = n + 1;
   // Rank of the pair that would start at part i once part i+1 is merged into it.
   auto joined_rank = [&](size_t i) {
@@ -255,14 +284,13 @@ void RankTable::merge_small(std::string_view piece, std::vector<uint32_t>& out) 
       }
     }
     if (min_rank == kNoRank) break;
+    parts[at].token = min_rank;
     if (at > 0) parts[at - 1].rank = joined_rank(at - 1);
     parts[at].rank = joined_rank(at);
     std::memmove(&parts[at + 1], &parts[at + 2], (count - at - 2) * sizeof(Part));
     --count;
   }
-  for (size_t i = 0; i + 1 < count; ++i) {
-    out.push_back(rank(piece.substr(parts[i].start, parts[i + 1].start - parts[i].start)));
-  }
+  for (size_t i = 0; i + 1 < count; ++i) out.push_back(parts[i].token);
 }
 
 // The same merge order with a min-heap of (rank, start): the minimum (rank, start) over

@@ -51,9 +51,12 @@ class RankTable {
     uint32_t length;
     uint32_t rank;
   };
+  // Everything a lookup needs in one 16-byte slot: one cache line, then the bytes.
   struct Slot {
-    uint32_t tag;    // high bits of the hash; kEmptySlot marks a free slot (entry unused)
-    uint32_t entry;  // index into entries_
+    uint32_t tag;     // high bits of the hash
+    uint32_t offset;  // into arena_
+    uint32_t length;  // 0: free slot
+    uint32_t rank;
   };
   static constexpr uint32_t kNoEntry = UINT32_MAX;
 
@@ -67,6 +70,7 @@ class RankTable {
   std::vector<uint32_t> by_rank_;   // [rank_end] -> entry index or kNoEntry
   std::vector<Slot> slots_;         // open addressing, power-of-two size, linear probing
   uint64_t slot_mask_ = 0;
+  uint32_t byte_rank_[256] = {};
 };
 
 }  // namespace moonrun::chat

@@ -204,8 +204,10 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const std::vector<std
       reason = FinishReason::kStop;
       stopped_by_token = true;
     }
-    // A stop token ends the text without being part of it.
-    if (!stopped_by_token && req->text.append(token)) {
+    // A stop token ends the text without being part of it; so does a skipped special.
+    const bool skipped = req->params.skip_special_tokens && config_.is_special_token &&
+                         config_.is_special_token(token);
+    if (!stopped_by_token && !skipped && req->text.append(token)) {
       reason = FinishReason::kStop;
       req->stop_reason = req->text.matched_stop();
     }

@@ -9,6 +9,7 @@
 //     sample()          a token for each request whose step reached its last known token
 //     postprocess()     append, detokenise, stop conditions, outputs; free what finished
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -33,6 +34,9 @@ struct EngineConfig {
   int max_model_len = 0;                // context length: prompt + output tokens per request
   std::vector<int32_t> eos_token_ids;   // stop generation unless params.ignore_eos
   uint64_t seed = 0;                    // seeds the generators of requests without a seed
+  // Which ids are special tokens: with params.skip_special_tokens they add no text (they
+  // stay in the ids). Empty: none is. E.g. [tok](int32_t id) { return tok->is_special(id); }.
+  std::function<bool(int32_t)> is_special_token;
 };
 
 // What a client's request produced since the last output (one per sequence per step, only

@@ -95,8 +95,9 @@ void OutputText::decode_pending(bool flush) {
   const std::string full_text = decode_(with_new);
   const bool unfinished = ends_with_replacement_char(full_text) || utf8_incomplete_tail(full_text) > 0;
   if (full_text.size() <= prefix_text.size() || (unfinished && !flush)) return;
-  const size_t common = full_text.compare(0, prefix_text.size(), prefix_text) == 0 ? prefix_text.size() : 0;
-  text_ += full_text.substr(common);
+  // Byte-level BPE always extends the context's text; a tokenizer that does not (spacing
+  // rules) gets vLLM's treatment: the bytes past the context's length.
+  text_ += full_text.substr(prefix_text.size());
   prefix_offset_ = read_offset_;
   read_offset_ = ids_.size();
 }

@@ -26,7 +26,7 @@ struct SamplingParams {
   std::vector<std::string> stop;         // stop strings (not included in the output text)
   std::vector<int32_t> stop_token_ids;   // stop tokens (in the ids, not in the text)
   int logprobs = -1;                // -1: none; k >= 0: the chosen token's + the top k
-  bool skip_special_tokens = true;  // passed to the detokenizer hook
+  bool skip_special_tokens = true;  // special tokens add no text (EngineConfig::is_special_token)
 
   bool greedy() const { return temperature < 1e-5f; }
 

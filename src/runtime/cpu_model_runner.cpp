@@ -53,6 +53,7 @@ Result<std::unique_ptr<EngineLoop>> make_cpu_engine(std::shared_ptr<const KimiK3
   config.eos_token_ids = options.eos_token_ids;
   if (config.eos_token_ids.empty() && cfg.eos_token_id >= 0) config.eos_token_ids.push_back(cfg.eos_token_id);
   config.seed = options.seed;
+  config.is_special_token = options.is_special_token;
   MR_RETURN_IF_ERROR(check_engine_config(config, cache_config));
 
   MR_LOG(INFO) << "KV cache: " << cache_config.num_pages << " pages x " << cache_config.page_size_tokens

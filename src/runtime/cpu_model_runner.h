@@ -4,6 +4,7 @@
 // make_cpu_engine() puts model, cache, runner and engine loop together the way `moonrun
 // serve` needs them, sizing the pools from a memory budget.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct CpuEngineOptions {
   int64_t max_total_tokens = 0;      // > 0: cap the pool at this many tokens
   std::vector<int32_t> eos_token_ids;  // empty: config.json's eos_token_id
   uint64_t seed = 0;
+  std::function<bool(int32_t)> is_special_token;  // EngineConfig::is_special_token
 };
 
 // Sizes the cache (KDA slots = max_running_requests, the rest MLA pages), builds the runner

@@ -223,6 +223,37 @@ TEST(Engine, StopConditions) {
   }
 }
 
+TEST(Engine, SkippedSpecialTokensStayInTheIdsButAddNoText) {
+  const auto prompt = test_prompts()[3];
+  const auto ref = reference_greedy(prompt, kVocab, 12, /*eos=*/-1);
+  const int32_t special = ref[2];
+  for (bool skip : {true, false}) {
+    CacheConfig c = pool(64, 4, 16);
+    CacheManager cache(c);
+    FakeRunner runner(cache.mla_view(), 4, kVocab);
+    EngineConfig config{{.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, {kEos}, 0};
+    config.is_special_token = [special](int32_t id) { return id == special; };
+    Engine engine(config, cache, runner, letters);
+    SamplingParams p = greedy(12);
+    p.ignore_eos = true;
+    p.skip_special_tokens = skip;
+    ASSERT_TRUE(engine.add_request(1, prompt, p).is_ok());
+    std::vector<RequestOutput> outs;
+    while (engine.has_work()) ASSERT_TRUE(engine.step(outs).is_ok());
+    std::string text;
+    std::vector<int32_t> ids;
+    for (const auto& o : outs) {
+      text += o.text_delta;
+      ids.insert(ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }
+    std::vector<int32_t> kept;
+    for (int32_t t : ref)
+      if (!skip || t != special) kept.push_back(t);
+    EXPECT_EQ(ids, ref);
+    EXPECT_EQ(text, letters(kept)) << "skip " << skip;
+  }
+}
+
 TEST(Engine, ValidationAndQueueLimits) {
   Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 64, .max_queued_requests = 2}, 32);
   EXPECT_EQ(h.engine.add_request(1, {}, greedy(4)).code(), StatusCode::kInvalidArgument);
