@@ -172,7 +172,9 @@ WeightBytes weight_bytes_from_config(const PlanModelShape& s) {
 
 std::string role_of_tensor(const std::string& name, const ModelConfig* cfg) {
   auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
-  if (has(".experts.")) return "routed experts";
+  if (has(".experts."))
+    return has("weight_packed") || has("weight_scale") || has("weight_blocks") ? "routed experts (MXFP4)"
+                                                                              : "routed experts";
   if (name.rfind("vision_tower.", 0) == 0 || name.rfind("mm_projector.", 0) == 0) return "vision tower + projector";
   if (has("embed_tokens") || has("lm_head")) return "embeddings + lm_head";
   if (has("block_sparse_moe.gate.")) return "MoE router";

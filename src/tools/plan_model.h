@@ -44,7 +44,6 @@ struct PlanModelShape {
   int64_t moe_intermediate = 0;        // expert FFN width
   int64_t latent_moe_hidden = 0;       // routed_expert_hidden_size (0 = experts run at hidden)
   bool experts_mxfp4 = false;          // quantization_config: mxfp4-pack-quantized experts
-  int64_t mxfp4_group_size = 32;       // inputs per E8M0 scale
   bool tie_word_embeddings = false;
   bool has_vision = false;             // vision_config present
   nlohmann::json vision_config;        // as given (sizes the vision tower estimate)

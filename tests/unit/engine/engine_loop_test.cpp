@@ -117,18 +117,19 @@ TEST(EngineLoop, SubmitErrorsComeBackAtOnce) {
 }
 
 TEST(EngineLoop, ABackendFailureFailsEveryPendingRequestAndTheEngineStaysDown) {
-  Built b = build(40, 2, 4, {.max_running_requests = 2, .max_tokens_per_step = 64}, 64);
-  b.runner->fail_at_forward = 3;
+  Built b = build(128, 2, 4, {.max_running_requests = 2, .max_tokens_per_step = 64}, 400);
+  b.runner->forward_delay = 2ms;  // 5 x 300 tokens, 2 at a time: seconds of work
   SamplingParams p;
   p.temperature = 0;
   p.ignore_eos = true;
-  p.max_tokens = 30;
+  p.max_tokens = 300;
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 5; ++i) {  // two run, three wait
     auto s = b.loop->submit(prompt_of(i), p);
-    ASSERT_TRUE(s.is_ok());
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
     streams.push_back(*s);
   }
+  b.runner->fail_at_forward = 0;  // the backend breaks now
   for (auto& s : streams) {
     FinishReason reason = FinishReason::kNone;
     Status error;

@@ -3,6 +3,7 @@
 // and the runner reads those ids back through the paged MLA pool and keeps a running digest
 // in its KDA slot, so a wrong page table, a missed slot reset or a slot shared by two
 // sequences changes the outputs (or fails the forward) instead of going unnoticed.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <thread>
@@ -40,11 +41,12 @@ class FakeRunner : public ModelRunner {
   void reset_kda_slot(int slot) override { slots_.at(slot) = Slot{}; ++num_resets; }
 
   Status forward(const ForwardBatch& batch, std::vector<float>& logits) override {
-    ++num_forwards;
+    const int forward_index = ++num_forwards;
     if (forward_delay.count() > 0) std::this_thread::sleep_for(forward_delay);
     max_batch_seqs = std::max(max_batch_seqs, static_cast<int>(batch.seqs.size()));
     logits.assign(static_cast<size_t>(batch.n_logit_rows()) * vocab_, 0.0f);
-    if (fail_at_forward >= 0 && num_forwards > fail_at_forward) return internal_error("fake backend failure");
+    const int fail_after = fail_at_forward.load();
+    if (fail_after >= 0 && forward_index > fail_after) return internal_error("fake backend failure");
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const ForwardSeq& s = batch.seqs[i];
       if (s.kda_slot < 0 || s.kda_slot >= static_cast<int>(slots_.size())) return internal_error("bad slot");
@@ -75,10 +77,10 @@ class FakeRunner : public ModelRunner {
     return Status::ok();
   }
 
-  int num_forwards = 0;
+  std::atomic<int> num_forwards{0};
   int num_resets = 0;
   int max_batch_seqs = 0;
-  int fail_at_forward = -1;  // >= 0: forwards after this many fail
+  std::atomic<int> fail_at_forward{-1};  // >= 0: forwards after this many fail (any thread may set it)
   std::chrono::microseconds forward_delay{0};  // a slower model, for the threaded tests
 
  private:

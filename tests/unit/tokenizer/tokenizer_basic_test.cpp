@@ -27,11 +27,13 @@ std::vector<uint32_t> bpe(const RankTable& ranks, std::string_view piece) {
 // tiktoken merges by rank over byte strings, lowest first, leftmost on ties.
 TEST(RankTable, MergeOrderIsByRankThenLeftmost) {
   const RankTable ranks = make_ranks({"bc", "ab", "abc"});  // 256, 257, 258
-  // "abc": pairs ab(257) and bc(256): bc merges first -> a|bc; "abc" itself is a token,
-  // but the whole-piece shortcut applies only to the piece as a whole.
+  // "abc" is a token: the whole piece is one lookup.
   EXPECT_EQ(bpe(ranks, "abc"), (std::vector<uint32_t>{258}));
-  // "abcx": bc first -> a,bc,x; then "abc" is not a pair of ("a","bc")? it is: bytes "abc".
+  // "abcx": bc (256) merges before ab (257): a|bc|x; then a+bc spells "abc" (258).
   EXPECT_EQ(bpe(ranks, "abcx"), (std::vector<uint32_t>{258, 'x'}));
+  // "abx": only ab: ab|x. "xbca": bc then nothing: x|bc|a.
+  EXPECT_EQ(bpe(ranks, "abx"), (std::vector<uint32_t>{257, 'x'}));
+  EXPECT_EQ(bpe(ranks, "xbca"), (std::vector<uint32_t>{'x', 256, 'a'}));
   // "aaa" with "aa": leftmost pair merges -> aa,a.
   const RankTable aa = make_ranks({"aa"});
   EXPECT_EQ(bpe(aa, "aaa"), (std::vector<uint32_t>{256, 'a'}));
@@ -43,9 +45,8 @@ TEST(RankTable, LongPiecesMergeLikeShortOnes) {
   const RankTable ranks = make_ranks({"aa", "aaaa", "ab", "ba", "aab", "bab"});
   std::string text;
   for (int i = 0; i < 300; ++i) text += (i % 7 == 3 || i % 11 == 0) ? 'b' : 'a';
-  // Reference: merge the long piece in short windows is NOT equivalent, so compare the
-  // heap result against the same piece encoded through 96-byte-or-less pieces only when
-  // no merge can cross: instead recompute by brute force here.
+  // Reference: tiktoken's definition applied literally (rescan every adjacent pair, merge
+  // the lowest rank, leftmost on ties).
   std::vector<std::string> parts;
   for (char c : text) parts.push_back(std::string(1, c));
   for (;;) {
