@@ -124,6 +124,106 @@ who, oil, its, now, find, long, down, day, did, get, come, made, may, part.
 Other languages: Bonjour, comment allez-vous? Guten Tag, wie geht es Ihnen? Hola, ¿cómo estás?
 Привет, как дела? 你好，今天天气很好。我们去公园散步吧。こんにちは、お元気ですか？ 안녕하세요.
 Emoji: 🙂 👍 🚀 ❤️ 🎉 ✅
+
+How a request is served, in more detail. The scheduler keeps a queue of waiting requests and
+a batch of running ones. At every step it asks the cache for free pages, admits as many new
+requests as fit, and runs one forward pass over the whole batch. Prefill processes the prompt
+in chunks; decode produces one token per running request. When a request finishes, because it
+produced the end token or reached its limit, its pages go back to the pool at once.
+
+| setting | default | meaning |
+| --- | --- | --- |
+| max_tokens | 256 | the most tokens one response may contain |
+| temperature | 1.0 | higher values make the choice of the next token more random |
+| top_p | 1.0 | only the most likely tokens whose probabilities add up to top_p are kept |
+| stream | false | send the response piece by piece as server-sent events |
+
+Frequently asked questions about the server:
+Q: Why is the first token slower than the others?
+A: Because the whole prompt must be read before the first new token can be produced.
+Q: What happens when the queue is full?
+A: The server answers with status 503 and a short message, and the client should retry later.
+Q: Can I cancel a request?
+A: Yes. Closing the connection stops the request and frees its memory within one step.
+Q: How do I know which model is loaded?
+A: Ask GET /v1/models; the answer lists the model name and its context length.
+
+struct Request {
+    std::string id;
+    std::vector<int> prompt_tokens;
+    int max_tokens = 256;
+    float temperature = 1.0f;
+    bool stream = false;
+};
+
+class Scheduler {
+ public:
+    explicit Scheduler(int max_batch) : max_batch_(max_batch) {}
+    void submit(Request request) { waiting_.push_back(std::move(request)); }
+    bool idle() const { return waiting_.empty() && running_.empty(); }
+
+ private:
+    int max_batch_;
+    std::deque<Request> waiting_;
+    std::vector<Request> running_;
+};
+
+import json
+import sys
+
+
+def load_requests(path):
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            yield json.loads(line)
+
+
+def main():
+    total = 0
+    for request in load_requests(sys.argv[1]):
+        total += len(request.get("messages", []))
+    print(f"{total} messages")
+
+
+const server = http.createServer(async (req, res) => {
+  if (req.method !== "POST") {
+    res.writeHead(405, { "Content-Type": "application/json" });
+    res.end(JSON.stringify({ error: { message: "method not allowed", type: "invalid_request_error" } }));
+    return;
+  }
+  let body = "";
+  for await (const chunk of req) body += chunk;
+  const request = JSON.parse(body);
+  res.writeHead(200, { "Content-Type": "text/event-stream" });
+  for (const word of request.messages.at(-1).content.split(" ")) {
+    res.write(`data: ${JSON.stringify({ choices: [{ delta: { content: word + " " } }] })}\n\n`);
+  }
+  res.end("data: [DONE]\n\n");
+});
+
+{"id": "chatcmpl-123", "object": "chat.completion.chunk", "created": 1700000000, "model": "demo",
+"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello"}, "finish_reason": null}]}
+{"id": "chatcmpl-123", "object": "chat.completion.chunk", "created": 1700000000, "model": "demo",
+"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+"usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}}
+
+Another conversation. Can you help me plan a trip? Of course. Where would you like to go, and
+for how many days? I want to visit the mountains for three days in the summer. Good choice.
+On the first day, take the train to the valley and walk along the river. On the second day,
+climb to the lake early in the morning, when the air is still cool. On the third day, rest,
+visit the small museum in the village, and try the local cheese before you travel home.
+Remember to bring warm clothes: even in summer, the nights in the mountains can be cold.
+
+Writing tips: use short sentences. Prefer common words to rare ones. Put the most important
+point first. Read your text aloud; if you run out of breath, the sentence is too long. Cut
+every word that does not help the reader. Check names, numbers and dates twice.
+
+Mathematics: the area of a circle is pi times the radius squared; the sum of the angles of a
+triangle is 180 degrees; a prime number has exactly two divisors; the derivative of x^2 is 2x;
+the integral of 1/x is ln|x| + C; e^(i*pi) + 1 = 0; sqrt(2) = 1.41421356; 17 * 23 = 391.
 )corpus";
 
 }  // namespace

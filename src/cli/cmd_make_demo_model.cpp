@@ -1,16 +1,25 @@
-// `moonrun make-demo-model --out DIR`: writes the embedded demo model (demo_model.h).
-// CMake runs it at build time into build/demo-model, so no weights live in git.
+// `moonrun make-demo-model --out DIR`: writes the embedded demo model (demo_model.h) with
+// its tokenizer: a small BPE vocabulary trained deterministically on the built-in corpus
+// with Kimi's pre-tokenisation pattern (tiktoken.model), the 256 K3 special tokens after
+// it. CMake runs this at build time into build/demo-model, so no weights live in git.
 #include <cstdio>
 #include <string>
 
+#include "chat/bpe_train.h"
+#include "chat/pretokenize.h"
 #include "cli/commands.h"
 #include "model/demo_model.h"
 
 namespace moonrun::cli {
 
 namespace {
-// Base (BPE) ranks of the demo vocabulary when no tokenizer is written.
-constexpr int kDemoBaseTokens = 1024;
+// BPE merges to learn (the corpus may support fewer; the vocabulary follows what is learned).
+constexpr size_t kDemoMerges = 768;
+
+[[noreturn]] void fail(const std::string& message) {
+  std::fprintf(stderr, "moonrun make-demo-model: %s\n", message.c_str());
+  throw CLI::RuntimeError(1);
+}
 }  // namespace
 
 void add_make_demo_model_command(CLI::App& app) {
@@ -19,11 +28,12 @@ void add_make_demo_model_command(CLI::App& app) {
   auto out = std::make_shared<std::string>();
   cmd->add_option("--out", *out, "output directory")->required();
   cmd->callback([out] {
-    Status st = write_demo_model(*out, kDemoBaseTokens);
-    if (!st.is_ok()) {
-      std::fprintf(stderr, "moonrun make-demo-model: %s\n", st.message().c_str());
-      throw CLI::RuntimeError(1);
-    }
+    auto ranks = chat::train_bpe_ranks(chat::builtin_bpe_corpus(), kDemoMerges, chat::kKimiPattern);
+    if (!ranks.is_ok()) fail(ranks.status().message());
+    Status st = write_demo_model(*out, static_cast<int>(ranks->size()));
+    if (!st.is_ok()) fail(st.message());
+    st = chat::write_tiktoken_model(*out + "/tiktoken.model", *ranks);
+    if (!st.is_ok()) fail(st.message());
   });
 }
 

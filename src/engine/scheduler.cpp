@@ -19,6 +19,10 @@ const char* finish_reason_name(FinishReason reason) {
 
 Scheduler::Scheduler(const SchedulerConfig& config, CacheManager& cache) : config_(config), cache_(cache) {
   MR_CHECK(config.max_running_requests >= 1) << "max_running_requests " << config.max_running_requests;
+  // Running requests are served oldest first: a budget below one token per running request
+  // would starve the newest decodes for as long as the oldest run.
+  if (config_.max_tokens_per_step > 0)
+    config_.max_tokens_per_step = std::max(config_.max_tokens_per_step, config_.max_running_requests);
 }
 
 Status Scheduler::add(Request* req) {

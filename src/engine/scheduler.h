@@ -24,7 +24,7 @@ namespace moonrun {
 
 struct SchedulerConfig {
   int max_running_requests = 64;
-  int max_tokens_per_step = 8192;  // <= 0: no chunking (whole prompts in one step)
+  int max_tokens_per_step = 8192;  // <= 0: no chunking; raised to max_running_requests if below
   int max_queued_requests = -1;    // waiting-queue limit for new requests; -1: none
 };
 

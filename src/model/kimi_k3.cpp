@@ -64,12 +64,14 @@ void KimiK3Model::forward_seq(const ForwardSeq& seq, KdaSlotPool& kda_pool, cons
   const cpu::MoeDims moedims = moe_dims(cfg_);
   const cpu::ActivationParams act = activation_params(cfg_);
 
-  // MLA cache rows of this sequence, positions [0, n_past + T).
+  // MLA cache rows of this sequence in one layer, positions [0, n_past + T).
   const int n_total = seq.n_past_tokens + T;
-  std::vector<std::vector<float*>> rows(cfg_.num_mla_layers, std::vector<float*>(n_total));
-  for (int l = 0; l < cfg_.num_mla_layers; ++l)
+  std::vector<float*> rows(n_total);
+  auto mla_rows = [&](int mla_layer) {
     for (int p = 0; p < n_total; ++p)
-      rows[l][p] = mla_pool.row(l, seq.pages[p / mla_pool.page_size_tokens], p % mla_pool.page_size_tokens);
+      rows[p] = mla_pool.row(mla_layer, seq.pages[p / mla_pool.page_size_tokens], p % mla_pool.page_size_tokens);
+    return rows.data();
+  };
 
   h.resize(n);  // [T, hidden] the layer input, then its output ("prefix + m")
   cpu::embed_tokens(w_.embed_tokens.data(), H, seq.new_token_ids.data(), T, h.data());
@@ -101,7 +103,7 @@ void KimiK3Model::forward_seq(const ForwardSeq& seq, KdaSlotPool& kda_pool, cons
       cpu::kda_forward(lw.kda, kdims, xn.data(), T, kda_pool.at(seq.kda_slot, spec.kda_index), a.data(),
                        kda_mode_);
     } else {
-      cpu::mla_forward(lw.mla, mdims, xn.data(), T, seq.n_past_tokens, rows[spec.mla_index].data(), a.data(),
+      cpu::mla_forward(lw.mla, mdims, xn.data(), T, seq.n_past_tokens, mla_rows(spec.mla_index), a.data(),
                        mla_mode_);
     }
 

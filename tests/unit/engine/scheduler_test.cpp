@@ -182,6 +182,13 @@ TEST(Scheduler, FullWaitingQueueRejects) {
 namespace moonrun {
 namespace {
 
+TEST(Scheduler, EveryRunningDecodeGetsATokenEvenWithATinyBudget) {
+  Fixture f(pool(100, 8, 16), {.max_running_requests = 4, .max_tokens_per_step = 2});
+  for (int i = 0; i < 4; ++i) f.add(1);
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+}
+
 TEST(Scheduler, NoBudgetMeansWholePromptsInOneStep) {
   Fixture f(pool(100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = -1});
   f.add(300);

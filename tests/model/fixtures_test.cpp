@@ -1,0 +1,127 @@
+// Every reference fixture in tests/fixtures (tests/fixtures/README.md) through the CPU
+// forward, the same path as `moonrun generate --temperature 0 --logits-out`: greedy ids
+// identical to the reference's, and every logit within the fixture's tolerance.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/generate.h"
+#include "model/kimi_k3.h"
+
+namespace moonrun {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fixtures_dir() { return std::string(MOONRUN_SOURCE_DIR) + "/tests/fixtures"; }
+
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fixtures_dir(), ec))
+    if (e.is_directory() && fs::exists(e.path() / "expected.json")) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<float> read_f32(const std::string& path, size_t n) {
+  std::vector<float> v(n);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(float)));
+  EXPECT_TRUE(in.good()) << path << ": shorter than " << n << " floats";
+  return v;
+}
+
+class Fixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Fixture, GreedyIdsAndLogitsMatchTheReference) {
+  const std::string dir = fixtures_dir() + "/" + GetParam();
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const float tol = expected.at("tolerance_abs_logit").get<float>();
+  auto model = KimiK3Model::load(dir);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const int V = (*model)->config().vocab_size;
+
+  int case_index = 0;
+  for (const auto& c : expected.at("cases")) {
+    SCOPED_TRACE(GetParam() + " case " + std::to_string(case_index++));
+    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+    const auto want_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
+    const auto shape = c.at("logits_shape").get<std::vector<int64_t>>();
+    ASSERT_EQ(shape.size(), 2u);
+    ASSERT_EQ(shape[1], V);
+    GenerateOptions opt;
+    opt.max_tokens = c.at("max_tokens").get<int>();
+    opt.temperature = 0.0f;
+    opt.keep_logits = true;
+    auto got = generate(**model, prompt, opt);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(got->token_ids, want_ids) << "prompt of " << prompt.size() << " tokens";
+
+    const auto want = read_f32(dir + "/" + c.at("logits_file").get<std::string>(), static_cast<size_t>(shape[0]) * V);
+    ASSERT_EQ(got->logits.size(), want.size());
+    float worst = 0;
+    size_t worst_at = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float d = std::fabs(got->logits[i] - want[i]);
+      if (!(d <= worst)) {  // also catches NaN
+        worst = d;
+        worst_at = i;
+      }
+    }
+    std::printf("%s: prompt %zu tokens, %d generated: max |dlogit| = %.3g (row %zu)\n", GetParam().c_str(),
+                prompt.size(), opt.max_tokens, worst, worst_at / V);
+    EXPECT_LE(worst, tol) << "at row " << worst_at / V << " token " << worst_at % V;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Reference, Fixture, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// The command line itself on one fixture case: same ids, a logits file of the promised
+// shape and bytes.
+TEST(GenerateCli, WritesTheReferenceLogitsFile) {
+  const auto names = fixture_names();
+  ASSERT_FALSE(names.empty());
+  const std::string dir = fixtures_dir() + "/" + names.front();
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json c = nlohmann::json::parse(in).at("cases").at(1);
+  std::string ids;
+  for (int id : c.at("prompt_ids")) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  const std::string out_file = (fs::temp_directory_path() / ("moonrun_cli_logits_" + std::to_string(getpid()))).string();
+  const std::string cmd = std::string(MOONRUN_EXE) + " generate --model " + dir + " --token-ids " + ids +
+                          " --max-tokens " + std::to_string(c.at("max_tokens").get<int>()) +
+                          " --temperature 0 --logits-out " + out_file;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << cmd;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j.at("prompt_tokens").get<size_t>(), c.at("prompt_ids").size());
+  EXPECT_EQ(j.at("token_ids"), c.at("greedy_ids"));
+  EXPECT_EQ(j.at("logits_shape"), c.at("logits_shape"));
+  const auto shape = c.at("logits_shape").get<std::vector<size_t>>();
+  EXPECT_EQ(fs::file_size(out_file), shape[0] * shape[1] * sizeof(float));
+  const auto got = read_f32(out_file, shape[0] * shape[1]);
+  const auto want = read_f32(dir + "/" + c.at("logits_file").get<std::string>(), shape[0] * shape[1]);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3) << i;
+  fs::remove(out_file);
+}
+
+}  // namespace
+}  // namespace moonrun

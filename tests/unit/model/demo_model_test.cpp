@@ -1,0 +1,56 @@
+// The embedded demo model as the build writes it (build/demo-model): a K3 config whose
+// special ids agree with its tokenizer, the tokenizer's K3 names where K3 puts them, and a
+// checkpoint that loads and generates.
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "chat/tokenizer.h"
+#include "model/config.h"
+#include "model/demo_model.h"
+#include "model/generate.h"
+#include "model/kimi_k3.h"
+
+namespace moonrun {
+namespace {
+
+const std::string kDemoDir = std::string(MOONRUN_BINARY_DIR) + "/demo-model";
+
+TEST(DemoModel, TokenizerAndConfigAgree) {
+  auto cfg = load_model_config(kDemoDir);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto tok = chat::Tokenizer::load(kDemoDir);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  EXPECT_EQ(static_cast<int>(tok->vocab_size()), cfg->vocab_size);
+  EXPECT_EQ(tok->special_id("[BOS]"), static_cast<uint32_t>(cfg->bos_token_id));
+  EXPECT_EQ(tok->special_id("<|end_of_msg|>"), static_cast<uint32_t>(cfg->eos_token_id));
+  EXPECT_EQ(tok->special_id("[PAD]"), static_cast<uint32_t>(cfg->pad_token_id));
+  EXPECT_EQ(tok->special_id("<|media_pad|>"), static_cast<uint32_t>(cfg->media_placeholder_token_id));
+  // Same names at the same offsets as the tokenizer's own K3 defaults.
+  for (const auto& s : chat::kimi_k3_default_special_tokens(tok->num_base_tokens()))
+    EXPECT_EQ(tok->special_id(s.name), s.id) << s.name;
+  const std::string text = "Hello, moonrun! 123 tokens\n";
+  auto ids = tok->encode(text, false);
+  EXPECT_LT(ids.size(), text.size());  // the trained merges do something
+  EXPECT_EQ(tok->decode(ids), text);
+}
+
+TEST(DemoModel, IsK3ShapedAndGenerates) {
+  auto model = KimiK3Model::load(kDemoDir);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const ModelConfig& cfg = (*model)->config();
+  EXPECT_EQ(cfg.model_type, "kimi_k3");
+  EXPECT_EQ(cfg.expert_quant, ExpertQuant::mxfp4_packed);
+  EXPECT_GT(cfg.num_kda_layers, 0);
+  EXPECT_GT(cfg.num_mla_layers, 0);
+  EXPECT_GT(cfg.num_expert_group, cfg.topk_group);
+  EXPECT_GT(cfg.attn_res_block_size, 0);
+  GenerateOptions opt;
+  opt.max_tokens = 3;
+  auto r = generate(**model, {cfg.bos_token_id, 5, 6}, opt);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->token_ids.size(), 3u);
+}
+
+}  // namespace
+}  // namespace moonrun
