@@ -88,7 +88,11 @@ class Tokenizer {
   std::string_view token_bytes(uint32_t id) const;
 
   std::optional<uint32_t> special_id(std::string_view name) const;
-  bool is_special(uint32_t id) const { return id >= special_begin_ && id < special_begin_ + special_names_.size(); }
+  bool is_special(uint32_t id) const {
+    // Special ids may have gaps (cl100k_base: 100257..100260, 100276): a gap is no token.
+    return id >= special_begin_ && id - special_begin_ < special_names_.size() &&
+           !special_names_[id - special_begin_].empty();
+  }
   bool is_valid_id(uint32_t id) const { return is_special(id) || !ranks_.bytes(id).empty(); }
   // tiktoken n_vocab: largest id + 1.
   uint32_t vocab_size() const { return special_begin_ + uint32_t(special_names_.size()); }

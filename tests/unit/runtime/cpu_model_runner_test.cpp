@@ -110,38 +110,36 @@ TEST(CpuModelRunner, ChunkingAndPreemptionKeepGreedyOutputs) {
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     want.push_back(r->token_ids);
   }
-  CpuEngineOptions options;
-  options.max_running_requests = 5;
-  options.chunked_prefill_size = 16;
-  options.page_size_tokens = 8;
-  options.max_total_tokens = 96;
-  options.context_length = 96;
-  options.eos_token_ids = {-1};
-  auto loop = make_cpu_engine(model, options, nullptr);
-  ASSERT_TRUE(loop.is_ok()) << loop.status().to_string();
-  ASSERT_TRUE((*loop)->start().is_ok());
-  std::vector<std::shared_ptr<RequestStream>> streams;
+  // The single-threaded Engine, every request queued before the first step: the schedule
+  // (and so the preemptions) does not depend on thread timing.
+  const ModelConfig& cfg = model->config();
+  CacheConfig cache_config;
+  cache_config.layout = cpu_cache_layout(cfg);
+  cache_config.page_size_tokens = 8;
+  cache_config.num_pages = 12;  // 96 tokens
+  cache_config.num_kda_slots = 5;
+  CacheManager cache(cache_config);
+  CpuModelRunner runner(model, cache.mla_view(), cache_config.num_kda_slots);
+  EngineConfig config;
+  config.scheduler = {.max_running_requests = 5, .max_tokens_per_step = 16};
+  config.max_model_len = 96;
+  Engine engine(config, cache, runner, nullptr);
   for (int i = 0; i < n_prompts; ++i) {
     SamplingParams p;
     p.temperature = 0;
     p.max_tokens = max_tokens;
-    auto s = (*loop)->submit(prompt(i), p);
-    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    streams.push_back(*s);
+    ASSERT_TRUE(engine.add_request(i, prompt(i), p).is_ok());
   }
-  for (int i = 0; i < n_prompts; ++i) {
-    std::vector<int32_t> got;
-    RequestOutput out;
-    const auto deadline = std::chrono::steady_clock::now() + 120s;
-    while (!streams[i]->done() && std::chrono::steady_clock::now() < deadline) {
-      if (!streams[i]->next(out, 50ms)) continue;
-      EXPECT_TRUE(out.error.is_ok()) << out.error.to_string();
-      got.insert(got.end(), out.new_token_ids.begin(), out.new_token_ids.end());
-    }
-    EXPECT_EQ(got, want[i]) << "prompt " << i;
+  std::vector<std::vector<int32_t>> got(n_prompts);
+  std::vector<RequestOutput> outs;
+  while (engine.has_work()) {
+    const Status st = engine.step(outs);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
   }
-  EXPECT_GT((*loop)->stats().preemptions_total, 0);
-  EXPECT_EQ((*loop)->stats().cache.free_pages, 12);
+  for (const RequestOutput& o : outs) got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  for (int i = 0; i < n_prompts; ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  EXPECT_GT(engine.stats().preemptions_total, 0);
+  EXPECT_EQ(engine.stats().cache.free_pages, 12);
 }
 
 }  // namespace

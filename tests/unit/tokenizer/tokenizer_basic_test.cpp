@@ -87,6 +87,20 @@ TEST(Base64, RoundTripsAndMatchesRfc4648Vectors) {
   }
 }
 
+// tiktoken's public encodings leave gaps between special ids (cl100k_base: 100257..100260,
+// then 100276): ids in a gap are not tokens.
+TEST(Tokenizer, SpecialIdGapsAreNotTokens) {
+  auto t = Tokenizer::create(make_ranks({}), {{"<|a|>", 300}, {"<|b|>", 310}}, TokenizerOptions{kCl100kPattern, 0, 0});
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_TRUE(t->is_special(300));
+  EXPECT_TRUE(t->is_special(310));
+  EXPECT_FALSE(t->is_special(305));
+  EXPECT_FALSE(t->is_valid_id(305));
+  EXPECT_FALSE(t->is_valid_id(256));  // between the ranks and the first special id
+  EXPECT_EQ(t->vocab_size(), 311u);
+  EXPECT_EQ(t->encode("x<|b|>", true), (std::vector<uint32_t>{'x', 310}));
+}
+
 class KimiTokenizerTest : public ::testing::Test {
  protected:
   void SetUp() override {
