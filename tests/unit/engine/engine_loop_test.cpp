@@ -64,6 +64,7 @@ std::vector<int32_t> prompt_of(int i) {
 TEST(EngineLoop, ConcurrentClientsGetExactlyTheirOwnGreedyOutputs) {
   // 24 clients on 8 slots and a pool of 160 tokens: queueing, chunking and preemption.
   Built b = build(40, 8, 4, {.max_running_requests = 8, .max_tokens_per_step = 16}, 96);
+  b.runner->forward_delay = 1ms;  // requests overlap even if the client threads start slowly
   SamplingParams p;
   p.temperature = 0;
   p.max_tokens = 20;
