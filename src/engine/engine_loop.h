@@ -7,10 +7,14 @@
 //   Result<std::shared_ptr<RequestStream>> s = loop->submit(prompt_ids, params);
 //   //   invalid_argument -> 400, out_of_range -> 400 context_length_exceeded,
 //   //   resource_exhausted -> 503 (queue full), unavailable -> 503 (draining or dead)
+//   std::shared_ptr<RequestStream> stream = *s;
 //   RequestOutput out;
-//   while ((*s)->next(out, std::chrono::milliseconds(100)) || !(*s)->done()) {
-//     ... if the client went away: loop->abort((*s)->id()); keep reading until done() ...
-//     ... out.new_token_ids / out.text_delta / out.logprobs / out.finished / out.error ...
+//   while (!stream->done()) {
+//     if (!stream->next(out, std::chrono::milliseconds(100))) {
+//       if (client_gone) loop->abort(stream->id());  // ends the stream with kAbort
+//       continue;
+//     }
+//     ... out.index, new_token_ids, text_delta, logprobs, finished, finish_reason, error ...
 //   }
 //   // health and metrics:
 //   loop->alive();   // false once the engine failed: /health answers 503

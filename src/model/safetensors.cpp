@@ -49,7 +49,7 @@ uint64_t read_u64_le(const uint8_t* p) {
 
 // Error text never embeds raw bytes from the file verbatim beyond a short, printable excerpt:
 // the message must stay one line whatever the file holds.
-std::string printable(std::string_view s, size_t max_chars = 64) {
+std::string printable(std::string_view s, size_t max_chars = 256) {
   std::string out;
   for (char c : s.substr(0, max_chars)) {
     unsigned char u = static_cast<unsigned char>(c);

@@ -8,16 +8,7 @@ int64_t ExpectedTensor::numel() const {
   return n;
 }
 
-uint64_t ExpectedTensor::nbytes() const {
-  uint64_t elem = 1;
-  switch (dtype) {
-    case DType::BF16: case DType::F16: elem = 2; break;
-    case DType::F32: case DType::I32: elem = 4; break;
-    case DType::I64: elem = 8; break;
-    case DType::F8_E4M3: case DType::U8: case DType::I8: elem = 1; break;
-  }
-  return static_cast<uint64_t>(numel()) * elem;
-}
+uint64_t ExpectedTensor::nbytes() const { return static_cast<uint64_t>(numel()) * dtype_size_bytes(dtype); }
 
 std::string TensorNames::expert(int layer_idx, int e, ExpertMatrix m, const std::string& part) const {
   const char* w = m == ExpertMatrix::w1 ? "w1" : m == ExpertMatrix::w2 ? "w2" : "w3";

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "model/checkpoint.h"
 #include "model/generate.h"
 #include "model/kimi_k3.h"
 
@@ -121,6 +122,58 @@ TEST(GenerateCli, WritesTheReferenceLogitsFile) {
   const auto want = read_f32(dir + "/" + c.at("logits_file").get<std::string>(), shape[0] * shape[1]);
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3) << i;
   fs::remove(out_file);
+}
+
+}  // namespace
+}  // namespace moonrun
+
+namespace moonrun {
+namespace {
+
+// The gpt-oss MXFP4 layout (`*_blocks` [out, in/32, 16] + `*_scales`, quant_method "mxfp4")
+// holds the same codes: the k3-tiny-a fixture rewritten that way must give the reference's
+// greedy ids and logits too.
+TEST(GptOssLayout, SameCodesSameLogits) {
+  const std::string src = fixtures_dir() + "/k3-tiny-a";
+  auto ckpt = Checkpoint::open(src);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  const std::string dir = (fs::temp_directory_path() / ("moonrun_gptoss_" + std::to_string(getpid()))).string();
+  fs::create_directories(dir);
+  nlohmann::json config = (*ckpt)->config();
+  config["text_config"]["quantization_config"] = {{"quant_method", "mxfp4"}};
+  config.erase("quantization_config");
+  std::ofstream(dir + "/config.json") << config.dump();
+  std::vector<TensorToWrite> tensors;
+  for (const std::string& name : (*ckpt)->tensor_names()) {
+    const TensorInfo* t = (*ckpt)->find(name);
+    TensorToWrite w{name, t->dtype, t->shape, std::vector<uint8_t>(t->data, t->data + t->nbytes)};
+    auto rename = [&](const std::string& from, const std::string& to) {
+      if (name.size() > from.size() && name.compare(name.size() - from.size(), from.size(), from) == 0) {
+        w.name = name.substr(0, name.size() - from.size()) + to;
+        return true;
+      }
+      return false;
+    };
+    if (rename("weight_packed", "weight_blocks")) w.shape = {t->shape[0], t->shape[1] / 16, 16};
+    else rename("weight_scale", "weight_scales");
+    tensors.push_back(std::move(w));
+  }
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).is_ok());
+
+  auto model = KimiK3Model::load(dir);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  EXPECT_EQ((*model)->config().expert_quant, ExpertQuant::mxfp4_gpt_oss);
+  std::ifstream in(src + "/expected.json");
+  const nlohmann::json c = nlohmann::json::parse(in).at("cases").at(1);
+  GenerateOptions opt;
+  opt.max_tokens = c.at("max_tokens").get<int>();
+  opt.keep_logits = true;
+  auto got = generate(**model, c.at("prompt_ids").get<std::vector<int32_t>>(), opt);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->token_ids, c.at("greedy_ids").get<std::vector<int32_t>>());
+  const auto want = read_f32(src + "/" + c.at("logits_file").get<std::string>(), got->logits.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got->logits[i], want[i], 1e-3) << i;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,7 +1,11 @@
 // The embedded demo model as the build writes it (build/demo-model): a K3 config whose
 // special ids agree with its tokenizer, the tokenizer's K3 names where K3 puts them, and a
 // checkpoint that loads and generates.
+#include <filesystem>
+#include <fstream>
 #include <string>
+
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -50,6 +54,23 @@ TEST(DemoModel, IsK3ShapedAndGenerates) {
   auto r = generate(**model, {cfg.bos_token_id, 5, 6}, opt);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->token_ids.size(), 3u);
+}
+
+// The build's copy was written by another process: the same bytes again here.
+TEST(DemoModel, IsDeterministic) {
+  namespace fs = std::filesystem;
+  auto tok = chat::Tokenizer::load(kDemoDir);
+  ASSERT_TRUE(tok.is_ok());
+  const std::string dir = (fs::temp_directory_path() / ("moonrun_demo_again_" + std::to_string(getpid()))).string();
+  ASSERT_TRUE(write_demo_model(dir, static_cast<int>(tok->num_base_tokens())).is_ok());
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const char* f : {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                        "model.safetensors.index.json", "tokenizer_config.json"})
+    EXPECT_TRUE(slurp(dir + "/" + f) == slurp(kDemoDir + "/" + f)) << f;
+  fs::remove_all(dir);
 }
 
 }  // namespace
