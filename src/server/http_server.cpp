@@ -181,6 +181,8 @@ void HttpServer::install_routes() {
       ctx.metrics->set_waiting(s.num_waiting);
       ctx.metrics->set_kv_cache_usage(s.cache.usage());
       ctx.metrics->set_kda_slots_used(s.cache.total_slots - s.cache.free_slots);
+      ctx.metrics->set_prompt_tokens_total(static_cast<uint64_t>(s.prompt_tokens_total));
+      ctx.metrics->set_generation_tokens_total(static_cast<uint64_t>(s.generation_tokens_total));
     }
     res.set_content(ctx.metrics ? ctx.metrics->render() : "", "text/plain; version=0.0.4");
   });

@@ -29,9 +29,9 @@ class Metrics {
  public:
   Metrics();
 
-  // Counters (monotonic).
-  void add_prompt_tokens(uint64_t n) { prompt_tokens_ += n; }
-  void add_generation_tokens(uint64_t n) { generation_tokens_ += n; }
+  // Counters (monotonic). Token totals come from the engine's own counts each scrape.
+  void set_prompt_tokens_total(uint64_t n) { prompt_tokens_ = n; }
+  void set_generation_tokens_total(uint64_t n) { generation_tokens_ = n; }
   void add_cached_prompt_tokens(uint64_t n) { cached_prompt_tokens_ += n; }
   void request_finished(const std::string& reason);  // stop | length | tool_calls | abort | error
   void request_rejected(int http_status);

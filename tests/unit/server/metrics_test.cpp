@@ -28,7 +28,7 @@ TEST(Metrics, EveryFamilyHasHelpAndTypeAndGaugesTrackState) {
   Metrics m;
   m.set_running(3);
   m.set_waiting(2);
-  m.add_generation_tokens(10);
+  m.set_generation_tokens_total(10);
   m.request_finished("stop");
   m.request_finished("stop");
   std::string text = m.render();
