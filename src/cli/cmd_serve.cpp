@@ -100,6 +100,15 @@ int run_serve(server::ServeOptions opt) {
     return 2;
   }
   auto tok = std::make_shared<const chat::Tokenizer>(std::move(tokenizer).value());
+  {
+    // The seed's first line: "#words: 163840 - BOS ID: 163584 - EOS ID: 163585".
+    auto id = [&](const char* name) {
+      auto v = tok->special_id(name);
+      return v ? std::to_string(*v) : std::string("none");
+    };
+    MR_LOG(INFO) << "#words: " << tok->vocab_size() << " - BOS ID: " << id("[BOS]") << " - EOS ID: "
+                 << id("[EOS]") << " - end of message: " << id("<|end_of_msg|>");
+  }
   auto format = chat::chat_format_for_checkpoint(*dir);
   if (!opt.reasoning_parser.empty() || !opt.tool_call_parser.empty()) {
     const std::string& name = !opt.tool_call_parser.empty() ? opt.tool_call_parser : opt.reasoning_parser;
