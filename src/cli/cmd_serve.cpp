@@ -162,6 +162,7 @@ int run_serve(server::ServeOptions opt) {
   eopt.context_length = static_cast<int>(std::min<int64_t>(context_len, INT32_MAX));
   eopt.page_size_tokens = opt.page_size_tokens;
   eopt.cache_budget_bytes = budget;
+  eopt.fail_after_steps = opt.debug_fail_after_steps;
   eopt.is_special_token = [tok](int32_t id) { return id >= 0 && tok->is_special(static_cast<uint32_t>(id)); };
   auto detok = detokenize_with(tok);
   std::shared_ptr<const KimiK3Model> shared_model(std::move(model).value());
@@ -264,6 +265,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--dist-init-addr", opt->dist_init_addr, "HOST:PORT of node 0's rendezvous");
   cmd->add_option("--http-threads", opt->http_threads, "Concurrent HTTP connections served")->capture_default_str();
   cmd->add_option("--log-level", opt->log_level, "debug | info | warning | error")->capture_default_str();
+  cmd->add_option("--debug-fail-after-steps", opt->debug_fail_after_steps,
+                  "Testing: make the backend fail after N engine steps")->group("");
   // Accepted for command-line compatibility with the seeds' SGLang/vLLM launches.
   static bool ignored = false;
   cmd->add_flag("--trust-remote-code,--enable-auto-tool-choice", ignored, "Accepted and ignored (always on)");

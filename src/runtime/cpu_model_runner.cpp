@@ -25,6 +25,9 @@ CpuModelRunner::CpuModelRunner(std::shared_ptr<const KimiK3Model> model, const M
     : model_(std::move(model)), mla_pool_(mla_pool), kda_slots_(model_->config(), num_kda_slots) {}
 
 Status CpuModelRunner::forward(const ForwardBatch& batch, std::vector<float>& logits) {
+  if (fail_after_steps_ >= 0 && steps_++ >= fail_after_steps_)
+    return internal_error("injected backend failure after " + std::to_string(fail_after_steps_) +
+                          " steps (--debug-fail-after-steps)");
   logits.resize(static_cast<size_t>(batch.n_logit_rows()) * vocab());
   return model_->forward(batch, kda_slots_, mla_pool_, logits.data());
 }
@@ -67,6 +70,7 @@ Result<std::unique_ptr<EngineLoop>> make_cpu_engine(std::shared_ptr<const KimiK3
 
   auto cache = std::make_unique<CacheManager>(cache_config);
   auto runner = std::make_unique<CpuModelRunner>(model, cache->mla_view(), cache_config.num_kda_slots);
+  runner->fail_after_steps(options.fail_after_steps);
   return EngineLoop::create(config, std::move(cache), std::move(runner), std::move(detokenize));
 }
 

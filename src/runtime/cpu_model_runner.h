@@ -29,11 +29,15 @@ class CpuModelRunner : public ModelRunner {
   Status forward(const ForwardBatch& batch, std::vector<float>& logits) override;
   int vocab() const override { return model_->config().vocab_size; }
   void reset_kda_slot(int slot) override { kda_slots_.reset(slot); }
+  // Fault injection for the server's failure tests: forward fails after this many steps.
+  void fail_after_steps(int64_t steps) { fail_after_steps_ = steps; }
 
  private:
   std::shared_ptr<const KimiK3Model> model_;
   MlaPoolView mla_pool_;
   KdaSlotPool kda_slots_;
+  int64_t fail_after_steps_ = -1;  // < 0: never
+  int64_t steps_ = 0;
 };
 
 struct CpuEngineOptions {
@@ -47,6 +51,7 @@ struct CpuEngineOptions {
   std::vector<int32_t> eos_token_ids;  // empty: config.json's eos_token_id
   uint64_t seed = 0;
   std::function<bool(int32_t)> is_special_token;  // EngineConfig::is_special_token
+  int64_t fail_after_steps = -1;     // >= 0: the backend fails after this many steps (tests)
 };
 
 // Sizes the cache (KDA slots = max_running_requests, the rest MLA pages), builds the runner

@@ -36,6 +36,7 @@ struct ServeOptions {
   std::string dist_init_addr;       // --dist-init-addr HOST:PORT
   int http_threads = 128;           // --http-threads: concurrent connections served
   std::string log_level = "info";   // --log-level
+  int64_t debug_fail_after_steps = -1;  // --debug-fail-after-steps: fault injection for tests
 };
 
 }  // namespace moonrun::server
