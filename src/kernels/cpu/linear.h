@@ -2,7 +2,9 @@
 // The CPU backend's dense building blocks, float32 throughout. These are the reference
 // ("executable specification") the CUDA kernels are tested against: plain loops, clear
 // accumulation order, threads only where they are free.
+#include <algorithm>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace moonrun::cpu {
@@ -31,5 +33,24 @@ float softplus(float x);  // log(1 + e^x), torch's threshold-20 form
 
 // Number of worker threads the CPU backend uses (MOONRUN_CPU_THREADS, default: all cores).
 int cpu_threads();
+
+// Runs fn(h) for h in [0, n) (attention heads), split over the CPU threads when the work
+// is worth a thread. Threads are started per call: cheap next to a prefill, visible in
+// single-token decode (a persistent pool is the known next step).
+template <typename Fn>
+void parallel_heads(int n, int64_t work_per_item, Fn fn) {
+  int n_threads = std::min(cpu_threads(), n);
+  if (n_threads <= 1 || work_per_item * n < (1 << 16)) {
+    for (int h = 0; h < n; ++h) fn(h);
+    return;
+  }
+  std::vector<std::thread> threads;
+  for (int k = 0; k < n_threads; ++k) {
+    threads.emplace_back([&, k] {
+      for (int h = k; h < n; h += n_threads) fn(h);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
 
 }  // namespace moonrun::cpu

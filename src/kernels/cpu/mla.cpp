@@ -27,23 +27,6 @@ namespace moonrun::cpu {
 
 namespace {
 
-// Runs fn(h) for h in [0, n), split over the CPU threads when the work is worth a thread.
-template <typename Fn>
-void parallel_heads(int n, int64_t work_per_item, Fn fn) {
-  int n_threads = std::min(cpu_threads(), n);
-  if (n_threads <= 1 || work_per_item * n < (1 << 16)) {
-    for (int h = 0; h < n; ++h) fn(h);
-    return;
-  }
-  std::vector<std::thread> threads;
-  for (int k = 0; k < n_threads; ++k) {
-    threads.emplace_back([&, k] {
-      for (int h = k; h < n; h += n_threads) fn(h);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
-
 float dot(const float* a, const float* b, int n) {
   float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   int i = 0;
