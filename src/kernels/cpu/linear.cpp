@@ -24,18 +24,7 @@ void matmul_rows(const float* x, int n_tokens, int in, const float* w, int out_b
   for (int o = out_begin; o < out_end; ++o) {
     const float* wr = w + static_cast<int64_t>(o) * in;
     for (int t = 0; t < n_tokens; ++t) {
-      const float* xr = x + static_cast<int64_t>(t) * in;
-      // Four partial sums let the compiler vectorise without -ffast-math.
-      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      int i = 0;
-      for (; i + 4 <= in; i += 4) {
-        s0 += xr[i] * wr[i];
-        s1 += xr[i + 1] * wr[i + 1];
-        s2 += xr[i + 2] * wr[i + 2];
-        s3 += xr[i + 3] * wr[i + 3];
-      }
-      for (; i < in; ++i) s0 += xr[i] * wr[i];
-      y[static_cast<int64_t>(t) * out + o] = (s0 + s1) + (s2 + s3);
+      y[static_cast<int64_t>(t) * out + o] = dot(x + static_cast<int64_t>(t) * in, wr, in);
     }
   }
 }

@@ -17,6 +17,21 @@ struct Linear {
   bool empty() const { return w.empty(); }
 };
 
+// sum_i a[i] * b[i] with four partial sums: the compiler vectorises it without
+// -ffast-math, and the summation order is fixed (the CUDA twins' references rely on it).
+inline float dot(const float* a, const float* b, int n) {
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
 // y[t, o] = sum_i x[t, i] * w[o, i]   x: [n_tokens, in], y: [n_tokens, out]
 void matmul_xwT(const float* x, int n_tokens, int in_features, const float* w, int out_features,
                 float* y);
