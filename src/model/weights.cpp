@@ -86,6 +86,20 @@ class Loader {
     return l;
   }
 
+  // The same matrix, still packed (MXFP4 checkpoints only).
+  Result<cpu::Mxfp4Matrix> packed_expert(int layer, int e, ExpertMatrix m) {
+    MR_CHECK(cfg_.expert_quant != ExpertQuant::none) << "packed_expert on a checkpoint without MXFP4 experts";
+    const auto parts = expert_parts(cfg_.expert_quant);
+    const TensorInfo* codes = MR_TRY(tensor(names_.expert(layer, e, m, parts[0])));
+    const TensorInfo* scales = MR_TRY(tensor(names_.expert(layer, e, m, parts[1])));
+    cpu::Mxfp4Matrix p;
+    p.out_features = static_cast<int>(codes->shape[0]);
+    p.in_features = static_cast<int>(scales->shape[1]) * 32;
+    p.codes.assign(codes->data, codes->data + static_cast<size_t>(p.out_features) * p.in_features / 2);
+    p.scales.assign(scales->data, scales->data + static_cast<size_t>(p.out_features) * p.in_features / 32);
+    return p;
+  }
+
  private:
   const Checkpoint& ckpt_;
   const ModelConfig& cfg_;
@@ -144,12 +158,21 @@ Status load_mlp(Loader& ld, int i, const std::string& prefix, cpu::MlpWeights& w
   return Status::ok();
 }
 
-Status load_moe(Loader& ld, const ModelConfig& cfg, int i, cpu::MoeWeights& w) {
+Status load_moe(Loader& ld, const ModelConfig& cfg, const WeightLoadOptions& opt, int i, cpu::MoeWeights& w) {
   const auto& n = ld.names();
   w.router = MR_TRY(ld.linear(n.layer(i, "block_sparse_moe.gate.weight")));
   w.router_bias = MR_TRY(ld.floats(n.layer(i, "block_sparse_moe.gate.e_score_correction_bias")));
-  w.experts.resize(cfg.num_experts);
-  for (int e = 0; e < cfg.num_experts; ++e) {
+  if (opt.mxfp4_packed && cfg.expert_quant != ExpertQuant::none) {
+    w.packed_experts.resize(cfg.num_experts);
+    for (int e = 0; e < cfg.num_experts; ++e) {
+      w.packed_experts[e].gate = MR_TRY(ld.packed_expert(i, e, ExpertMatrix::w1));
+      w.packed_experts[e].down = MR_TRY(ld.packed_expert(i, e, ExpertMatrix::w2));
+      w.packed_experts[e].up = MR_TRY(ld.packed_expert(i, e, ExpertMatrix::w3));
+    }
+  } else {
+    w.experts.resize(cfg.num_experts);
+  }
+  for (int e = 0; e < static_cast<int>(w.experts.size()); ++e) {
     w.experts[e].gate = MR_TRY(ld.expert(i, e, ExpertMatrix::w1));
     w.experts[e].down = MR_TRY(ld.expert(i, e, ExpertMatrix::w2));
     w.experts[e].up = MR_TRY(ld.expert(i, e, ExpertMatrix::w3));
@@ -166,7 +189,7 @@ Status load_moe(Loader& ld, const ModelConfig& cfg, int i, cpu::MoeWeights& w) {
 
 }  // namespace
 
-Result<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& cfg) {
+Result<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const WeightLoadOptions& options) {
   Loader ld(ckpt, cfg);
   const auto& n = ld.names();
   ModelWeights mw;
@@ -185,7 +208,7 @@ Result<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& cfg
     if (cfg.layers[i].attn == LayerKind::kda) MR_RETURN_IF_ERROR(load_kda(ld, cfg, i, lw.kda));
     else MR_RETURN_IF_ERROR(load_mla(ld, cfg, i, lw.mla));
     if (cfg.layers[i].mlp == MlpKind::dense) MR_RETURN_IF_ERROR(load_mlp(ld, i, "mlp.", lw.mlp));
-    else MR_RETURN_IF_ERROR(load_moe(ld, cfg, i, lw.moe));
+    else MR_RETURN_IF_ERROR(load_moe(ld, cfg, options, i, lw.moe));
   }
   mw.norm = MR_TRY(ld.floats(n.global("norm.weight")));
   if (cfg.attn_res_block_size > 0) {

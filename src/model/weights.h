@@ -34,7 +34,14 @@ struct ModelWeights {
   cpu::Linear lm_head;  // [vocab, hidden]; a copy of embed_tokens when tied
 };
 
+struct WeightLoadOptions {
+  // Keep MXFP4 experts packed (MoeWeights::packed_experts) instead of dequantising them:
+  // the GPU backend's W4A16 kernels read the codes.
+  bool mxfp4_packed = false;
+};
+
 // Loads and checks every text-model tensor; errors name the file, tensor and problem.
-Result<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& cfg);
+Result<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& cfg,
+                                  const WeightLoadOptions& options = {});
 
 }  // namespace moonrun

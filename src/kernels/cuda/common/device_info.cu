@@ -1,7 +1,7 @@
 // The CUDA side of `moonrun` starts here: device discovery, checked with file:line.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/device_info.h"
+#include "kernels/cuda/common/device_info.h"
 
 namespace moonrun::cuda {
 

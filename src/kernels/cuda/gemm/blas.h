@@ -1,0 +1,47 @@
+#pragma once
+// Dense projections on the GPU through cuBLASLt: bf16 inputs and weights, fp32 accumulation
+// (K3_SPEC.md §2: bf16 storage, fp32 math). The CPU twin is cpu::matmul_xwT.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels/cpu/linear.h"
+#include "kernels/cuda/common/bf16.h"
+#include "kernels/cuda/common/device_buffer.h"
+
+namespace moonrun::cuda {
+
+// nn.Linear convention on the device: w row-major [out_features, in_features], bf16.
+struct DeviceLinear {
+  const bf16* w = nullptr;
+  int out_features = 0;
+  int in_features = 0;
+  bool empty() const { return w == nullptr; }
+};
+
+// The weights rounded to bf16 (exact for checkpoints that store bf16).
+DeviceLinear upload_linear(DeviceArena& arena, const cpu::Linear& lin, const char* what = "linear");
+
+// One cuBLASLt handle and workspace per stream.
+class Blas {
+ public:
+  explicit Blas(cudaStream_t stream);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  cudaStream_t stream() const { return stream_; }
+
+  // y[t, o] = sum_i x[t, i] * w[o, i]; x [n_tokens, in] bf16, y [n_tokens, out].
+  void linear(const bf16* x, int n_tokens, const DeviceLinear& w, float* y);
+  void linear(const bf16* x, int n_tokens, const DeviceLinear& w, bf16* y);
+  // All fp32, TF32 off: the router's logits ("router logits in fp32 from the full-width x").
+  // x [n_tokens, in], w [out, in] row-major fp32, y [n_tokens, out].
+  void linear_f32(const float* x, int n_tokens, const float* w, int out_features, int in_features, float* y);
+
+ private:
+  cudaStream_t stream_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+};
+
+}  // namespace moonrun::cuda
