@@ -62,7 +62,37 @@ void check_linear(const DeviceLinear& lin, int out_features, int in_features, co
       << in_features << "]";
 }
 
+bool use_absorbed(cpu::MlaMode mode, int n_tokens) {
+  return mode == cpu::MlaMode::kAbsorbed || (mode == cpu::MlaMode::kAuto && n_tokens == 1);
+}
+
 }  // namespace
+
+size_t mla_scratch_bytes(const cpu::MlaDims& dims, int n_tokens, int n_past, cpu::MlaMode mode) {
+  const size_t T = n_tokens, P = static_cast<size_t>(n_past) + n_tokens, H = dims.num_heads;
+  const size_t L = dims.kv_lora_rank, R = dims.qk_rope_head_dim, N = dims.qk_nope_head_dim, V = dims.v_head_dim;
+  const size_t QL = dims.q_lora_rank;
+  // Every take() of mla_forward, each rounded up to the arena's 256-byte alignment.
+  size_t bytes = 0;
+  auto take = [&](size_t n, size_t elem) { bytes += (n * elem + 255) / 256 * 256; };
+  take(T * H * (N + R), 4);  // q
+  if (QL > 0) {
+    take(T * QL, 4);  // q_a output
+    take(T * QL, 2);  // its norm, bf16
+  }
+  take(T * (L + R), 4);  // ckv
+  take(T * H * V, 4);    // o
+  if (use_absorbed(mode, n_tokens)) {
+    take(T * H * (L + R), 4);  // q_abs
+    take(T * H * L, 4);        // o_lat
+  } else {
+    take(P * L, 2);            // latents
+    take(P * H * (N + V), 4);  // kv
+  }
+  if (dims.output_gate) take(T * H * V, 4);  // gate
+  take(T * H * V, 2);                         // o_proj input
+  return bytes + 256;                         // the first take's alignment
+}
 
 DeviceMlaWeights upload_mla(DeviceArena& arena, const cpu::MlaWeights& w) {
   DeviceMlaWeights d;
@@ -105,7 +135,8 @@ void mla_forward(Blas& blas, const DeviceMlaWeights& w, const cpu::MlaDims& dims
   }
   if (dims.output_gate) check_linear(w.g_proj, H * V, dims.hidden, "g_proj");
 
-  Scratch local(scratch.arena());  // everything below is released on return
+  Scratch local(scratch.arena());  // everything below is released on return;
+                                   // mla_scratch_bytes() lists the same takes
 
   // Queries [T, H, nope | pe].
   float* q = local.take<float>(static_cast<size_t>(T) * H * QD);
@@ -128,8 +159,7 @@ void mla_forward(Blas& blas, const DeviceMlaWeights& w, const cpu::MlaDims& dims
 
   // Attention -> o [T, H * v] fp32.
   float* o = local.take<float>(static_cast<size_t>(T) * H * V);
-  const bool absorbed = mode == cpu::MlaMode::kAbsorbed || (mode == cpu::MlaMode::kAuto && T == 1);
-  if (absorbed) {
+  if (use_absorbed(mode, T)) {
     float* q_abs = local.take<float>(static_cast<size_t>(T) * H * (L + R));
     float* o_lat = local.take<float>(static_cast<size_t>(T) * H * L);
     absorb_query(q, w.kv_b_proj.w, T, H, L, N, R, V, q_abs, stream);
