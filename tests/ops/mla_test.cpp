@@ -359,6 +359,21 @@ TEST(MlaOp, LongCacheTinyShapes) {
   }
 }
 
+// A 100-token prompt into an empty cache with few heads: the attention splits each query's
+// positions in two, and the early queries see nothing of the second split (empty partials).
+TEST(MlaOp, PromptSplitsTinyShapes) {
+  REQUIRE_GPU();
+  for (const auto& [name, d] : {std::pair{"k3-tiny-a", k3_tiny_a()}, std::pair{"odd", odd_dims()}}) {
+    for (MlaMode mode : {MlaMode::kPlain, MlaMode::kAbsorbed}) {
+      Layer layer(d, 51, 100, 101);
+      PagedCache cache(d.cache_row(), 16, 101, 52);
+      step_and_compare(layer, cache, name, 100, 0, mode, 53);
+      step_and_compare(layer, cache, name, 1, 100, mode, 54);
+      EXPECT_TRUE(cache.unused_pages_untouched()) << name;
+    }
+  }
+}
+
 // K3's real shape: 96 heads, q_lora 1536, kv_lora 512, nope 128, rope 64, v 128, hidden 7168,
 // over 500 cached positions (pages of 64): a 4-token chunk in each mode, then one decode token
 // (kAuto: absorbed), and plain vs absorbed on the GPU for both.

@@ -85,9 +85,11 @@ size_t mla_scratch_bytes(const cpu::MlaDims& dims, int n_tokens, int n_past, cpu
   if (use_absorbed(mode, n_tokens)) {
     take(T * H * (L + R), 4);  // q_abs
     take(T * H * L, 4);        // o_lat
+    take(attention_partial_floats(n_tokens, dims.num_heads, static_cast<int>(P), dims.kv_lora_rank), 4);
   } else {
     take(P * L, 2);            // latents
     take(P * H * (N + V), 4);  // kv
+    take(attention_partial_floats(n_tokens, dims.num_heads, static_cast<int>(P), dims.v_head_dim), 4);
   }
   if (dims.output_gate) take(T * H * V, 4);  // gate
   take(T * H * V, 2);                         // o_proj input
@@ -120,6 +122,7 @@ void mla_forward(Blas& blas, const DeviceMlaWeights& w, const cpu::MlaDims& dims
   // Shapes, as cpu::mla_forward checks them, plus the cache covering every position.
   MR_CHECK(n_past >= 0) << "n_past " << n_past;
   MR_CHECK(cache.layer_base && cache.pages && cache.page_size_tokens > 0) << "MLA cache not set up";
+  // num_pages (of the layer's pool, or of the table) must at least hold P rows.
   MR_CHECK_LE(static_cast<int64_t>(P), static_cast<int64_t>(cache.num_pages) * cache.page_size_tokens)
       << "MLA cache pages do not cover n_past + n_tokens";
   check_linear(w.kv_a_proj_with_mqa, L + R, dims.hidden, "kv_a_proj_with_mqa");
@@ -162,17 +165,19 @@ void mla_forward(Blas& blas, const DeviceMlaWeights& w, const cpu::MlaDims& dims
   if (use_absorbed(mode, T)) {
     float* q_abs = local.take<float>(static_cast<size_t>(T) * H * (L + R));
     float* o_lat = local.take<float>(static_cast<size_t>(T) * H * L);
+    float* partials = local.take<float>(attention_partial_floats(T, H, P, L));
     absorb_query(q, w.kv_b_proj.w, T, H, L, N, R, V, q_abs, stream);
-    attend_absorbed(q_abs, cache, T, n_past, H, L, R, N, o_lat, stream);
+    attend_absorbed(q_abs, cache, T, n_past, H, L, R, N, o_lat, partials, stream);
     expand_output(o_lat, w.kv_b_proj.w, T, H, L, N, V, o, stream);
   } else {
     // kv_b over every visible latent: [P, H, nope | v], fp32 so attention reads what the
     // projection computed (one bf16 rounding fewer than storing it).
     bf16* latents = local.take<bf16>(static_cast<size_t>(P) * L);
     float* kv = local.take<float>(static_cast<size_t>(P) * H * (N + V));
+    float* partials = local.take<float>(attention_partial_floats(T, H, P, V));
     gather_latents(cache, P, L, R, latents, stream);
     blas.linear(latents, P, w.kv_b_proj, kv);
-    attend_plain(q, kv, cache, T, n_past, H, L, N, R, V, o, stream);
+    attend_plain(q, kv, cache, T, n_past, H, L, N, R, V, o, partials, stream);
   }
 
   // Output gate, then o_proj.
