@@ -13,6 +13,10 @@
 // positions of the chunk (lanes split the dot product), then the block rescales its running
 // softmax (max m, denominator l) and adds the chunk's weighted values, thread j owning output
 // dims j, j + kThreads, ... So any context length works with a fixed amount of shared memory.
+// Decode (few (token, head) pairs) splits the positions over several blocks as well and merges
+// their partial softmaxes in a second kernel: 8 x 96 blocks instead of 96 for a K3 token.
+// (H200, K3 shape, 500 cached positions, whole layer with projections: decode 0.29 ms
+// absorbed, a 4-token chunk 0.31 ms plain, a 512-token prompt 4.2 ms plain.)
 #include <algorithm>
 #include <cmath>
 
