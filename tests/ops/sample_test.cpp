@@ -2,10 +2,10 @@
 // penalties, no logprobs): given the same logits, parameters and uniform draw it must pick
 // the same token, row for row. The draw u is the CPU's own: SamplerRng(seed).uniform().
 // Shapes (rows x vocab): K3's 8 x 163840, 64 x 1000, 16 x 7, 4 x 1; each through greedy,
-// plain temperature, min_p, top-k (1, 50, vocab - 1), top-p (0.9, 0.437, 0.01) and their
-// combination, on normal logits, on small-integer logits (many exact ties: greedy's lowest
-// id, the top-k boundary and the top-p cut inside a run of equal logits) and on rows with
-// -inf entries.
+// temperature (1, 0.7, 0.05), min_p, top-k (1, 50, vocab - 1, -1 = off), top-p (0.9, 0.437,
+// 0.01, 0.999999) and their combination, on normal logits, on small-integer logits (many
+// exact ties: greedy's lowest id, the top-k boundary and the top-p cut inside a run of equal
+// logits) and on rows with -inf entries.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -48,6 +48,8 @@ const Config kConfigs[] = {
     {"top_p0.9", 1.0f, 0, 0.9f, 0.0f},
     {"top_p0.437", 0.6f, 0, 0.437f, 0.0f},
     {"top_p0.01", 1.0f, 0, 0.01f, 0.0f},
+    {"temp0.05_top_p0.9", 0.05f, 0, 0.9f, 0.0f},  // most masses underflow to exactly 0
+    {"top_p0.999999", 1.0f, 0, 0.999999f, 0.0f},  // the cut deep in the tail
     {"all", 1.3f, 40, 0.8f, 0.02f},
     {"all_tight", 0.9f, 5, 0.437f, 0.1f},
 };

@@ -5,7 +5,9 @@
 //   - top-k and top-p are both "find the value where a weighted count from the top first
 //     reaches a target": top-k weighs every token 1 (target k), top-p weighs it by its
 //     probability (target top_p). A radix select over the float's order-preserving 32-bit
-//     key finds it in four passes of 256-bucket histograms (fp64 shared atomics);
+//     key finds it in four passes of 256-bucket histograms, one per warp so that shared
+//     atomics contend only within a warp (counts: u32; probability mass: fp64, the CPU's
+//     precision, whose shared atomics are compare-and-swap loops);
 //   - the inverse-CDF draw runs in token-id order as a block prefix sum.
 #include <climits>
 #include <cmath>
@@ -18,8 +20,9 @@
 namespace moonrun::cuda {
 namespace {
 
-constexpr int kSampleThreads = 1024;  // 160 logits per thread at K3's vocab of 163840
-constexpr int kBuckets = 256;         // 8 bits of the key per radix pass
+constexpr int kSampleThreads = 512;  // 320 logits per thread at K3's vocab of 163840
+constexpr int kWarps = kSampleThreads / 32;
+constexpr int kBuckets = 256;        // 8 bits of the key per radix pass
 
 // Order-preserving key: a > b as floats <=> key(a) > key(b) as unsigned (non-NaN). -0 is
 // folded onto +0 so that equal floats have equal keys (the CPU compares floats).
@@ -74,32 +77,40 @@ struct Selected {
 // Radix select from the top: the key K with W(key > K) < target <= W(key >= K), where W sums
 // key_weight's weights. key_weight(i, &key, &w) -> false: token i takes no part. When the
 // weights sum to less than target (rounding), it ends on the lowest key that has weight.
-template <typename KeyWeight>
-__device__ Selected radix_select_from_top(int vocab, double target, KeyWeight key_weight, double* hist,
+template <typename Weight, typename KeyWeight>
+__device__ Selected radix_select_from_top(int vocab, double target, KeyWeight key_weight, Weight* hist,
                                           Selected* result) {
+  // hist: [kWarps, kBuckets], each warp adds into its own row; row 0 then holds the total.
+  Weight* warp_hist = hist + (threadIdx.x >> 5) * kBuckets;
   uint32_t prefix = 0, prefix_mask = 0;
   double above = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) hist[b] = 0;
+    for (int b = threadIdx.x; b < kWarps * kBuckets; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     // Runs of one bucket are summed in a register first and added once: most keys share
-    // their top byte, and with tied logits all bytes, so one shared atomic per token would
-    // serialise the whole block on one address.
+    // their top byte, and with tied logits all bytes.
     int run_bucket = -1;
-    double run_weight = 0;
+    Weight run_weight = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
       uint32_t key;
-      double w = 0;
+      Weight w = 0;
       if (!key_weight(i, &key, &w) || (key & prefix_mask) != prefix) continue;
       const int bucket = static_cast<int>((key >> shift) & (kBuckets - 1));
       if (bucket != run_bucket) {
-        if (run_bucket >= 0) atomicAdd(&hist[run_bucket], run_weight);
+        if (run_bucket >= 0) atomicAdd(&warp_hist[run_bucket], run_weight);
         run_bucket = bucket;
         run_weight = 0;
       }
       run_weight += w;
     }
-    if (run_bucket >= 0) atomicAdd(&hist[run_bucket], run_weight);
+    if (run_bucket >= 0) atomicAdd(&warp_hist[run_bucket], run_weight);
+    __syncthreads();
+    // Fold the warps' rows into row 0, one bucket (column) per thread.
+    for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
+      Weight total = 0;
+      for (int w = 0; w < kWarps; ++w) total += hist[w * kBuckets + b];
+      hist[b] = total;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
       double cum = above, cum_at_lowest = above;
@@ -131,7 +142,8 @@ __global__ void sample_kernel(const float* __restrict__ logits, int vocab, const
   __shared__ double reduce_d[32];
   __shared__ float reduce_f[32];
   __shared__ int reduce_i[32];
-  __shared__ double hist[kBuckets];
+  // [kWarps, kBuckets] (32 KiB): the mass histograms; the count histograms reuse the bytes.
+  __shared__ double hist[kWarps * kBuckets];
   __shared__ Selected selected;
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const DeviceSamplingParams p = params[blockIdx.x];
@@ -186,12 +198,12 @@ __global__ void sample_kernel(const float* __restrict__ logits, int vocab, const
   if (use_top_k) {
     const Selected s = radix_select_from_top(
         vocab, static_cast<double>(p.top_k),
-        [&](int i, uint32_t* key, double* w) {
+        [&](int i, uint32_t* key, uint32_t* w) {
           *key = order_key(after_min_p(i));
-          *w = 1.0;
+          *w = 1;
           return true;
         },
-        hist, &selected);
+        reinterpret_cast<uint32_t*>(hist), &selected);
     kth = key_value(s.key);
   }
   auto after_top_k = [&](int i) {
