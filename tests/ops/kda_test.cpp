@@ -323,24 +323,25 @@ size_t weight_bytes(const cpu::KdaWeights& w) {
   return n;
 }
 
-// Thresholds for the layer (normalised error):
+// Thresholds for the layer (normalised error; measured on the H200 in brackets):
 // - The conv windows hold the q/k/v projections: the same bf16 products summed in fp32 in
-//   another order (cuBLAS vs the CPU's dot): ~1e-6 relative; 1e-5.
-// - S: after the projections everything is fp32 on both sides, so as the pieces: 1e-5... but
-//   S is reached through exp(g) with g's slope up to |lb| a / 4 = 20 in raw (K3 gate, A <= 16)
-//   and through the L2 norms; a 1e-7 difference in raw becomes ~2e-6 in exp(g): 2e-5.
-// - out: o_proj reads the gated o rounded to bf16 (2^-9 = 2e-3 relative per element, as the
-//   bf16 model stores it; the CPU keeps fp32). Over D terms with independent rounding signs
-//   the error is ~2^-9 / sqrt(3) of out's typical size, and smaller against its max: 2e-3.
+//   another order (cuBLAS vs the CPU's dot): ~1e-7 relative [0 to 2.4e-7]; 1e-5.
+// - S: after the projections everything is fp32 on both sides, as in the pieces; S is
+//   reached through exp(g), whose slope in raw is up to |lb| a / 4 = 20 (K3 gate, A <= 16),
+//   so raw's ~1e-7 summation-order difference may show as ~2e-6 [5e-8 to 7e-7]; 2e-5.
+// - out: o_proj reads the gated o rounded to bf16, as the bf16 model stores it (the CPU keeps
+//   fp32). bf16 rounds to 8 significant bits: a relative error of up to 2^-8 per element,
+//   ~1.6e-3 rms. Over D terms with independent rounding signs out's error is that rms times
+//   out's own scale [1.3e-3 to 2.2e-3]; 5e-3 (a wrong element, head or gate gives O(1)).
 // - With dense f_a / g_a (exact_low false) the low-rank activations are rounded to bf16 too
-//   (2^-9 relative in raw, times the gate's slope of up to 20 in g): S and out may then
-//   differ by ~1e-2; the case shows that the model's own rounding stays in that range.
+//   (~1.6e-3 relative in raw, times the gate's slope of up to 20 in g): S and out then move by
+//   up to ~1e-2 [6e-4 to 5.6e-3]; 2e-2. This case measures the model's own rounding.
 struct LayerTolerance {
-  double window = 1e-5, S = 2e-5, out = 2e-3;
+  double window = 1e-5, S = 2e-5, out = 5e-3;
 };
 LayerTolerance tolerance(const LayerCase& lc) {
   LayerTolerance t;
-  if (!lc.exact_low) t.S = 5e-2, t.out = 5e-2;
+  if (!lc.exact_low) t.S = 2e-2, t.out = 2e-2;
   return t;
 }
 
@@ -357,12 +358,10 @@ void check_layer(const LayerCase& lc, const std::vector<std::pair<int, cpu::KdaM
   CUDA_CHECK(cudaStreamCreate(&stream));
   {
     cuda::Blas blas(stream);
-    const size_t scratch_bytes =
-        sizeof(float) * (size_t(max_T) * (7 * size_t(D) + dims.num_heads + 2 * dims.head_dim) +
-                         cuda::kda_chunked_workspace_floats(max_T, dims.num_heads, dims.head_dim)) +
-        (1 << 20);
-    cuda::DeviceArena arena(weight_bytes(L.w) + scratch_bytes + (1 << 20));
+    // Scratch in an arena of exactly kda_scratch_bytes: an undersized estimate throws.
+    cuda::DeviceArena arena(weight_bytes(L.w) + (16 << 20));
     const cuda::DeviceKdaWeights dw = cuda::upload_kda(arena, L.w);
+    cuda::DeviceArena scratch_arena(cuda::kda_scratch_bytes(dw, dims, max_T));
     cuda::DeviceBuffer<float> state_buf(cuda::kda_state_floats(dims));
     state_buf.zero();
     const cuda::DeviceKdaState state = cuda::kda_state_at(state_buf.data(), dims);
@@ -382,7 +381,7 @@ void check_layer(const LayerCase& lc, const std::vector<std::pair<int, cpu::KdaM
       cuda::DeviceBuffer<cuda::bf16> dx(cuda::to_bf16(x));
       cuda::DeviceBuffer<float> dout(out_cpu.size());
       {
-        cuda::Scratch scratch(arena);
+        cuda::Scratch scratch(scratch_arena);
         cuda::kda_forward(blas, dw, dims, dx.data(), T, state, dout.data(), scratch, mode);
       }
       CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -121,6 +121,16 @@ DeviceKdaState kda_state_at(float* floats, const cpu::KdaDims& dims) {
   return s;
 }
 
+size_t kda_scratch_bytes(const DeviceKdaWeights& w, const cpu::KdaDims& dims, int n_tokens) {
+  if (n_tokens <= 0) return 0;
+  const size_t T = n_tokens, D = dims.proj_dim(), H = dims.num_heads, kAlign = 256;
+  // As kda_forward takes them: proj, q, k, v, g, o (fp32 [T, D]); beta; the bf16 low-rank
+  // activations; the bf16 o_proj input; the chunked workspace (only the chunked path takes it).
+  const size_t low = T * (w.f_a_proj.out_features + (w.g_proj.empty() ? w.g_a_proj.out_features : 0));
+  const size_t floats = 6 * T * D + T * H + kda_chunked_workspace_floats(n_tokens, dims.num_heads, dims.head_dim);
+  return floats * sizeof(float) + (low + T * D) * sizeof(bf16) + 12 * kAlign;
+}
+
 void kda_forward(Blas& blas, const DeviceKdaWeights& w, const cpu::KdaDims& dims, const bf16* x, int n_tokens,
                  const DeviceKdaState& state, float* out, Scratch& scratch, cpu::KdaMode mode) {
   const int H = dims.num_heads, d = dims.head_dim, D = dims.proj_dim(), K = dims.conv_kernel, T = n_tokens;

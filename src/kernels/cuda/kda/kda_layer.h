@@ -46,6 +46,9 @@ void kda_forward(Blas& blas, const DeviceKdaWeights& w, const cpu::KdaDims& dims
                  const DeviceKdaState& state, float* out, Scratch& scratch,
                  cpu::KdaMode mode = cpu::KdaMode::kAuto);
 
+// Scratch bytes kda_forward takes for n_tokens (for sizing the arena's scratch region).
+size_t kda_scratch_bytes(const DeviceKdaWeights& w, const cpu::KdaDims& dims, int n_tokens);
+
 // The pieces (twins of the CPU functions of the same names), for the op tests:
 void short_conv_silu(const float* x, int n_tokens, int dim, const float* weight, int kernel, float* window,
                      float* y, cudaStream_t stream);
