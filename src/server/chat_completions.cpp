@@ -102,8 +102,8 @@ void handle_chat_completions(const ServingContext& ctx, const httplib::Request& 
   const int n = params->n;
 
   if (!request->stream) {
-    auto samples = (*gen)->collect();
-    if (!samples.is_ok()) return send_error(res, internal(samples.status().message()));
+    auto samples = (*gen)->collect(client_gone_check(req));
+    if (!samples.is_ok()) return send_collect_error(res, samples.status(), (*gen)->client_gone_seen());
     json choices = json::array();
     int reasoning_tokens = 0;
     for (int i = 0; i < n; ++i) {

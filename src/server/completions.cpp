@@ -91,8 +91,8 @@ void handle_completions(const ServingContext& ctx, const httplib::Request& req, 
   const bool want_logprobs = params->logprobs >= 0;
 
   if (!stream) {
-    auto samples = (*gen)->collect();
-    if (!samples.is_ok()) return send_error(res, internal(samples.status().message()));
+    auto samples = (*gen)->collect(client_gone_check(req));
+    if (!samples.is_ok()) return send_collect_error(res, samples.status(), (*gen)->client_gone_seen());
     json choices = json::array();
     for (size_t i = 0; i < samples->size(); ++i) {
       const auto& s = (*samples)[i];

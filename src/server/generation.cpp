@@ -1,5 +1,7 @@
 #include "server/generation.h"
 
+#include "common/log.h"
+
 namespace moonrun::server {
 
 Result<std::unique_ptr<Generation>> Generation::start(EngineLoop& engine, Metrics& metrics,
@@ -54,11 +56,27 @@ bool Generation::next(RequestOutput& out, std::chrono::milliseconds timeout) {
   return true;
 }
 
-Result<std::vector<SampleOutcome>> Generation::collect() {
+Result<std::vector<SampleOutcome>> Generation::collect(const std::function<bool()>& client_gone) {
   std::vector<SampleOutcome> samples(n_);
   RequestOutput out;
+  // With a liveness check, wait in short slices so a dead client is noticed within
+  // kClientCheckInterval; the check itself runs at most that often, however fast tokens come.
+  const auto wait = client_gone ? kClientCheckInterval : std::chrono::milliseconds(200);
+  auto last_check = std::chrono::steady_clock::now();
   while (!stream_->done()) {
-    if (!next(out, std::chrono::milliseconds(200))) continue;
+    const bool got = next(out, wait);
+    if (client_gone && !client_gone_seen_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_check >= kClientCheckInterval) {
+        last_check = now;
+        if (client_gone()) {
+          client_gone_seen_ = true;
+          MR_LOG(INFO) << "client disconnected; aborting request " << stream_->id();
+          abort();  // the stream still ends (kAbort): keep taking outputs so it is accounted
+        }
+      }
+    }
+    if (!got) continue;
     if (out.index < 0 || out.index >= n_) continue;
     SampleOutcome& s = samples[out.index];
     s.token_ids.insert(s.token_ids.end(), out.new_token_ids.begin(), out.new_token_ids.end());
@@ -74,6 +92,7 @@ Result<std::vector<SampleOutcome>> Generation::collect() {
       s.stop_reason = out.stop_reason;
     }
   }
+  if (client_gone_seen_) return unavailable("the client disconnected; its request was aborted");
   return samples;
 }
 

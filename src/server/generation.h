@@ -42,7 +42,14 @@ class Generation {
   bool done() const { return stream_->done(); }
   void abort();
   // Blocks until every sample finished; fails with the engine's error if it failed.
-  Result<std::vector<SampleOutcome>> collect();
+  // client_gone (optional) is asked about every kClientCheckInterval while waiting; once it
+  // says yes the request is aborted (its caches are freed before the engine's next step),
+  // collect() returns unavailable, and client_gone_seen() is true.
+  Result<std::vector<SampleOutcome>> collect(const std::function<bool()>& client_gone = nullptr);
+  bool client_gone_seen() const { return client_gone_seen_; }
+  // How often a waiting handler asks whether its client is still there: well under one
+  // engine step (a decode step is tens of ms on K3), and one poll() call each time.
+  static constexpr std::chrono::milliseconds kClientCheckInterval{10};
   const Usage& usage() const { return usage_; }
   int n() const { return n_; }
 
@@ -57,6 +64,7 @@ class Generation {
   bool finished_all_ = false;
   std::chrono::steady_clock::time_point start_, last_token_;
   bool first_token_seen_ = false;
+  bool client_gone_seen_ = false;
 };
 
 }  // namespace moonrun::server

@@ -27,6 +27,14 @@ void handle_chat_completions(const ServingContext& ctx, const httplib::Request& 
 void handle_completions(const ServingContext& ctx, const httplib::Request& req,
                         httplib::Response& res);
 
+// A liveness check of the client behind req (see client_connection.h) for a non-streaming
+// Generation::collect (streams notice through their writes); nullptr when its connection
+// could not be found (nothing is known).
+std::function<bool()> client_gone_check(const httplib::Request& req);
+// The response for a failed Generation::collect: the engine's error as a 500, or, when the
+// client went away, 499 (nginx's "client closed request"; for the log: nobody reads it).
+void send_collect_error(httplib::Response& res, const Status& status, bool client_gone);
+
 // "chatcmpl-<hex>" / "cmpl-<hex>": unique per process run.
 std::string new_response_id(const char* prefix);
 int64_t unix_time_s();

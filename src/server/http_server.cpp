@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/log.h"
+#include "server/client_connection.h"
 #include "server/handlers.h"
 
 namespace moonrun::server {
@@ -17,6 +18,24 @@ using nlohmann::json;
 void send_error(httplib::Response& res, const ApiError& error) {
   res.status = error.http_status;
   res.set_content(error.to_json().dump(), "application/json");
+}
+
+std::function<bool()> client_gone_check(const httplib::Request& req) {
+  const ClientConnection conn = ClientConnection::of(req);
+  if (!conn.found()) {
+    MR_LOG(WARNING) << "cannot find the socket of " << req.remote_addr << ":" << req.remote_port
+                    << "; a disconnect of this client is noticed only when its answer is written";
+    return nullptr;
+  }
+  return [conn] { return conn.gone(); };
+}
+
+void send_collect_error(httplib::Response& res, const Status& status, bool client_gone) {
+  if (client_gone)
+    return send_error(res, ApiError{499, "The client closed the connection before the response was "
+                                         "ready; the request was aborted.",
+                                    "invalid_request_error", "", "client_closed_request"});
+  send_error(res, internal(status.message()));
 }
 
 std::string new_response_id(const char* prefix) {

@@ -5,6 +5,7 @@
 // for all positions [0, n_past + n_tokens).
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/mla.h"
@@ -42,5 +43,11 @@ struct DeviceMlaCache {
 void mla_forward(Blas& blas, const DeviceMlaWeights& w, const cpu::MlaDims& dims, const bf16* x, int n_tokens,
                  int n_past, const DeviceMlaCache& cache, float* out, Scratch& scratch,
                  cpu::MlaMode mode = cpu::MlaMode::kAuto);
+
+// Bytes mla_forward takes from Scratch for that call (released when it returns). Plain mode
+// dominates: kv_b over every visible position in fp32, (n_past + n_tokens) * H * (nope + v) * 4
+// bytes (98 KiB per position at K3 size), so size the scratch for the longest context that is
+// prefilled in plain mode.
+size_t mla_scratch_bytes(const cpu::MlaDims& dims, int n_tokens, int n_past, cpu::MlaMode mode = cpu::MlaMode::kAuto);
 
 }  // namespace moonrun::cuda

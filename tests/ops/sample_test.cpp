@@ -1,0 +1,165 @@
+// sample_rows against the engine's CPU sampler (sample_token in engine/sampler.cpp, no
+// penalties, no logprobs): given the same logits, parameters and uniform draw it must pick
+// the same token, row for row. The draw u is the CPU's own: SamplerRng(seed).uniform().
+// Shapes (rows x vocab): K3's 8 x 163840, 64 x 1000, 16 x 7, 4 x 1; each through greedy,
+// temperature (1, 0.7, 0.05), min_p, top-k (1, 50, vocab - 1, -1 = off), top-p (0.9, 0.437,
+// 0.01, 0.999999) and their combination, on normal logits, on small-integer logits (many
+// exact ties: greedy's lowest id, the top-k boundary and the top-p cut inside a run of equal
+// logits) and on rows with -inf entries.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kernels/cuda/common/device_buffer.h"
+#include "kernels/cuda/sample/sample_ops.h"
+#include "op_test_util.h"
+#include "core_inputs.h"
+
+namespace moonrun::cuda {
+namespace {
+
+using optest::expect_exact;
+using optest::shape_str;
+
+struct Config {
+  const char* name;
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+};
+
+const Config kConfigs[] = {
+    {"greedy", 0.0f, 0, 1.0f, 0.0f},
+    {"temp1", 1.0f, 0, 1.0f, 0.0f},
+    {"temp0.7", 0.7f, 0, 1.0f, 0.0f},
+    {"min_p0.05", 1.0f, 0, 1.0f, 0.05f},
+    {"min_p0.3_temp1.5", 1.5f, 0, 1.0f, 0.3f},
+    {"top_k1", 1.0f, 1, 1.0f, 0.0f},
+    {"top_k50", 0.8f, 50, 1.0f, 0.0f},
+    {"top_k_vocab-1", 1.0f, -2, 1.0f, 0.0f},  // -2: vocab - 1
+    {"top_k-1_off", 1.0f, -1, 1.0f, 0.0f},
+    {"top_p0.9", 1.0f, 0, 0.9f, 0.0f},
+    {"top_p0.437", 0.6f, 0, 0.437f, 0.0f},
+    {"top_p0.01", 1.0f, 0, 0.01f, 0.0f},
+    {"temp0.05_top_p0.9", 0.05f, 0, 0.9f, 0.0f},  // most masses underflow to exactly 0
+    {"top_p0.999999", 1.0f, 0, 0.999999f, 0.0f},  // the cut deep in the tail
+    {"all", 1.3f, 40, 0.8f, 0.02f},
+    {"all_tight", 0.9f, 5, 0.437f, 0.1f},
+};
+
+enum class Logits { kNormal, kSmallInts, kWithNegInf };
+
+std::vector<float> make_logits(Logits kind, int n_rows, int vocab, uint64_t seed) {
+  const size_t n = static_cast<size_t>(n_rows) * vocab;
+  switch (kind) {
+    case Logits::kNormal:
+      return optest::random_normal(n, seed, 3.0f);
+    case Logits::kSmallInts:
+      return optest::fast_small_ints(n, seed, -4, 2);
+    case Logits::kWithNegInf: {
+      auto x = optest::random_normal(n, seed, 2.0f);
+      for (size_t i = 0; i < n; i += 3) x[i] = -std::numeric_limits<float>::infinity();
+      return x;
+    }
+  }
+  return {};
+}
+
+void check(int n_rows, int vocab, Logits kind, const Config& cfg, uint64_t seed) {
+  const char* kind_name = kind == Logits::kNormal ? "normal" : kind == Logits::kSmallInts ? "ints" : "neginf";
+  const std::string shape = shape_str({n_rows, vocab}) + "_" + kind_name + "_" + cfg.name;
+  const auto logits = make_logits(kind, n_rows, vocab, seed);
+  std::vector<DeviceSamplingParams> dparams(n_rows);
+  std::vector<float> want(n_rows);
+  for (int r = 0; r < n_rows; ++r) {
+    SamplingParams p;
+    p.temperature = cfg.temperature;
+    p.top_k = cfg.top_k == -2 ? vocab - 1 : cfg.top_k;
+    p.top_p = cfg.top_p;
+    p.min_p = cfg.min_p;
+    const uint64_t rng_seed = seed * 1000 + r;
+    SamplerRng rng(rng_seed);
+    want[r] = static_cast<float>(
+        sample_token(logits.data() + static_cast<size_t>(r) * vocab, vocab, p, {}, {}, rng).token);
+    dparams[r] = DeviceSamplingParams{p.temperature, p.top_k, p.top_p, p.min_p, SamplerRng(rng_seed).uniform()};
+  }
+  // Two edge draws: u = 0 (the first id with mass) and u just below 1 (the last, or the
+  // fallback when rounding leaves u above the total).
+  if (n_rows >= 3 && cfg.temperature >= 1e-5f) {
+    for (int r : {0, 1}) {
+      dparams[r].u = r == 0 ? 0.0 : 1.0 - 0x1.0p-53;
+      SamplingParams p;
+      p.temperature = dparams[r].temperature;
+      p.top_k = dparams[r].top_k;
+      p.top_p = dparams[r].top_p;
+      p.min_p = dparams[r].min_p;
+      // The CPU path draws from its generator; recover the same token from its distribution.
+      const auto dist = sampling_distribution(logits.data() + static_cast<size_t>(r) * vocab, vocab, p, {}, {});
+      double cumulative = 0;
+      int token = -1, last = 0;
+      for (int i = 0; i < vocab; ++i) {
+        if (dist[i] <= 0) continue;
+        last = i;
+        cumulative += dist[i];
+        if (dparams[r].u < cumulative) {
+          token = i;
+          break;
+        }
+      }
+      want[r] = static_cast<float>(token < 0 ? last : token);
+    }
+  }
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<DeviceSamplingParams> d_params(dparams);
+  DeviceBuffer<int32_t> d_ids(n_rows);
+  const auto t0 = std::chrono::steady_clock::now();
+  sample_rows(d_logits.data(), n_rows, vocab, d_params.data(), d_ids.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (vocab >= 100000) std::printf("sample_rows %s: %.3f ms\n", shape.c_str(), ms);
+  std::vector<float> got;
+  for (int32_t id : d_ids.download()) got.push_back(static_cast<float>(id));
+  expect_exact("sample_rows", shape, got, want);
+}
+
+class SampleTest : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(SampleTest, MatchesCpuSampler) {
+  REQUIRE_GPU();
+  const auto [n_rows, vocab] = GetParam();
+  std::printf("sample_rows shape rows x vocab = %s\n", shape_str({n_rows, vocab}).c_str());
+  uint64_t seed = 1;
+  for (Logits kind : {Logits::kNormal, Logits::kSmallInts, Logits::kWithNegInf})
+    for (const Config& cfg : kConfigs) check(n_rows, vocab, kind, cfg, seed++);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SampleTest,
+                         ::testing::Values(std::pair{8, 163840}, std::pair{64, 1000}, std::pair{16, 7},
+                                           std::pair{4, 1}),
+                         [](const auto& info) { return shape_str({info.param.first, info.param.second}); });
+
+// A row whose every logit is -inf has no mass: the CPU's draw falls back to id 0.
+TEST(SampleOpsTest, AllNegInfRowPicksZero) {
+  REQUIRE_GPU();
+  std::printf("sample_rows shape rows x vocab = 2x33 (all -inf)\n");
+  const std::vector<float> logits(2 * 33, -std::numeric_limits<float>::infinity());
+  std::vector<DeviceSamplingParams> params{{0.0f, 0, 1.0f, 0.0f, 0.5}, {1.0f, 3, 0.5f, 0.1f, 0.5}};
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<DeviceSamplingParams> d_params(params);
+  DeviceBuffer<int32_t> d_ids(2);
+  sample_rows(d_logits.data(), 2, 33, d_params.data(), d_ids.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ids = d_ids.download();
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 0);
+}
+
+}  // namespace
+}  // namespace moonrun::cuda
