@@ -46,6 +46,9 @@ void kda_forward(Blas& blas, const DeviceKdaWeights& w, const cpu::KdaDims& dims
                  const DeviceKdaState& state, float* out, Scratch& scratch,
                  cpu::KdaMode mode = cpu::KdaMode::kAuto);
 
+// Scratch bytes kda_forward takes for n_tokens (for sizing the arena's scratch region).
+size_t kda_scratch_bytes(const DeviceKdaWeights& w, const cpu::KdaDims& dims, int n_tokens);
+
 // The pieces (twins of the CPU functions of the same names), for the op tests:
 void short_conv_silu(const float* x, int n_tokens, int dim, const float* weight, int kernel, float* window,
                      float* y, cudaStream_t stream);
@@ -54,5 +57,18 @@ void kda_recurrent(const float* q, const float* k, const float* v, const float* 
 void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
                  int n_tokens, int num_heads, int head_dim, float* S, float* o, cudaStream_t stream,
                  int chunk_size = 64);
+
+// Additions (this header's owner) for the layer and the bit-exact tests:
+// short_conv_silu with the SiLU optional (apply_silu false: the plain conv, so integer inputs
+// can be compared bit for bit).
+void short_conv(const float* x, int n_tokens, int dim, const float* weight, int kernel, float* window,
+                bool apply_silu, float* y, cudaStream_t stream);
+// kda_chunked on a caller-provided workspace of kda_chunked_workspace_floats(...) floats (the
+// layer takes it from Scratch; the overload above allocates its own, stream-ordered).
+// chunk_size in [1, 64]; head_dim <= 256 here and in kda_recurrent.
+int64_t kda_chunked_workspace_floats(int n_tokens, int num_heads, int head_dim, int chunk_size = 64);
+void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                 int n_tokens, int num_heads, int head_dim, float* S, float* o, float* workspace,
+                 cudaStream_t stream, int chunk_size = 64);
 
 }  // namespace moonrun::cuda
