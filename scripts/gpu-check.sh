@@ -1,36 +1,123 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark in one call, for a Hopper machine (H100/H200). Builds with
-# CUDA (unless a build folder is carried in), runs the CUDA op tests against the CPU
-# reference, the model fixtures and the e2e tests, and prints a summary table last.
-#   scripts/gpu-check.sh [build-dir]
+# Every GPU test in one call, for a Hopper machine (H100/H200): the CUDA op tests against the
+# CPU reference (tests/ops, including every reference fixture through the CUDA model),
+# compute-sanitizer memcheck and racecheck on the op tests, and the e2e API tests against
+# `moonrun serve --device cuda`. Prints a summary table last and writes it as Markdown to
+# $OUT/gpu-check.md (docs/gpu.md holds the committed one).
+#
+#   scripts/gpu-check.sh                  # configure + build here (needs the -dev packages)
+#   scripts/gpu-check.sh --prebuilt DIR   # binaries built elsewhere (scripts/gpu-package.sh):
+#                                         # DIR/bin, DIR/lib, optionally DIR/node
+# Env: SANITIZE_FILTER (gtest filter for the sanitizer runs), SKIP_SANITIZE=1, SKIP_E2E=1,
+# E2E_FILES (default "api errors load lifecycle disconnect"), OPS_FILTER, and time limits in
+# seconds OPS_TIMEOUT (420), SAN_TIMEOUT (240 per tool), E2E_TIMEOUT (300 per file).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${1:-build-gpu}
-OUT=${OUT:-$BUILD/gpu-check-out}
+cd "${MOONRUN_ROOT:-$(dirname "$0")/..}"
+ROOT=$PWD
+PREBUILT=""
+BUILD=build-gpu
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --prebuilt) PREBUILT=$(cd "$2" && pwd); shift 2 ;;
+    *) BUILD=$1; shift ;;
+  esac
+done
+OUT=${OUT:-$ROOT/$BUILD/gpu-check-out}
 mkdir -p "$OUT"
-declare -a rows
+declare -a rows md
 
-row() { rows+=("$(printf '%-28s %-6s %s' "$1" "$2" "$3")"); }
+row() {  # check, result, detail
+  rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")")
+  md+=("| $1 | $2 | $3 |")
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+GPU=$(head -1 "$OUT/gpu.txt")
 
-if [[ ! -f $BUILD/build.ninja ]]; then
-  cmake -S . -B "$BUILD" -G Ninja -DMOONRUN_CUDA=ON >"$OUT/configure.log" 2>&1 || { echo "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
-fi
-if cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1; then row build ok "$BUILD"; else row build FAIL "see build.log"; tail -40 "$OUT/build.log"; fi
-
-if [[ -x $BUILD/tests/moonrun_ops_tests ]]; then
-  if "$BUILD/tests/moonrun_ops_tests" >"$OUT/ops.log" 2>&1; then r=ok; else r=FAIL; fi
-  row "CUDA op tests" "$r" "$(grep -E '^\[  (PASSED|FAILED)' "$OUT/ops.log" | tr '\n' ' ')"
+if [[ -n $PREBUILT ]]; then
+  export LD_LIBRARY_PATH=$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  EXE=$PREBUILT/bin/moonrun
+  OPS=$PREBUILT/bin/moonrun_ops_tests
+  row build prebuilt "$PREBUILT"
 else
-  row "CUDA op tests" skip "no CUDA ops in this build yet"
+  if [[ ! -f $BUILD/build.ninja ]]; then
+    cmake -S . -B "$BUILD" -G Ninja -DMOONRUN_CUDA=ON >"$OUT/configure.log" 2>&1 || { echo "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
+  fi
+  if cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1; then row build ok "$BUILD"; else row build FAIL "see build.log"; tail -40 "$OUT/build.log"; fi
+  EXE=$ROOT/$BUILD/moonrun
+  OPS=$ROOT/$BUILD/tests/moonrun_ops_tests
+fi
+export MOONRUN_SOURCE_DIR=$ROOT  # where the op tests find tests/fixtures
+
+# 1. Op tests (and the fixtures through the CUDA model).
+if [[ -x $OPS ]]; then
+  t0=$(date +%s)
+  if timeout "${OPS_TIMEOUT:-420}" "$OPS" --gtest_filter="${OPS_FILTER:-*}" >"$OUT/ops.log" 2>&1; then r=ok; else r=FAIL; fi
+  row "CUDA op tests ($(( $(date +%s) - t0 )) s)" "$r" "$(grep -E '^\[  (PASSED|FAILED)|tests ran' "$OUT/ops.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED' "$OUT/ops.log" | head -20
+  while read -r _ op shape err thr status rest; do
+    row "  $op $shape" "$status" "err $err (threshold $thr) $rest"
+  done < <(grep -E '^OPERR ' "$OUT/ops.log")
+else
+  row "CUDA op tests" FAIL "no $OPS"
 fi
 
-if [[ -x $BUILD/tests/moonrun_model_tests ]]; then
-  if "$BUILD/tests/moonrun_model_tests" >"$OUT/model.log" 2>&1; then r=ok; else r=FAIL; fi
-  row "model fixtures (cpu)" "$r" "$(grep -E '^\[  (PASSED|FAILED)' "$OUT/model.log" | tr '\n' ' ')"
+# 2. compute-sanitizer on the op tests (small shapes: the K3-size cases are slow under it).
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+FILTER=${SANITIZE_FILTER:--*K3*:*k3*:*Fixtures*}
+for tool in memcheck racecheck; do
+  if [[ ${SKIP_SANITIZE:-0} == 1 ]]; then
+    row "compute-sanitizer $tool" skip "SKIP_SANITIZE=1"
+  elif [[ -x $SAN && -x $OPS ]]; then
+    timeout "${SAN_TIMEOUT:-240}" "$SAN" --tool $tool --error-exitcode 1 "$OPS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
+    rc=$?
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)
+    [[ $rc -eq 124 ]] && summary="timed out after ${SAN_TIMEOUT:-240} s; $summary"
+    row "compute-sanitizer $tool" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "${summary:-rc $rc} (filter $FILTER)"
+  else
+    row "compute-sanitizer $tool" skip "compute-sanitizer not found"
+  fi
+done
+
+# 3. e2e API tests against a GPU server (the harness starts `moonrun serve`; --device auto
+#    picks cuda here, and the log line "backend=cuda" is checked below).
+NODE=$(command -v node || true)
+if [[ -z $NODE && -n $PREBUILT && -f $PREBUILT/node/node.xz ]]; then
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    "$PREBUILT/node/node.xz" /tmp/moonrun-node && chmod +x /tmp/moonrun-node && NODE=/tmp/moonrun-node
+fi
+if [[ ${SKIP_E2E:-0} == 1 ]]; then
+  row "e2e API tests" skip "SKIP_E2E=1"
+elif [[ -z $NODE ]]; then
+  row "e2e API tests" skip "no node on this machine"
+else
+  if [[ ! -d tests/e2e/node_modules && -n $PREBUILT && -f $PREBUILT/node/node_modules.tar.gz ]]; then
+    tar -xzf "$PREBUILT/node/node_modules.tar.gz" -C tests/e2e
+  fi
+  DEMO=$OUT/demo-model
+  "$EXE" make-demo-model --out "$DEMO" >/dev/null 2>&1
+  "$EXE" serve --model-path "$DEMO" --port 30999 >"$OUT/serve-probe.log" 2>&1 &
+  probe=$!
+  sleep 8
+  kill $probe 2>/dev/null; wait $probe 2>/dev/null
+  backend=$(grep -o 'backend=[a-z]*' "$OUT/serve-probe.log" | head -1)
+  row "serve backend (default --device auto)" "$([[ $backend == backend=cuda ]] && echo ok || echo FAIL)" "$backend"
+  for name in ${E2E_FILES:-api errors load lifecycle disconnect}; do
+    t0=$(date +%s)
+    (cd tests/e2e && MOONRUN_EXE=$EXE MOONRUN_DEMO_MODEL=$DEMO timeout "${E2E_TIMEOUT:-300}" "$NODE" --test $name.test.mjs) >"$OUT/e2e_$name.log" 2>&1
+    rc=$?
+    row "e2e $name ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$(grep -E '^# (pass|fail) ' "$OUT/e2e_$name.log" | tr '\n' ' ')"
+  done
 fi
 
 echo
-echo "== gpu-check summary ($(date -u +%F\ %H:%M) UTC, $(head -1 "$OUT/gpu.txt"))"
+echo "== gpu-check summary ($(date -u +%F\ %H:%M) UTC, $GPU)"
 printf '%s\n' "${rows[@]}"
+{
+  echo "gpu-check on $GPU, $(date -u +%F\ %H:%M) UTC"
+  echo
+  echo "| check | result | detail |"
+  echo "| --- | --- | --- |"
+  printf '%s\n' "${md[@]}"
+} >"$OUT/gpu-check.md"
+! printf '%s\n' "${rows[@]}" | grep -q ' FAIL '

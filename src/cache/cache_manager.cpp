@@ -52,7 +52,7 @@ CacheManager::CacheManager(const CacheConfig& config)
   free_slots_.reserve(config.num_kda_slots);
   for (int s = config.num_kda_slots - 1; s >= 0; --s) free_slots_.push_back(s);
   const int64_t n_floats = config.total_tokens() * config.layout.num_mla_layers * config.layout.row_floats;
-  if (n_floats > 0) mla_rows_.reset(new float[n_floats]);
+  if (n_floats > 0 && config.host_rows) mla_rows_.reset(new float[n_floats]);
 }
 
 MlaPoolView CacheManager::mla_view() const {

@@ -36,6 +36,9 @@ struct CacheConfig {
   int page_size_tokens = 16;
   int num_pages = 0;
   int num_kda_slots = 0;
+  // The CPU backend keeps the MLA rows in host memory owned here; the CUDA backend keeps
+  // them on the device (its runner allocates them) and uses this class for accounting only.
+  bool host_rows = true;
   int64_t total_tokens() const { return static_cast<int64_t>(num_pages) * page_size_tokens; }
   int64_t mla_bytes() const { return total_tokens() * layout.bytes_per_token(); }
   int64_t kda_bytes() const { return num_kda_slots * layout.kda_slot_bytes; }

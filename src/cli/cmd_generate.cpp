@@ -11,6 +11,10 @@
 #include "cli/commands.h"
 #include "model/generate.h"
 #include "model/kimi_k3.h"
+#if MOONRUN_HAS_CUDA
+#include "kernels/cuda/common/device_info.h"
+#include "runtime/cuda/cuda_model_runner.h"
+#endif
 
 namespace moonrun::cli {
 
@@ -24,6 +28,8 @@ struct GenerateArgs {
   uint64_t seed = 0;
   std::string logits_out;
   bool verbose = false;
+  std::string device = "auto";
+  double mem_fraction_static = 0.5;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -55,11 +61,33 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
   return ids;
 }
 
+}  // namespace
+
+// "auto" -> "cuda" when this build has the CUDA backend and a GPU is visible, else "cpu";
+// "cuda" without either -> "error: ..." with the reason.
+std::string resolve_device(const std::string& requested) {
+#if MOONRUN_HAS_CUDA
+  const bool gpu = cuda::device_count() > 0;
+  if (requested == "auto") return gpu ? "cuda" : "cpu";
+  if (requested == "cuda" && !gpu) return "error: --device cuda: no CUDA device is visible; use --device cpu";
+  return requested;
+#else
+  if (requested == "cuda") return "error: --device cuda: this build has no CUDA backend (nvcc was not found at configure time)";
+  return "cpu";
+#endif
+}
+
+namespace {
+
 void run_generate(const GenerateArgs& a) {
   std::vector<int32_t> prompt = parse_token_ids(a.token_ids);
   if (a.max_tokens < 0) fail(2, "--max-tokens must be >= 0");
   if (a.temperature < 0) fail(2, "--temperature must be >= 0");
-  auto model = KimiK3Model::load(a.model);
+  const std::string device = resolve_device(a.device);
+  if (device.rfind("error: ", 0) == 0) fail(2, device.substr(7));
+  WeightLoadOptions load;
+  load.mxfp4_packed = device == "cuda";  // the GPU keeps MXFP4 experts packed
+  auto model = KimiK3Model::load(a.model, load);
   if (!model.is_ok()) fail(model.status().code() == StatusCode::kInvalidArgument ? 2 : 1, model.status().message());
   const ModelConfig& cfg = (*model)->config();
   for (int32_t id : prompt)
@@ -72,7 +100,16 @@ void run_generate(const GenerateArgs& a) {
   opt.temperature = a.temperature;
   opt.seed = a.seed;
   opt.keep_logits = !a.logits_out.empty();
-  auto result = generate(**model, prompt, opt);
+  Result<GenerateResult> result = invalid_argument("no device");
+  if (device == "cpu") {
+    result = generate(**model, prompt, opt);
+  } else {
+#if MOONRUN_HAS_CUDA
+    CudaDeviceOptions dev;
+    dev.mem_fraction_static = a.mem_fraction_static;
+    result = generate_cuda(**model, prompt, opt, dev);
+#endif
+  }
   if (!result.is_ok()) fail(1, result.status().message());
 
   nlohmann::ordered_json out;
@@ -102,7 +139,7 @@ void run_generate(const GenerateArgs& a) {
 }  // namespace
 
 void add_generate_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Run the CPU model on token ids and print the generated ids as JSON");
+  auto* cmd = app.add_subcommand("generate", "Run the model on token ids and print the generated ids as JSON");
   auto args = std::make_shared<GenerateArgs>();
   cmd->add_option("--model", args->model, "checkpoint directory or Hugging Face repo id")->required();
   cmd->add_option("--token-ids", args->token_ids, "prompt token ids, comma-separated (used verbatim, no BOS)")
@@ -113,6 +150,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--logits-out", args->logits_out,
                   "write float32 LE logits [generated, vocab] here (row 0 = last prompt position)");
   cmd->add_flag("--verbose", args->verbose, "print prefill/decode timings on stderr");
+  cmd->add_option("--device", args->device, "cuda | cpu | auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--mem-fraction-static", args->mem_fraction_static, "GPU memory fraction for weights and caches")
+      ->capture_default_str();
   cmd->callback([args] { run_generate(*args); });
 }
 

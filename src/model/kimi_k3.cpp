@@ -9,20 +9,31 @@
 
 namespace moonrun {
 
-Result<std::unique_ptr<KimiK3Model>> KimiK3Model::load(const std::string& dir_or_repo) {
+Result<std::unique_ptr<KimiK3Model>> KimiK3Model::load(const std::string& dir_or_repo,
+                                                       const WeightLoadOptions& options) {
   auto ckpt = MR_TRY(Checkpoint::open(dir_or_repo));
-  return from_checkpoint(*ckpt);
+  return from_checkpoint(*ckpt, options);
 }
 
-Result<std::unique_ptr<KimiK3Model>> KimiK3Model::from_checkpoint(const Checkpoint& ckpt) {
+Result<std::unique_ptr<KimiK3Model>> KimiK3Model::from_checkpoint(const Checkpoint& ckpt,
+                                                                 const WeightLoadOptions& options) {
   std::unique_ptr<KimiK3Model> m(new KimiK3Model());
   m->cfg_ = MR_TRY(parse_model_config(ckpt.config(), ckpt.dir() + "/config.json"));
-  m->w_ = MR_TRY(load_weights(ckpt, m->cfg_));
+  m->w_ = MR_TRY(load_weights(ckpt, m->cfg_, options));
   return m;
 }
 
 Status KimiK3Model::check_batch(const ForwardBatch& batch, const KdaSlotPool& kda_pool,
                                 const MlaPoolView& mla_pool) const {
+  if (cfg_.num_mla_layers > 0 && (mla_pool.base == nullptr || mla_pool.row_floats != cfg_.mla_cache_row() ||
+                                  mla_pool.num_mla_layers != cfg_.num_mla_layers))
+    return invalid_argument("the MLA pool does not match the model (row " + std::to_string(mla_pool.row_floats) +
+                            " floats, want " + std::to_string(cfg_.mla_cache_row()) + ")");
+  return check_forward_batch(cfg_, batch, kda_pool.num_slots(), mla_pool.num_pages, mla_pool.page_size_tokens);
+}
+
+Status check_forward_batch(const ModelConfig& cfg_, const ForwardBatch& batch, int num_kda_slots, int num_pages,
+                           int page_size_tokens) {
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const ForwardSeq& seq = batch.seqs[s];
     const std::string where = "sequence " + std::to_string(s) + ": ";
@@ -31,22 +42,17 @@ Status KimiK3Model::check_batch(const ForwardBatch& batch, const KdaSlotPool& kd
       if (id < 0 || id >= cfg_.vocab_size)
         return invalid_argument(where + "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                                 std::to_string(cfg_.vocab_size) + ")");
-    if (cfg_.num_kda_layers > 0 && (seq.kda_slot < 0 || seq.kda_slot >= kda_pool.num_slots()))
+    if (cfg_.num_kda_layers > 0 && (seq.kda_slot < 0 || seq.kda_slot >= num_kda_slots))
       return invalid_argument(where + "KDA slot " + std::to_string(seq.kda_slot) + " is not in [0, " +
-                              std::to_string(kda_pool.num_slots()) + ")");
+                              std::to_string(num_kda_slots) + ")");
     if (cfg_.num_mla_layers > 0) {
-      if (mla_pool.base == nullptr || mla_pool.row_floats != cfg_.mla_cache_row() ||
-          mla_pool.num_mla_layers != cfg_.num_mla_layers)
-        return invalid_argument(where + "the MLA pool does not match the model (row " +
-                                std::to_string(mla_pool.row_floats) + " floats, want " +
-                                std::to_string(cfg_.mla_cache_row()) + ")");
       const int64_t n_total = seq.n_past_tokens + static_cast<int64_t>(seq.new_token_ids.size());
-      const int64_t pages_needed = (n_total + mla_pool.page_size_tokens - 1) / mla_pool.page_size_tokens;
+      const int64_t pages_needed = (n_total + page_size_tokens - 1) / page_size_tokens;
       if (static_cast<int64_t>(seq.pages.size()) < pages_needed)
         return invalid_argument(where + std::to_string(seq.pages.size()) + " MLA pages cover fewer than " +
                                 std::to_string(n_total) + " tokens");
       for (int64_t p = 0; p < pages_needed; ++p)
-        if (seq.pages[p] < 0 || seq.pages[p] >= mla_pool.num_pages)
+        if (seq.pages[p] < 0 || seq.pages[p] >= num_pages)
           return invalid_argument(where + "MLA page " + std::to_string(seq.pages[p]) + " is not in the pool");
     }
   }

@@ -14,12 +14,23 @@
 
 namespace moonrun {
 
+// The checks every backend runs on a batch before touching its caches: token ids inside the
+// vocabulary, KDA slots inside [0, num_kda_slots), MLA pages covering n_past + n_new tokens
+// inside [0, num_pages). Errors name the sequence and the value.
+Status check_forward_batch(const ModelConfig& cfg, const ForwardBatch& batch, int num_kda_slots, int num_pages,
+                           int page_size_tokens);
+
 class KimiK3Model {
  public:
   // Opens the checkpoint (directory or HF repo id), parses config.json and loads every
   // text-model tensor into float32.
-  static Result<std::unique_ptr<KimiK3Model>> load(const std::string& dir_or_repo);
-  static Result<std::unique_ptr<KimiK3Model>> from_checkpoint(const Checkpoint& ckpt);
+  static Result<std::unique_ptr<KimiK3Model>> load(const std::string& dir_or_repo,
+                                                    const WeightLoadOptions& options = {});
+  static Result<std::unique_ptr<KimiK3Model>> from_checkpoint(const Checkpoint& ckpt,
+                                                              const WeightLoadOptions& options = {});
+
+  // The host weights (the CUDA backend uploads them, then drops the model).
+  const ModelWeights& weights() const { return w_; }
 
   const ModelConfig& config() const { return cfg_; }
 

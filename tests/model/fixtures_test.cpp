@@ -103,7 +103,7 @@ TEST(GenerateCli, WritesTheReferenceLogitsFile) {
   std::string ids;
   for (int id : c.at("prompt_ids")) ids += (ids.empty() ? "" : ",") + std::to_string(id);
   const std::string out_file = (fs::temp_directory_path() / ("moonrun_cli_logits_" + std::to_string(getpid()))).string();
-  const std::string cmd = std::string(MOONRUN_EXE) + " generate --model " + dir + " --token-ids " + ids +
+  const std::string cmd = std::string(MOONRUN_EXE) + " generate --device cpu --model " + dir + " --token-ids " + ids +
                           " --max-tokens " + std::to_string(c.at("max_tokens").get<int>()) +
                           " --temperature 0 --logits-out " + out_file;
   FILE* p = popen(cmd.c_str(), "r");
