@@ -69,11 +69,26 @@ for tool in memcheck racecheck; do
   if [[ ${SKIP_SANITIZE:-0} == 1 ]]; then
     row "compute-sanitizer $tool" skip "SKIP_SANITIZE=1"
   elif [[ -x $SAN && -x $OPS ]]; then
-    timeout "${SAN_TIMEOUT:-240}" "$SAN" --tool $tool --error-exitcode 1 "$OPS" --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
+    timeout "${SAN_TIMEOUT:-240}" "$SAN" --tool $tool --print-limit 100000 --error-exitcode 1 "$OPS" \
+      --gtest_filter="$FILTER" >"$OUT/$tool.log" 2>&1
     rc=$?
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1 | sed 's/^=* *//')
+    result=$([[ $rc -eq 0 ]] && echo ok || echo FAIL)
+    if [[ $tool == racecheck && $rc -ne 124 ]] && grep -qE '^\[  PASSED  \]' "$OUT/$tool.log" &&
+       ! grep -qE '^\[  FAILED  \]' "$OUT/$tool.log"; then
+      # cuBLAS's own GEMM kernels (nvjet_*) synchronise through TMA mbarriers, which
+      # racecheck does not model: it reports WAR hazards inside them (H200, CUDA 13.0,
+      # compute-sanitizer 2025.3). Excluding them with --kernel-name-exclude makes the
+      # sanitizer itself fail, so the reports are classified here instead: every hazard in
+      # a moonrun kernel fails the check.
+      ours=$(grep -E 'Race reported|access at' "$OUT/$tool.log" | grep -oE 'at [A-Za-z_][A-Za-z0-9_:<>]*\+0x' |
+             grep -vc '^at nvjet_')
+      cublas=$(grep -E 'Race reported' "$OUT/$tool.log" | grep -c 'nvjet_')
+      result=$([[ $ours -eq 0 ]] && echo ok || echo FAIL)
+      summary="$summary; hazards in moonrun kernels: $ours; reports inside cuBLAS nvjet kernels: $cublas"
+    fi
     [[ $rc -eq 124 ]] && summary="timed out after ${SAN_TIMEOUT:-240} s; $summary"
-    row "compute-sanitizer $tool" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "${summary:-rc $rc} (filter $FILTER)"
+    row "compute-sanitizer $tool" "$result" "${summary:-rc $rc} (filter $FILTER)"
   else
     row "compute-sanitizer $tool" skip "compute-sanitizer not found"
   fi
