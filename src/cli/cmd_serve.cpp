@@ -22,6 +22,7 @@
 #include "model/kimi_k3.h"
 #include "runtime/cpu_model_runner.h"
 #if MOONRUN_HAS_CUDA
+#include "kernels/cuda/common/device_info.h"
 #include "runtime/cuda/cuda_model_runner.h"
 #endif
 #include "server/http_server.h"
@@ -74,9 +75,9 @@ int64_t context_length(const server::ServeOptions& opt, const ModelConfig& cfg) 
 }
 
 // The engine settings both backends take from the flags.
-CpuEngineOptions engine_options(const server::ServeOptions& opt, const ModelConfig& cfg,
+EngineOptions engine_options(const server::ServeOptions& opt, const ModelConfig& cfg,
                                 const std::shared_ptr<const chat::Tokenizer>& tok) {
-  CpuEngineOptions eopt;
+  EngineOptions eopt;
   eopt.max_running_requests = opt.max_running_requests > 0 ? opt.max_running_requests : 64;
   eopt.chunked_prefill_size = opt.chunked_prefill_size;
   eopt.max_queued_requests = opt.max_queued_requests;
@@ -113,7 +114,7 @@ Result<std::unique_ptr<EngineLoop>> build_cpu_engine(const server::ServeOptions&
   const int64_t least = layout.kda_slot_bytes * max_running + layout.bytes_per_token() * std::max<int64_t>(context_len, opt.page_size_tokens);
   budget = std::max(std::min(budget, full), least);
 
-  CpuEngineOptions eopt = engine_options(opt, cfg, tok);
+  EngineOptions eopt = engine_options(opt, cfg, tok);
   eopt.cache_budget_bytes = budget;
   std::shared_ptr<const KimiK3Model> shared_model(std::move(model).value());
   auto loop = make_cpu_engine(shared_model, eopt, detokenize_with(tok));
@@ -126,6 +127,9 @@ Result<std::unique_ptr<EngineLoop>> build_cpu_engine(const server::ServeOptions&
 Result<std::unique_ptr<EngineLoop>> build_cuda_engine(const server::ServeOptions& opt, const std::string& dir,
                                                       const std::shared_ptr<const chat::Tokenizer>& tok) {
 #if MOONRUN_HAS_CUDA
+  const cuda::DeviceMemory before = cuda::device_memory(0);
+  MR_LOG(INFO) << "Load weight begin. device=cuda:0 (" << before.name << "), avail mem=" << fmt2(before.free_gb)
+               << " GB";
   auto t0 = std::chrono::steady_clock::now();
   WeightLoadOptions load;
   load.mxfp4_packed = true;
@@ -137,14 +141,15 @@ Result<std::unique_ptr<EngineLoop>> build_cuda_engine(const server::ServeOptions
   auto runner = MR_TRY(CudaModelRunner::create(*host, dev));
   host.reset();  // the host copy of the weights is no longer needed
   const CudaMemoryReport& m = runner->memory();
-  MR_LOG(INFO) << "Load weight begin. device=" << m.device_name << ", avail mem=" << fmt2(m.free_before_gb) << " GB";
+  // The arena is reserved whole, so "mem usage" is what it holds: weights plus the space the
+  // pools and scratch will take.
   MR_LOG(INFO) << "Load weight end. elapsed="
                << fmt2(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
                << " s, type=" << cfg.model_type << ", dtype=bfloat16, weights=" << fmt2(m.weights_gb)
                << " GB, avail mem=" << fmt2(m.free_after_weights_gb) << " GB, mem usage="
                << fmt2(std::max(0.0, m.free_before_gb - m.free_after_weights_gb)) << " GB.";
-  MR_LOG(INFO) << "Memory pool: arena " << fmt2(m.arena_gb) << " GB (--mem-fraction-static "
-               << dev.mem_fraction_static << "), scratch reserve " << fmt2(m.scratch_reserve_gb) << " GB";
+  MR_LOG(INFO) << "Device arena: " << fmt2(m.arena_gb) << " GB (--mem-fraction-static " << dev.mem_fraction_static
+               << " of " << fmt2(m.total_gb) << " GB), scratch reserve " << fmt2(m.scratch_reserve_gb) << " GB";
   return make_cuda_engine(std::move(runner), engine_options(opt, cfg, tok), detokenize_with(tok));
 #else
   return failed_precondition("--device cuda: this build has no CUDA backend");

@@ -40,13 +40,14 @@ class CpuModelRunner : public ModelRunner {
   int64_t steps_ = 0;
 };
 
-struct CpuEngineOptions {
+// What `serve` asks of an engine, whichever backend runs it.
+struct EngineOptions {
   int max_running_requests = 16;
   int chunked_prefill_size = 2048;   // token budget per step
   int max_queued_requests = -1;
   int context_length = 0;            // 0: the model's max_position_embeddings, capped by the pool
   int page_size_tokens = 16;
-  int64_t cache_budget_bytes = int64_t{1} << 30;  // MLA pages + KDA slots
+  int64_t cache_budget_bytes = int64_t{1} << 30;  // MLA pages + KDA slots (CPU; CUDA sizes from its arena)
   int64_t max_total_tokens = 0;      // > 0: cap the pool at this many tokens
   std::vector<int32_t> eos_token_ids;  // empty: config.json's eos_token_id
   uint64_t seed = 0;
@@ -54,9 +55,18 @@ struct CpuEngineOptions {
   int64_t fail_after_steps = -1;     // >= 0: the backend fails after this many steps (tests)
 };
 
+// The engine's limits from the options, the model and the sized cache (both backends):
+// max_model_len = --context-length, else the model's capped by the pool; EOS ids from the
+// options or config.json. Checked with check_engine_config.
+Result<EngineConfig> engine_config_for(const ModelConfig& cfg, const EngineOptions& options,
+                                       const CacheConfig& cache_config);
+// Logs the pool sizes and limits as the seed's server does.
+void log_cache_pools(const CacheConfig& cache_config, const EngineOptions& options, const EngineConfig& config,
+                     const char* row_dtype);
+
 // Sizes the cache (KDA slots = max_running_requests, the rest MLA pages), builds the runner
 // and the engine loop (not started). Logs the pool sizes as the seed's server does.
 Result<std::unique_ptr<EngineLoop>> make_cpu_engine(std::shared_ptr<const KimiK3Model> model,
-                                                    const CpuEngineOptions& options, DetokenizeFn detokenize);
+                                                    const EngineOptions& options, DetokenizeFn detokenize);
 
 }  // namespace moonrun

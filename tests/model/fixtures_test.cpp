@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/checkpoint.h"
+#include "../fixture_files.h"
 #include "model/generate.h"
 #include "model/kimi_k3.h"
 
@@ -22,24 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fixtures_dir() { return std::string(MOONRUN_SOURCE_DIR) + "/tests/fixtures"; }
-
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fixtures_dir(), ec))
-    if (e.is_directory() && fs::exists(e.path() / "expected.json")) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::vector<float> read_f32(const std::string& path, size_t n) {
-  std::vector<float> v(n);
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(float)));
-  EXPECT_TRUE(in.good()) << path << ": shorter than " << n << " floats";
-  return v;
-}
+using fixtures::fixture_names;
+using fixtures::fixtures_dir;
+using fixtures::read_f32;
 
 class Fixture : public ::testing::TestWithParam<std::string> {};
 

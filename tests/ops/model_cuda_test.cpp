@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../fixture_files.h"
 #include "model/generate.h"
 #include "model/kimi_k3.h"
 #include "op_test_util.h"
@@ -27,30 +28,10 @@
 namespace moonrun {
 namespace {
 
-namespace fs = std::filesystem;
 
-// MOONRUN_SOURCE_DIR in the environment wins: gpu-check.sh runs binaries built elsewhere.
-std::string fixtures_dir() {
-  const char* env = std::getenv("MOONRUN_SOURCE_DIR");
-  return std::string(env ? env : MOONRUN_SOURCE_DIR) + "/tests/fixtures";
-}
-
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fixtures_dir(), ec))
-    if (e.is_directory() && fs::exists(e.path() / "expected.json")) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::vector<float> read_f32(const std::string& path, size_t n) {
-  std::vector<float> v(n);
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(float)));
-  EXPECT_TRUE(in.good()) << path << ": shorter than " << n << " floats";
-  return v;
-}
+using fixtures::fixture_names;
+using fixtures::fixtures_dir;
+using fixtures::read_f32;
 
 int argmax(const float* row, int n) { return static_cast<int>(std::max_element(row, row + n) - row); }
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/log.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -147,7 +148,7 @@ Status CudaModelRunner::forward(const ForwardBatch& batch, std::vector<float>& l
 }
 
 Result<std::unique_ptr<EngineLoop>> make_cuda_engine(std::unique_ptr<CudaModelRunner> runner,
-                                                     const CpuEngineOptions& options, DetokenizeFn detokenize) {
+                                                     const EngineOptions& options, DetokenizeFn detokenize) {
   if (!runner) return invalid_argument("make_cuda_engine: no runner");
   const ModelConfig& cfg = runner->config();
   if (options.max_running_requests < 1)
@@ -158,29 +159,14 @@ Result<std::unique_ptr<EngineLoop>> make_cuda_engine(std::unique_ptr<CudaModelRu
   cache_config.host_rows = false;
   MR_RETURN_IF_ERROR(runner->allocate_pools(cache_config));
 
-  EngineConfig config;
-  config.scheduler.max_running_requests = options.max_running_requests;
-  config.scheduler.max_tokens_per_step = options.chunked_prefill_size;
-  config.scheduler.max_queued_requests = options.max_queued_requests;
-  const int64_t pool_tokens = cache_config.total_tokens();
-  const int64_t model_len = options.context_length > 0 ? options.context_length
-                            : cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings
-                                                              : pool_tokens;
-  config.max_model_len = static_cast<int>(std::min<int64_t>(model_len, pool_tokens));
-  config.eos_token_ids = options.eos_token_ids;
-  if (config.eos_token_ids.empty() && cfg.eos_token_id >= 0) config.eos_token_ids.push_back(cfg.eos_token_id);
-  config.seed = options.seed;
-  config.is_special_token = options.is_special_token;
-  MR_RETURN_IF_ERROR(check_engine_config(config, cache_config));
-
-  MR_LOG(INFO) << "KV Cache is allocated. #tokens: " << pool_tokens << ", bf16 latent "
-               << cache_config.layout.bytes_per_token() << " bytes/token ("
-               << cache_config.mla_bytes() / (1 << 20) << " MiB); KDA state: " << cache_config.num_kda_slots
-               << " slots x " << cache_config.layout.kda_slot_bytes << " bytes ("
-               << cache_config.kda_bytes() / (1 << 20) << " MiB)";
-  MR_LOG(INFO) << "max_total_num_tokens=" << pool_tokens << ", chunked_prefill_size=" << options.chunked_prefill_size
-               << ", max_running_requests=" << options.max_running_requests
-               << ", context_len=" << config.max_model_len;
+  const EngineConfig config = MR_TRY(engine_config_for(cfg, options, cache_config));
+  log_cache_pools(cache_config, options, config, "bfloat16");
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    char gb[32];
+    std::snprintf(gb, sizeof gb, "%.2f", free_bytes / kGiB);
+    MR_LOG(INFO) << "Memory pool end. avail mem=" << gb << " GB (outside the arena)";
+  }
   runner->fail_after_steps(options.fail_after_steps);
   auto cache = std::make_unique<CacheManager>(cache_config);
   return EngineLoop::create(config, std::move(cache), std::move(runner), std::move(detokenize));

@@ -71,7 +71,7 @@ class CudaModelRunner : public ModelRunner {
 // As make_cpu_engine, on the GPU: sizes the pools from what the arena has left, builds the
 // runner's pools and the engine loop (not started). Logs the pool sizes.
 Result<std::unique_ptr<EngineLoop>> make_cuda_engine(std::unique_ptr<CudaModelRunner> runner,
-                                                     const CpuEngineOptions& options, DetokenizeFn detokenize);
+                                                     const EngineOptions& options, DetokenizeFn detokenize);
 
 }  // namespace moonrun
 

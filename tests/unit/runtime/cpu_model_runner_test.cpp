@@ -57,7 +57,7 @@ TEST(CpuModelRunner, ConcurrentGreedyEqualsGenerateAlone) {
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     want.push_back(r->token_ids);
   }
-  CpuEngineOptions options;
+  EngineOptions options;
   options.max_running_requests = 4;  // 5 clients: one waits and joins running decodes
   options.chunked_prefill_size = 64; // >= every prompt: prefills as generate() does them
   options.max_total_tokens = 1024;
