@@ -7,6 +7,7 @@
 #include <map>
 
 #include "fake_runner.h"
+#include "test_pool.h"
 
 namespace moonrun {
 namespace {
@@ -17,15 +18,7 @@ using testing::reference_greedy;
 constexpr int kVocab = 48;
 constexpr int32_t kEos = 0;
 
-CacheConfig pool(int num_pages, int num_slots, int page_size) {
-  CacheConfig c;
-  c.layout.num_mla_layers = 1;
-  c.layout.row_floats = 2;
-  c.page_size_tokens = page_size;
-  c.num_pages = num_pages;
-  c.num_kda_slots = num_slots;
-  return c;
-}
+using testing::test_pool;
 
 struct Harness {
   CacheManager cache;
@@ -88,7 +81,7 @@ TEST(Engine, GreedyMatchesTheReferenceAloneAndInATightConcurrentBatch) {
   // Alone, roomy pool, no chunking pressure.
   std::vector<std::vector<int32_t>> alone;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128);
+    Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128);
     ASSERT_TRUE(h.engine.add_request(1, prompts[i], greedy(max_tokens)).is_ok());
     auto r = h.run();
     alone.push_back(r[{1, 0}].tokens);
@@ -98,7 +91,7 @@ TEST(Engine, GreedyMatchesTheReferenceAloneAndInATightConcurrentBatch) {
   }
   // Together: 8-token steps (chunked prefill), 4-token pages, a pool of 96 tokens for 7
   // requests of up to 81 tokens: newcomers join decodes, and preemption must happen.
-  Harness h(pool(24, 8, 4), {.max_running_requests = 8, .max_tokens_per_step = 8}, 96);
+  Harness h(test_pool(24, 8, 4), {.max_running_requests = 8, .max_tokens_per_step = 8}, 96);
   for (size_t i = 0; i < prompts.size(); ++i)
     ASSERT_TRUE(h.engine.add_request(100 + i, prompts[i], greedy(max_tokens)).is_ok());
   auto together = h.run();
@@ -123,13 +116,13 @@ TEST(Engine, SeededSamplingIsTheSameAloneAndBatchedAndNFollowsSeedPlusIndex) {
   for (int i = 0; i < 3; ++i) {
     SamplingParams pi = p;
     pi.seed = 1234 + i;
-    Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128);
+    Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128);
     ASSERT_TRUE(h.engine.add_request(1, prompts[5], pi).is_ok());
     alone.push_back(h.run()[{1, 0}].tokens);
     EXPECT_EQ(alone.back().size(), 16u);
   }
   EXPECT_NE(alone[0], alone[1]);
-  Harness h(pool(24, 8, 4), {.max_running_requests = 8, .max_tokens_per_step = 8}, 96);
+  Harness h(test_pool(24, 8, 4), {.max_running_requests = 8, .max_tokens_per_step = 8}, 96);
   p.n = 3;
   ASSERT_TRUE(h.engine.add_request(7, prompts[5], p).is_ok());
   ASSERT_TRUE(h.engine.add_request(8, prompts[6], greedy(20)).is_ok());  // a neighbour
@@ -138,7 +131,7 @@ TEST(Engine, SeededSamplingIsTheSameAloneAndBatchedAndNFollowsSeedPlusIndex) {
 }
 
 TEST(Engine, AbortFreesPagesAndSlotBeforeTheNextStep) {
-  Harness h(pool(32, 4, 4), {.max_running_requests = 4, .max_tokens_per_step = 64}, 100);
+  Harness h(test_pool(32, 4, 4), {.max_running_requests = 4, .max_tokens_per_step = 64}, 100);
   ASSERT_TRUE(h.engine.add_request(1, test_prompts()[4], greedy(50)).is_ok());
   ASSERT_TRUE(h.engine.add_request(2, test_prompts()[1], greedy(50)).is_ok());
   std::vector<RequestOutput> outs;
@@ -177,7 +170,7 @@ TEST(Engine, StopConditions) {
   const auto ref = reference_greedy(prompt, kVocab, 40, /*eos=*/-1);
   const std::string ref_text = letters(ref);
   {  // a stop string: text cut before it, tokens up to the one completing it
-    Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, letters);
+    Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, letters);
     SamplingParams p = greedy(40);
     p.ignore_eos = true;
     const std::string stop = ref_text.substr(10, 2);
@@ -191,7 +184,7 @@ TEST(Engine, StopConditions) {
     EXPECT_EQ(r.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + at + 2));
   }
   {  // a stop token: in the ids, not in the text
-    Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, letters);
+    Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, letters);
     SamplingParams p = greedy(40);
     p.ignore_eos = true;
     p.stop_token_ids = {ref[5]};
@@ -203,7 +196,7 @@ TEST(Engine, StopConditions) {
     EXPECT_EQ(r.text, ref_text.substr(0, at));
   }
   {  // max_tokens
-    Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, letters);
+    Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, letters);
     SamplingParams p = greedy(7);
     p.ignore_eos = true;
     ASSERT_TRUE(h.engine.add_request(1, prompt, p).is_ok());
@@ -213,7 +206,7 @@ TEST(Engine, StopConditions) {
     EXPECT_EQ(r.text, ref_text.substr(0, 7));
   }
   {  // no max_tokens: the context length ends it
-    Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 30, letters);
+    Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 30, letters);
     SamplingParams p = greedy(-1);
     p.ignore_eos = true;
     ASSERT_TRUE(h.engine.add_request(1, prompt, p).is_ok());
@@ -228,7 +221,7 @@ TEST(Engine, SkippedSpecialTokensStayInTheIdsButAddNoText) {
   const auto ref = reference_greedy(prompt, kVocab, 12, /*eos=*/-1);
   const int32_t special = ref[2];
   for (bool skip : {true, false}) {
-    CacheConfig c = pool(64, 4, 16);
+    CacheConfig c = test_pool(64, 4, 16);
     CacheManager cache(c);
     FakeRunner runner(cache.mla_view(), 4, kVocab);
     EngineConfig config{{.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, {kEos}, 0};
@@ -255,7 +248,7 @@ TEST(Engine, SkippedSpecialTokensStayInTheIdsButAddNoText) {
 }
 
 TEST(Engine, ValidationAndQueueLimits) {
-  Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 64, .max_queued_requests = 2}, 32);
+  Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 64, .max_queued_requests = 2}, 32);
   EXPECT_EQ(h.engine.add_request(1, {}, greedy(4)).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(h.engine.add_request(1, {1, kVocab}, greedy(4)).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(h.engine.add_request(1, std::vector<int32_t>(30, 1), greedy(3)).code(), StatusCode::kOutOfRange);
@@ -264,11 +257,11 @@ TEST(Engine, ValidationAndQueueLimits) {
   EXPECT_EQ(h.engine.add_request(1, {1, 2}, greedy(4)).code(), StatusCode::kInvalidArgument);  // duplicate id
   EXPECT_TRUE(h.engine.add_request(2, {1, 2}, greedy(4)).is_ok());
   EXPECT_EQ(h.engine.add_request(3, {1, 2}, greedy(4)).code(), StatusCode::kResourceExhausted);
-  EXPECT_FALSE(check_engine_config(EngineConfig{{}, 2000, {}, 0}, pool(64, 4, 16)).is_ok());  // > 1024 tokens
+  EXPECT_FALSE(check_engine_config(EngineConfig{{}, 2000, {}, 0}, test_pool(64, 4, 16)).is_ok());  // > 1024 tokens
 }
 
 TEST(Engine, BackendFailureIsAStatusNotAHang) {
-  Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 64}, 64);
+  Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 64}, 64);
   h.runner.fail_at_forward = 2;
   SamplingParams p = greedy(10);
   p.ignore_eos = true;
@@ -294,7 +287,7 @@ namespace moonrun {
 namespace {
 
 TEST(Engine, LogprobsTravelWithTheirTokens) {
-  Harness h(pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128);
+  Harness h(test_pool(64, 4, 16), {.max_running_requests = 4, .max_tokens_per_step = 4096}, 128);
   SamplingParams p = greedy(5);
   p.ignore_eos = true;
   p.logprobs = 3;
@@ -321,7 +314,7 @@ TEST(Engine, LogprobsTravelWithTheirTokens) {
 }
 
 TEST(Engine, AbortEndsEverySampleOfARequest) {
-  Harness h(pool(64, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 4096}, 128);
+  Harness h(test_pool(64, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 4096}, 128);
   SamplingParams p;
   p.n = 3;
   p.ignore_eos = true;

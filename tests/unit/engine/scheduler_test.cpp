@@ -4,18 +4,12 @@
 
 #include <memory>
 
+#include "test_pool.h"
+
 namespace moonrun {
 namespace {
 
-CacheConfig pool(int num_pages, int num_slots, int page_size) {
-  CacheConfig c;
-  c.layout.num_mla_layers = 1;
-  c.layout.row_floats = 2;
-  c.page_size_tokens = page_size;
-  c.num_pages = num_pages;
-  c.num_kda_slots = num_slots;
-  return c;
-}
+using testing::test_pool;
 
 struct Fixture {
   CacheManager cache;
@@ -49,7 +43,7 @@ std::vector<std::pair<int64_t, int>> plan(const SchedulerOutput& out) {
 using Plan = std::vector<std::pair<int64_t, int>>;
 
 TEST(Scheduler, TokenBudgetChunksLongPromptsAndNewcomersJoinRunningDecodes) {
-  Fixture f(pool(100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 64});
+  Fixture f(test_pool(100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 64});
   Request* a = f.add(100);
   Request* b = f.add(50);
   Request* c = f.add(30);
@@ -75,7 +69,7 @@ TEST(Scheduler, TokenBudgetChunksLongPromptsAndNewcomersJoinRunningDecodes) {
 }
 
 TEST(Scheduler, MaxRunningRequestsCapsTheBatch) {
-  Fixture f(pool(100, 8, 16), {.max_running_requests = 2, .max_tokens_per_step = 1000});
+  Fixture f(test_pool(100, 8, 16), {.max_running_requests = 2, .max_tokens_per_step = 1000});
   for (int i = 0; i < 4; ++i) f.add(5);
   EXPECT_EQ(plan(f.step()), (Plan{{0, 5}, {1, 5}}));
   EXPECT_EQ(f.sched.num_waiting(), 2);
@@ -87,7 +81,7 @@ TEST(Scheduler, MaxRunningRequestsCapsTheBatch) {
 TEST(Scheduler, FcfsAHeadThatDoesNotFitBlocksSmallerOnesBehindIt) {
   // 4 pages of 4 tokens. A holds 2 pages; B (12 tokens, 3 pages) cannot start; C (2 tokens)
   // would fit but must not overtake B.
-  Fixture f(pool(4, 8, 4), {.max_running_requests = 8, .max_tokens_per_step = 100});
+  Fixture f(test_pool(4, 8, 4), {.max_running_requests = 8, .max_tokens_per_step = 100});
   f.add(7);
   f.step();
   f.add(12);
@@ -100,7 +94,7 @@ TEST(Scheduler, FcfsAHeadThatDoesNotFitBlocksSmallerOnesBehindIt) {
 
 TEST(Scheduler, PreemptsTheNewestWhenThePoolRunsOutAndResumesByRecompute) {
   // 3 pages of 4 tokens: A (6 tokens -> 2 pages) and B (3 tokens -> 1 page) fill the pool.
-  Fixture f(pool(3, 4, 4), {.max_running_requests = 4, .max_tokens_per_step = 100});
+  Fixture f(test_pool(3, 4, 4), {.max_running_requests = 4, .max_tokens_per_step = 100});
   Request* a = f.add(6);
   Request* b = f.add(3);
   EXPECT_EQ(plan(f.step()), (Plan{{0, 6}, {1, 3}}));  // both sample: A has 7 tokens, B 4
@@ -133,7 +127,7 @@ TEST(Scheduler, PreemptsTheNewestWhenThePoolRunsOutAndResumesByRecompute) {
 TEST(Scheduler, PreemptionTakesFromTheTailAndKeepsArrivalOrderInTheQueue) {
   // 5 pages of 2 tokens; A, B, C each 3 tokens (2 pages): C cannot start. A grows until
   // it needs a page held by the newer B.
-  Fixture f(pool(5, 4, 2), {.max_running_requests = 4, .max_tokens_per_step = 100});
+  Fixture f(test_pool(5, 4, 2), {.max_running_requests = 4, .max_tokens_per_step = 100});
   Request* a = f.add(3);
   Request* b = f.add(3);
   Request* c = f.add(3);
@@ -150,7 +144,7 @@ TEST(Scheduler, PreemptionTakesFromTheTailAndKeepsArrivalOrderInTheQueue) {
 }
 
 TEST(Scheduler, RemoveFreesPagesAndSlotAtOnce) {
-  Fixture f(pool(10, 2, 4), {.max_running_requests = 2, .max_tokens_per_step = 100});
+  Fixture f(test_pool(10, 2, 4), {.max_running_requests = 2, .max_tokens_per_step = 100});
   Request* a = f.add(9);
   f.add(2);
   f.step();
@@ -165,7 +159,7 @@ TEST(Scheduler, RemoveFreesPagesAndSlotAtOnce) {
 }
 
 TEST(Scheduler, FullWaitingQueueRejects) {
-  CacheManager cache(pool(10, 2, 4));
+  CacheManager cache(test_pool(10, 2, 4));
   Scheduler sched({.max_running_requests = 2, .max_tokens_per_step = 100, .max_queued_requests = 1}, cache);
   Request r1, r2;
   r1.prompt_ids = r2.prompt_ids = {1};
@@ -183,14 +177,14 @@ namespace moonrun {
 namespace {
 
 TEST(Scheduler, EveryRunningDecodeGetsATokenEvenWithATinyBudget) {
-  Fixture f(pool(100, 8, 16), {.max_running_requests = 4, .max_tokens_per_step = 2});
+  Fixture f(test_pool(100, 8, 16), {.max_running_requests = 4, .max_tokens_per_step = 2});
   for (int i = 0; i < 4; ++i) f.add(1);
   EXPECT_EQ(plan(f.step()), (Plan{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
   EXPECT_EQ(plan(f.step()), (Plan{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
 }
 
 TEST(Scheduler, NoBudgetMeansWholePromptsInOneStep) {
-  Fixture f(pool(100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = -1});
+  Fixture f(test_pool(100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = -1});
   f.add(300);
   f.add(500);
   EXPECT_EQ(plan(f.step()), (Plan{{0, 300}, {1, 500}}));
