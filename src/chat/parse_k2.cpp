@@ -44,35 +44,19 @@ void split_call_header(std::string_view header, size_t call_index, std::string& 
   id = id_end ? std::string(header.substr(0, id_end)) : "functions." + name + ":" + std::to_string(call_index);
 }
 
-class K2Parser final : public CompletionParser {
+class K2Parser final : public MarkerDrivenParser {
  public:
   explicit K2Parser(const ParseOptions& options)
-      : lexer_({"<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+      : MarkerDrivenParser({"<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
                 "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|im_end|>",
                 "<|tool_call_section_begin|>", "<|tool_call_section_end|>"}),
         state_(options.thinking ? State::kReasoning : State::kContent) {}
 
-  ParseDelta feed(std::string_view text) override {
-    ParseDelta out;
-    out_ = &out;
-    pieces_.clear();
-    lexer_.feed(text, pieces_);
-    for (const auto& p : pieces_) on_piece(p);
-    out_ = nullptr;
-    return out;
-  }
-
-  ParseDelta finish() override {
-    ParseDelta out;
-    out_ = &out;
-    pieces_.clear();
-    lexer_.finish(pieces_);
-    for (const auto& p : pieces_) on_piece(p);
+  // An unterminated message: a half-read call is content after all.
+  void on_finish() override {
     if (state_ == State::kCallHeader || state_ == State::kCallArgs) abandon_call();
     if (state_ == State::kContent) flush_trailing_space();
     held_space_.clear();
-    out_ = nullptr;
-    return out;
   }
 
  private:
@@ -106,7 +90,7 @@ class K2Parser final : public CompletionParser {
     held_space_.clear();
   }
 
-  void on_piece(const MarkerPiece& p) {
+  void on_piece(const MarkerPiece& p) override {
     int m = p.marker;
     if (m == kSectionBeginSingular) m = kSectionBegin;
     if (m == kSectionEndSingular) m = kSectionEnd;
@@ -188,10 +172,7 @@ class K2Parser final : public CompletionParser {
     state_ = State::kSection;
   }
 
-  MarkerLexer lexer_;
-  std::vector<MarkerPiece> pieces_;
   State state_;
-  ParseDelta* out_ = nullptr;
   bool reasoning_seen_ = false;
   bool content_seen_ = false;
   std::string held_space_;

@@ -73,34 +73,18 @@ std::string attr(const std::vector<std::pair<std::string, std::string>>& attrs, 
   return fallback;
 }
 
-class K3Parser final : public CompletionParser {
+class K3Parser final : public MarkerDrivenParser {
  public:
   explicit K3Parser(const ParseOptions& options)
-      : lexer_({"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"}),
+      : MarkerDrivenParser({"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"}),
         state_(options.thinking ? State::kReasoning : State::kResponse),
         ids_(options.id_seed) {}
 
-  ParseDelta feed(std::string_view text) override {
-    ParseDelta out;
-    out_ = &out;
-    pieces_.clear();
-    lexer_.feed(text, pieces_);
-    for (const auto& p : pieces_) on_piece(p);
-    out_ = nullptr;
-    return out;
-  }
-
-  ParseDelta finish() override {
-    ParseDelta out;
-    out_ = &out;
-    pieces_.clear();
-    lexer_.finish(pieces_);
-    for (const auto& p : pieces_) on_piece(p);
+  // An unterminated message: a held tag and a half-read call are released as they stand.
+  void on_finish() override {
     if (tag_pending_) release_pending_tag();
     if (in_call()) abandon_call();
     held_space_.clear();  // white space between structural elements
-    out_ = nullptr;
-    return out;
   }
 
  private:
@@ -109,7 +93,7 @@ class K3Parser final : public CompletionParser {
   bool in_call() const { return state_ == State::kCall || state_ == State::kArgument || state_ == State::kJson; }
 
   // ---- pieces -> text / tags / end ----
-  void on_piece(const MarkerPiece& p) {
+  void on_piece(const MarkerPiece& p) override {
     switch (p.marker) {
       case -1:
         if (!tag_pending_) {
@@ -327,11 +311,8 @@ class K3Parser final : public CompletionParser {
     state_ = State::kTools;
   }
 
-  MarkerLexer lexer_;
-  std::vector<MarkerPiece> pieces_;
   State state_;
   ToolCallIds ids_;
-  ParseDelta* out_ = nullptr;
 
   bool tag_pending_ = false;
   bool tag_is_open_ = false;

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "chat/parse_message.h"
+
 namespace moonrun::chat {
 
 struct MarkerPiece {
@@ -25,6 +27,44 @@ class MarkerLexer {
 
   std::vector<std::string> markers_;
   std::string pending_;
+};
+
+// A CompletionParser driven by a MarkerLexer (the K2 and K3 parsers): feed() and finish()
+// lex their text and hand each piece to on_piece() while out_ points at the call's delta;
+// finish() then calls on_finish() for what an unterminated message leaves behind.
+class MarkerDrivenParser : public CompletionParser {
+ public:
+  ParseDelta feed(std::string_view text) final {
+    ParseDelta out;
+    out_ = &out;
+    pieces_.clear();
+    lexer_.feed(text, pieces_);
+    for (const auto& p : pieces_) on_piece(p);
+    out_ = nullptr;
+    return out;
+  }
+
+  ParseDelta finish() final {
+    ParseDelta out;
+    out_ = &out;
+    pieces_.clear();
+    lexer_.finish(pieces_);
+    for (const auto& p : pieces_) on_piece(p);
+    on_finish();
+    out_ = nullptr;
+    return out;
+  }
+
+ protected:
+  explicit MarkerDrivenParser(std::vector<std::string> markers) : lexer_(std::move(markers)) {}
+  virtual void on_piece(const MarkerPiece& p) = 0;
+  virtual void on_finish() = 0;
+
+  ParseDelta* out_ = nullptr;  // the delta of the feed()/finish() call in progress
+
+ private:
+  MarkerLexer lexer_;
+  std::vector<MarkerPiece> pieces_;
 };
 
 }  // namespace moonrun::chat
