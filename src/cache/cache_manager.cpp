@@ -1,31 +1,32 @@
 #include "cache/cache_manager.h"
 
 #include <algorithm>
+#include <climits>
 #include <string>
 
 #include "common/check.h"
 
 namespace moonrun {
 
-Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t budget_bytes,
-                                           int page_size_tokens, int num_kda_slots,
-                                           int64_t max_total_tokens) {
+Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t budget_bytes, int page_size_tokens,
+                                           int num_state_slots, int num_snapshot_slots, int64_t max_total_tokens) {
   if (page_size_tokens < 1)
     return invalid_argument("cache: page size must be >= 1 token, got " + std::to_string(page_size_tokens));
-  if (num_kda_slots < 1)
-    return invalid_argument("cache: need >= 1 KDA state slot (max running requests), got " +
-                            std::to_string(num_kda_slots));
-  const int64_t slots_bytes = num_kda_slots * layout.kda_slot_bytes;
-  const int64_t page_bytes = layout.bytes_per_token() * page_size_tokens;
-  const int64_t left_bytes = budget_bytes - slots_bytes;
+  if (num_state_slots < 1)
+    return invalid_argument("cache: need >= 1 state slot (max running requests), got " +
+                            std::to_string(num_state_slots));
   CacheConfig config;
   config.layout = layout;
   config.page_size_tokens = page_size_tokens;
-  config.num_kda_slots = num_kda_slots;
+  config.num_state_slots = num_state_slots;
+  config.num_snapshot_slots = std::max(0, num_snapshot_slots);
+  const int64_t slots_bytes = config.state_bytes();
+  const int64_t page_bytes = layout.kv_bytes_per_token * page_size_tokens;
+  const int64_t left_bytes = budget_bytes - slots_bytes;
   int64_t num_pages = 0;
   if (page_bytes == 0) {
     if (max_total_tokens <= 0)
-      return invalid_argument("cache: the model has no MLA layer; give a max token count to size the pool");
+      return invalid_argument("cache: the model keeps no KV rows; give a max token count to size the pool");
     num_pages = (max_total_tokens + page_size_tokens - 1) / page_size_tokens;
     if (left_bytes < 0) num_pages = 0;
   } else {
@@ -34,35 +35,90 @@ Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t bu
       num_pages = std::min(num_pages, (max_total_tokens + page_size_tokens - 1) / page_size_tokens);
   }
   if (num_pages < 1) {
-    return resource_exhausted(
-        "cache: memory budget " + std::to_string(budget_bytes) + " bytes cannot hold " +
-        std::to_string(num_kda_slots) + " KDA slots of " + std::to_string(layout.kda_slot_bytes) +
-        " bytes plus one page of " + std::to_string(page_bytes) +
-        " bytes; lower --max-running-requests or raise --mem-fraction-static");
+    return resource_exhausted("cache: memory budget " + std::to_string(budget_bytes) + " bytes cannot hold " +
+                              std::to_string(config.total_slots()) + " state slots of " +
+                              std::to_string(layout.state_bytes_per_slot) + " bytes plus one page of " +
+                              std::to_string(page_bytes) +
+                              " bytes; lower --max-running-requests or raise --mem-fraction-static");
   }
-  num_pages = std::min<int64_t>(num_pages, INT32_MAX / 2);
-  config.num_pages = static_cast<int>(num_pages);
+  config.num_pages = static_cast<int>(std::min<int64_t>(num_pages, INT32_MAX / 2));
   return config;
 }
 
-CacheManager::CacheManager(const CacheConfig& config)
-    : config_(config), pages_(config.num_pages) {
+CacheManager::CacheManager(const CacheConfig& config) : config_(config), pages_(config.num_pages) {
   MR_CHECK(config.page_size_tokens >= 1) << "page_size_tokens " << config.page_size_tokens;
-  MR_CHECK(config.num_kda_slots >= 0) << "num_kda_slots " << config.num_kda_slots;
-  free_slots_.reserve(config.num_kda_slots);
-  for (int s = config.num_kda_slots - 1; s >= 0; --s) free_slots_.push_back(s);
-  const int64_t n_floats = config.total_tokens() * config.layout.num_mla_layers * config.layout.row_floats;
-  if (n_floats > 0 && config.host_rows) mla_rows_.reset(new float[n_floats]);
+  MR_CHECK(config.num_state_slots >= 0 && config.num_snapshot_slots >= 0) << "slot counts";
+  if (config_.prefix_block_tokens > 0) {
+    // Whole pages only: a shared page is never written by the sequence that shares it.
+    const int ps = config_.page_size_tokens;
+    config_.prefix_block_tokens = (config_.prefix_block_tokens + ps - 1) / ps * ps;
+  }
+  for (int s = config.num_state_slots - 1; s >= 0; --s) free_slots_.push_back(s);
+  for (int s = config.total_slots() - 1; s >= config.num_state_slots; --s) free_snapshot_slots_.push_back(s);
 }
 
-MlaPoolView CacheManager::mla_view() const {
-  MlaPoolView view;
-  view.base = mla_rows_.get();
-  view.num_mla_layers = config_.layout.num_mla_layers;
-  view.num_pages = config_.num_pages;
-  view.page_size_tokens = config_.page_size_tokens;
-  view.row_floats = config_.layout.row_floats;
-  return view;
+uint64_t CacheManager::prefix_key(std::span<const int32_t> tokens) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ tokens.size();
+  for (int32_t t : tokens) {
+    h ^= static_cast<uint32_t>(t) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+  }
+  return h;
+}
+
+const CacheManager::PrefixEntry* CacheManager::find_prefix(std::span<const int32_t> tokens, uint64_t key) const {
+  auto it = prefixes_.find(key);
+  if (it == prefixes_.end()) return nullptr;
+  const PrefixEntry& e = it->second;
+  if (e.tokens.size() != tokens.size() || !std::equal(tokens.begin(), tokens.end(), e.tokens.begin())) return nullptr;
+  return &e;
+}
+
+void CacheManager::touch(uint64_t key) {
+  auto& e = prefixes_.at(key);
+  lru_.splice(lru_.end(), lru_, e.lru);
+}
+
+bool CacheManager::evict_one() {
+  if (lru_.empty()) return false;
+  const uint64_t key = lru_.front();
+  lru_.pop_front();
+  auto it = prefixes_.find(key);
+  MR_CHECK(it != prefixes_.end()) << "prefix LRU out of step";
+  for (int32_t page : it->second.pages) pages_.release(page);
+  free_snapshot_slots_.push_back(it->second.snapshot_slot);
+  prefixes_.erase(it);
+  return true;
+}
+
+bool CacheManager::take_slot(SeqEntry& entry) {
+  if (entry.slot >= 0) return true;
+  if (free_slots_.empty()) return false;
+  entry.slot = free_slots_.back();
+  free_slots_.pop_back();
+  return true;
+}
+
+int CacheManager::match_prefix(int64_t seq, std::span<const int32_t> tokens) {
+  if (!prefix_caching() || has(seq) || free_slots_.empty()) return 0;
+  const int B = config_.prefix_block_tokens;
+  int best = 0;
+  uint64_t best_key = 0;
+  // The last token is always computed: its logits give the next token.
+  for (int n = B; n <= static_cast<int>(tokens.size()) - 1; n += B) {
+    const uint64_t key = prefix_key(tokens.first(n));
+    if (find_prefix(tokens.first(n), key)) best = n, best_key = key;
+  }
+  if (best == 0) return 0;
+  const PrefixEntry& e = prefixes_.at(best_key);
+  SeqEntry& entry = seqs_[seq];
+  MR_CHECK(take_slot(entry)) << "a free slot was checked above";
+  entry.pages = e.pages;
+  for (int32_t page : entry.pages) pages_.add_ref(page);
+  before_.push_back({e.snapshot_slot, entry.slot});
+  touch(best_key);
+  prefix_hit_tokens_ += best;
+  return best;
 }
 
 int CacheManager::pages_needed(int64_t seq, int n_tokens) const {
@@ -72,20 +128,18 @@ int CacheManager::pages_needed(int64_t seq, int n_tokens) const {
   return std::max(0, want - have);
 }
 
-bool CacheManager::can_allocate(int64_t seq, int n_tokens) const {
-  if (!has(seq) && free_slots_.empty()) return false;
-  return pages_needed(seq, n_tokens) <= pages_.num_free();
-}
-
 bool CacheManager::allocate(int64_t seq, int n_tokens) {
   MR_CHECK(n_tokens >= 0) << "allocate(" << seq << ", " << n_tokens << ")";
-  if (!can_allocate(seq, n_tokens)) return false;
+  const bool fresh = !has(seq);
+  if (fresh && free_slots_.empty()) return false;
   const int n_new_pages = pages_needed(seq, n_tokens);
+  while (pages_.num_free() < n_new_pages && evict_one()) {
+  }
+  if (pages_.num_free() < n_new_pages) return false;
   SeqEntry& entry = seqs_[seq];
-  if (entry.kda_slot < 0) {
-    entry.kda_slot = free_slots_.back();
-    free_slots_.pop_back();
-    entry.fresh_slot = true;
+  if (entry.slot < 0) {
+    MR_CHECK(take_slot(entry)) << "slot checked above";
+    before_.push_back({-1, entry.slot});  // a recycled slot still holds its last owner's state
   }
   MR_CHECK(pages_.allocate(n_new_pages, entry.pages)) << "page pool changed under allocate";
   return true;
@@ -95,8 +149,68 @@ void CacheManager::free(int64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
   for (int32_t page : it->second.pages) pages_.release(page);
-  if (it->second.kda_slot >= 0) free_slots_.push_back(it->second.kda_slot);
+  if (it->second.slot >= 0) free_slots_.push_back(it->second.slot);
   seqs_.erase(it);
+}
+
+int CacheManager::chunk_end(std::span<const int32_t> tokens, int from, int to) const {
+  if (!prefix_caching()) return to;
+  const int B = config_.prefix_block_tokens;
+  const int boundary = std::min<int>(to, static_cast<int>(tokens.size())) / B * B;
+  if (boundary <= from) return to;
+  if (find_prefix(tokens.first(boundary), prefix_key(tokens.first(boundary)))) return to;
+  return boundary;
+}
+
+bool CacheManager::plan_snapshot(int64_t seq, std::span<const int32_t> prefix) {
+  const int n_tokens = static_cast<int>(prefix.size());
+  if (!prefix_caching() || n_tokens <= 0 || n_tokens % config_.prefix_block_tokens != 0) return false;
+  if (find_prefix(prefix, prefix_key(prefix))) return false;  // cached already
+  for (const PendingSnapshot& p : pending_)
+    if (p.seq == seq) return false;
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || it->second.slot < 0) return false;
+  if (free_snapshot_slots_.empty() && !evict_one()) return false;
+  const int slot = free_snapshot_slots_.back();
+  free_snapshot_slots_.pop_back();
+  after_.push_back({it->second.slot, slot});
+  pending_.push_back({seq, n_tokens, slot});
+  return true;
+}
+
+void CacheManager::commit_snapshots(const std::function<std::span<const int32_t>(int64_t seq)>& tokens_of) {
+  for (const PendingSnapshot& p : pending_) {
+    auto it = seqs_.find(p.seq);
+    std::span<const int32_t> tokens;
+    if (it != seqs_.end()) tokens = tokens_of(p.seq);
+    const int n_pages = p.n_tokens / config_.page_size_tokens;
+    if (it == seqs_.end() || static_cast<int>(tokens.size()) < p.n_tokens ||
+        static_cast<int>(it->second.pages.size()) < n_pages) {
+      free_snapshot_slots_.push_back(p.slot);
+      continue;
+    }
+    const auto prefix = tokens.first(p.n_tokens);
+    const uint64_t key = prefix_key(prefix);
+    if (prefixes_.count(key)) {  // cached meanwhile (two sequences, one prefix), or a collision
+      free_snapshot_slots_.push_back(p.slot);
+      continue;
+    }
+    PrefixEntry e;
+    e.tokens.assign(prefix.begin(), prefix.end());
+    e.pages.assign(it->second.pages.begin(), it->second.pages.begin() + n_pages);
+    for (int32_t page : e.pages) pages_.add_ref(page);
+    e.snapshot_slot = p.slot;
+    e.lru = lru_.insert(lru_.end(), key);
+    prefixes_.emplace(key, std::move(e));
+  }
+  pending_.clear();
+}
+
+void CacheManager::take_state_copies(std::vector<StateCopy>& before, std::vector<StateCopy>& after) {
+  before = std::move(before_);
+  after = std::move(after_);
+  before_.clear();
+  after_.clear();
 }
 
 const std::vector<int32_t>& CacheManager::page_table(int64_t seq) const {
@@ -105,18 +219,10 @@ const std::vector<int32_t>& CacheManager::page_table(int64_t seq) const {
   return it->second.pages;
 }
 
-int CacheManager::kda_slot(int64_t seq) const {
+int CacheManager::state_slot(int64_t seq) const {
   auto it = seqs_.find(seq);
   MR_CHECK(it != seqs_.end()) << "no cache for sequence " << seq;
-  return it->second.kda_slot;
-}
-
-bool CacheManager::take_fresh_slot(int64_t seq) {
-  auto it = seqs_.find(seq);
-  MR_CHECK(it != seqs_.end()) << "no cache for sequence " << seq;
-  const bool fresh = it->second.fresh_slot;
-  it->second.fresh_slot = false;
-  return fresh;
+  return it->second.slot;
 }
 
 CacheStats CacheManager::stats() const {
@@ -125,9 +231,11 @@ CacheStats CacheManager::stats() const {
   s.free_pages = pages_.num_free();
   s.total_tokens = config_.total_tokens();
   s.free_tokens = free_tokens();
-  s.total_slots = config_.num_kda_slots;
+  s.total_slots = config_.num_state_slots;
   s.free_slots = free_slots();
   s.num_seqs = static_cast<int>(seqs_.size());
+  s.prefix_entries = static_cast<int>(prefixes_.size());
+  s.prefix_hit_tokens = prefix_hit_tokens_;
   return s;
 }
 

@@ -1,95 +1,116 @@
 #pragma once
-// One memory interface over the two per-sequence caches of a K3 model:
-//   - the paged MLA latent pool: per token and MLA layer one row of kv_lora + rope floats
-//     (576 at K3 size), grouped in pages of page_size_tokens; a sequence owns a page table
-//     covering its tokens;
-//   - the KDA state slots: per sequence one fixed-size slot (conv windows + the recurrent S
-//     of every KDA layer), whatever the sequence length.
+// All per-sequence state of a hybrid model, as bookkeeping over ids (the memory behind
+// them is the runner's pools, runtime/):
+//   - the paged KV pool: per token and KV layer one row (MLA's 576-wide latent at K3
+//     size), grouped in pages of page_size_tokens; a sequence owns a page table covering
+//     its tokens, and a page may be shared (reference counted) by a cached prefix;
+//   - the state slots: per sequence one fixed-size slot (K3: conv windows + the recurrent S
+//     of every KDA layer), whatever the sequence length; slots [0, num_state_slots) are for
+//     live sequences, the next num_snapshot_slots hold snapshots of a state at a block
+//     boundary, for the prefix cache;
+//   - the prefix cache: a prompt prefix of whole blocks (prefix_block_tokens, a multiple of
+//     the page size) whose KV pages are kept and whose state was snapshotted at its end.
+//     A new sequence that starts with such a prefix shares its pages, restores the snapshot
+//     into its own slot, and computes only the rest (SGLang's radix cache, adapted to a
+//     recurrent state: the state can only be resumed where it was saved).
 // The scheduler asks in tokens ("can this sequence grow to n tokens?"); the answer covers
-// both pools at once, all or nothing. The MLA rows live in a plain float buffer owned here
-// (MlaPoolView points into it); the KDA slot contents belong to the model runner, which is
-// told to reset a slot whenever the slot is (re)assigned (take_fresh_slot).
+// both pools at once, all or nothing, evicting cached prefixes (least recently used first)
+// when pages or snapshot slots run short. The slot commands (zero a fresh slot, restore a
+// snapshot, take a snapshot) are handed to the runner with the step.
 #include <cstdint>
-#include <memory>
+#include <functional>
+#include <list>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "cache/page_allocator.h"
 #include "common/status.h"
-#include "model/forward_batch.h"
 
 namespace moonrun {
 
-// What one token and one sequence cost, from the model's shape.
+// What one token and one sequence cost, from the model's shape and the backend's dtypes.
 struct CacheLayout {
-  int num_mla_layers = 0;
-  int row_floats = 0;          // kv_lora_rank + qk_rope_head_dim
-  int dtype_bytes = 4;         // 4: the CPU backend keeps float rows
-  int64_t kda_slot_bytes = 0;  // one sequence's KDA state, all KDA layers
-  int64_t bytes_per_token() const {
-    return static_cast<int64_t>(num_mla_layers) * row_floats * dtype_bytes;
-  }
+  int64_t kv_bytes_per_token = 0;    // over all KV layers
+  int64_t state_bytes_per_slot = 0;  // one sequence's recurrent state
 };
 
 struct CacheConfig {
   CacheLayout layout;
   int page_size_tokens = 16;
   int num_pages = 0;
-  int num_kda_slots = 0;
-  // The CPU backend keeps the MLA rows in host memory owned here; the CUDA backend keeps
-  // them on the device (its runner allocates them) and uses this class for accounting only.
-  bool host_rows = true;
+  int num_state_slots = 0;      // live sequences (one slot each: the running-request cap)
+  int num_snapshot_slots = 0;   // prefix-cache snapshots
+  int prefix_block_tokens = 0;  // > 0: prefix caching on, snapshots at multiples of this
   int64_t total_tokens() const { return static_cast<int64_t>(num_pages) * page_size_tokens; }
-  int64_t mla_bytes() const { return total_tokens() * layout.bytes_per_token(); }
-  int64_t kda_bytes() const { return num_kda_slots * layout.kda_slot_bytes; }
+  int total_slots() const { return num_state_slots + num_snapshot_slots; }
+  int64_t kv_bytes() const { return total_tokens() * layout.kv_bytes_per_token; }
+  int64_t state_bytes() const { return total_slots() * layout.state_bytes_per_slot; }
 };
 
-// Splits a byte budget between the pools: num_kda_slots slots first (one per request that
-// may run at once, so a slot never has to be waited for), every remaining byte to MLA pages.
-// max_total_tokens > 0 caps the pages (and must be given when the model has no MLA layer).
-// Fails with a message naming the numbers when the budget cannot hold the slots plus one
-// page.
-Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t budget_bytes,
-                                           int page_size_tokens, int num_kda_slots,
-                                           int64_t max_total_tokens = 0);
+// Splits a byte budget between the pools: the state slots first (live + snapshot), every
+// remaining byte to KV pages. max_total_tokens > 0 caps the pages (and must be given when
+// the model keeps no KV). Fails with a message naming the numbers when the budget cannot
+// hold the slots plus one page.
+Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t budget_bytes, int page_size_tokens,
+                                           int num_state_slots, int num_snapshot_slots, int64_t max_total_tokens = 0);
+
+// A state-slot command for the runner: copy slot src to slot dst, or zero dst when src < 0.
+struct StateCopy {
+  int src = -1;
+  int dst = -1;
+};
 
 struct CacheStats {
   int64_t total_tokens = 0;  // pool capacity in tokens (num_pages * page_size)
   int64_t free_tokens = 0;   // tokens in free pages
   int total_pages = 0, free_pages = 0;
-  int total_slots = 0, free_slots = 0;
-  int num_seqs = 0;          // sequences holding cache
-  double usage() const {     // fraction of MLA pages in use, for /metrics
+  int total_slots = 0, free_slots = 0;  // live-sequence slots
+  int num_seqs = 0;                     // sequences holding cache
+  int prefix_entries = 0;               // cached prefixes
+  int64_t prefix_hit_tokens = 0;        // prompt tokens served from the prefix cache so far
+  double usage() const {                // fraction of KV pages in use, for /metrics
     return total_pages ? 1.0 - static_cast<double>(free_pages) / total_pages : 0.0;
   }
 };
 
 class CacheManager {
  public:
-  // Allocates the MLA buffer (uninitialised: rows are written before they are read).
   explicit CacheManager(const CacheConfig& config);
 
   const CacheConfig& config() const { return config_; }
   int page_size_tokens() const { return config_.page_size_tokens; }
-  MlaPoolView mla_view() const;
+  bool prefix_caching() const { return config_.prefix_block_tokens > 0 && config_.num_snapshot_slots > 0; }
 
-  // Grows seq's cache so that it covers n_tokens tokens: a KDA slot when the sequence has
+  // For a sequence without cache yet: the longest cached prefix of `tokens` that leaves at
+  // least one token to compute. Its pages are shared and its snapshot is queued for restore
+  // into a fresh slot; returns how many tokens it covers (0: no match, nothing changed).
+  int match_prefix(int64_t seq, std::span<const int32_t> tokens);
+
+  // Grows seq's cache so that it covers n_tokens tokens: a state slot when the sequence has
   // none yet, and pages for ceil(n_tokens / page_size). All or nothing: false (and no
-  // change) when either pool is short.
+  // change) when either pool is short after evicting what the prefix cache can give up.
   bool allocate(int64_t seq, int n_tokens);
-  // Whether allocate(seq, n_tokens) would succeed now.
-  bool can_allocate(int64_t seq, int n_tokens) const;
-  // Pages allocate(seq, n_tokens) would add.
-  int pages_needed(int64_t seq, int n_tokens) const;
   // Returns every page and the slot of seq (abort, finish, preemption). No-op if unknown.
   void free(int64_t seq);
 
+  // Prefix caching: where a prefill chunk of seq over token positions [from, to) should stop
+  // so that the state can be snapshotted at a block boundary not yet cached (to itself when
+  // nothing needs saving). `tokens` are the sequence's known tokens.
+  int chunk_end(std::span<const int32_t> tokens, int from, int to) const;
+  // When `prefix` (seq's first tokens after this step) ends at an uncached block boundary:
+  // reserves a snapshot slot (evicting the least recently used prefix if needed) and queues
+  // the copy of seq's state after the step. False when nothing was planned.
+  bool plan_snapshot(int64_t seq, std::span<const int32_t> prefix);
+  // After the step's forward: the planned snapshots become cached prefixes of `tokens_of(seq)`.
+  void commit_snapshots(const std::function<std::span<const int32_t>(int64_t seq)>& tokens_of);
+  // The slot commands of the coming step: before the forward (zero or restore a slot), after
+  // it (take a snapshot). Cleared by the call.
+  void take_state_copies(std::vector<StateCopy>& before, std::vector<StateCopy>& after);
+
   bool has(int64_t seq) const { return seqs_.count(seq) != 0; }
   const std::vector<int32_t>& page_table(int64_t seq) const;
-  int kda_slot(int64_t seq) const;
-  // True exactly once after seq got its slot: the runner must zero the slot's state before
-  // the sequence's first forward (a recycled slot still holds its previous owner's state).
-  bool take_fresh_slot(int64_t seq);
+  int state_slot(int64_t seq) const;
 
   CacheStats stats() const;
   int64_t free_tokens() const { return static_cast<int64_t>(pages_.num_free()) * config_.page_size_tokens; }
@@ -98,15 +119,38 @@ class CacheManager {
  private:
   struct SeqEntry {
     std::vector<int32_t> pages;  // page table: token t lives in pages[t / page_size]
-    int kda_slot = -1;
-    bool fresh_slot = false;
+    int slot = -1;
   };
+  struct PrefixEntry {
+    std::vector<int32_t> tokens;  // the prefix itself (hash collisions are checked against it)
+    std::vector<int32_t> pages;   // its KV pages, one reference each
+    int snapshot_slot = -1;
+    std::list<uint64_t>::iterator lru;  // position in lru_ (front: least recently used)
+  };
+  struct PendingSnapshot {
+    int64_t seq;
+    int n_tokens;
+    int slot;
+  };
+
+  int pages_needed(int64_t seq, int n_tokens) const;
+  bool take_slot(SeqEntry& entry);
+  // Frees the least recently used prefix; false when there is none.
+  bool evict_one();
+  void touch(uint64_t key);
+  const PrefixEntry* find_prefix(std::span<const int32_t> tokens, uint64_t key) const;
+  static uint64_t prefix_key(std::span<const int32_t> tokens);
 
   CacheConfig config_;
   PageAllocator pages_;
-  std::vector<int32_t> free_slots_;  // LIFO
+  std::vector<int32_t> free_slots_;           // live-sequence slots, LIFO
+  std::vector<int32_t> free_snapshot_slots_;  // snapshot slots, LIFO
   std::unordered_map<int64_t, SeqEntry> seqs_;
-  std::unique_ptr<float[]> mla_rows_;  // [num_mla_layers][num_pages][page_size][row_floats]
+  std::unordered_map<uint64_t, PrefixEntry> prefixes_;
+  std::list<uint64_t> lru_;
+  std::vector<PendingSnapshot> pending_;
+  std::vector<StateCopy> before_, after_;
+  int64_t prefix_hit_tokens_ = 0;
 };
 
 }  // namespace moonrun

@@ -1,7 +1,9 @@
 // `moonrun generate --model M --token-ids 1,2,3 --max-tokens N [--temperature T] [--seed S]
-// [--logits-out FILE]`: runs the CPU model on token ids (verbatim, no BOS) and prints one
-// JSON line {"prompt_tokens": n, "token_ids": [...]} (+ "logits_shape" with --logits-out,
-// whose file holds float32 little-endian logits, one row per generated token).
+// [--top-p P] [--top-k K] [--logits-out FILE] [--device cpu|cuda] [--dtype float32]`: runs the
+// model on token ids (verbatim, no BOS) and prints one JSON line
+// {"prompt_tokens": n, "token_ids": [...]} (+ "logits_shape" with --logits-out, whose file
+// holds float32 little-endian logits, one row per generated token). Sampling is the
+// server's: the same seed gives the same tokens as a request to `moonrun serve`.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -9,12 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "model/generate.h"
-#include "model/kimi_k3.h"
-#if MOONRUN_HAS_CUDA
-#include "kernels/cuda/common/device_info.h"
-#include "runtime/cuda/cuda_model_runner.h"
-#endif
+#include "runtime/generate.h"
+#include "runtime/runtime_builder.h"
 
 namespace moonrun::cli {
 
@@ -25,11 +23,15 @@ struct GenerateArgs {
   std::string token_ids;
   int max_tokens = 16;
   float temperature = 0.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
   uint64_t seed = 0;
   std::string logits_out;
   bool verbose = false;
   std::string device = "auto";
+  std::string dtype = "auto";
   double mem_fraction_static = 0.5;
+  bool disable_cuda_graph = false;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -63,53 +65,43 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
 
 }  // namespace
 
-// "auto" -> "cuda" when this build has the CUDA backend and a GPU is visible, else "cpu";
-// "cuda" without either -> "error: ..." with the reason.
-std::string resolve_device(const std::string& requested) {
-#if MOONRUN_HAS_CUDA
-  const bool gpu = cuda::device_count() > 0;
-  if (requested == "auto") return gpu ? "cuda" : "cpu";
-  if (requested == "cuda" && !gpu) return "error: --device cuda: no CUDA device is visible; use --device cpu";
-  return requested;
-#else
-  if (requested == "cuda") return "error: --device cuda: this build has no CUDA backend (nvcc was not found at configure time)";
-  return "cpu";
-#endif
-}
-
 namespace {
 
 void run_generate(const GenerateArgs& a) {
   std::vector<int32_t> prompt = parse_token_ids(a.token_ids);
   if (a.max_tokens < 0) fail(2, "--max-tokens must be >= 0");
   if (a.temperature < 0) fail(2, "--temperature must be >= 0");
-  const std::string device = resolve_device(a.device);
-  if (device.rfind("error: ", 0) == 0) fail(2, device.substr(7));
-  WeightLoadOptions load;
-  load.mxfp4_packed = device == "cuda";  // the GPU keeps MXFP4 experts packed
-  auto model = KimiK3Model::load(a.model, load);
-  if (!model.is_ok()) fail(model.status().code() == StatusCode::kInvalidArgument ? 2 : 1, model.status().message());
-  const ModelConfig& cfg = (*model)->config();
+  GenerateOptions opt;
+  opt.max_tokens = a.max_tokens;
+  opt.sampling.temperature = a.temperature;
+  opt.sampling.top_p = a.top_p;
+  opt.sampling.top_k = a.top_k;
+  opt.sampling.seed = a.seed;
+  opt.keep_logits = !a.logits_out.empty();
+  if (Status st = opt.sampling.validate(); !st.is_ok()) fail(2, st.message());
+
+  // One sequence: one state slot, pages for the prompt and the generated tokens.
+  RuntimeOptions ro;
+  ro.device = a.device;
+  ro.dtype = a.dtype;
+  ro.mem_fraction_static = a.mem_fraction_static;
+  ro.max_running_requests = 1;
+  ro.max_tokens_per_step = static_cast<int>(std::max<size_t>(prompt.size(), 1));
+  ro.page_size_tokens = defaults::kPageSizeTokens;
+  ro.context_length = static_cast<int64_t>(prompt.size()) + a.max_tokens;
+  ro.max_total_tokens = static_cast<int64_t>(pages_for_generate(prompt.size(), opt, ro.page_size_tokens)) *
+                        ro.page_size_tokens;
+  ro.prefix_cache = false;
+  ro.cuda_graphs = !a.disable_cuda_graph;
+  ro.log = a.verbose;
+  auto rt = build_runtime(a.model, ro);
+  if (!rt.is_ok()) fail(rt.status().code() == StatusCode::kInvalidArgument ? 2 : 1, rt.status().message());
+  const ModelConfig& cfg = rt->config;
   for (int32_t id : prompt)
     if (id >= cfg.vocab_size)
       fail(2, "--token-ids: token id " + std::to_string(id) + " is outside the vocabulary (vocab_size " +
                   std::to_string(cfg.vocab_size) + ")");
-
-  GenerateOptions opt;
-  opt.max_tokens = a.max_tokens;
-  opt.temperature = a.temperature;
-  opt.seed = a.seed;
-  opt.keep_logits = !a.logits_out.empty();
-  Result<GenerateResult> result = invalid_argument("no device");
-  if (device == "cpu") {
-    result = generate(**model, prompt, opt);
-  } else {
-#if MOONRUN_HAS_CUDA
-    CudaDeviceOptions dev;
-    dev.mem_fraction_static = a.mem_fraction_static;
-    result = generate_cuda(**model, prompt, opt, dev);
-#endif
-  }
+  Result<GenerateResult> result = generate(*rt->runner, ro.page_size_tokens, prompt, opt);
   if (!result.is_ok()) fail(1, result.status().message());
 
   nlohmann::ordered_json out;
@@ -147,14 +139,20 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-tokens", args->max_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--seed", args->seed, "sampling seed (temperature > 0)")->capture_default_str();
+  cmd->add_option("--top-p", args->top_p, "nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0: off)")->capture_default_str();
   cmd->add_option("--logits-out", args->logits_out,
                   "write float32 LE logits [generated, vocab] here (row 0 = last prompt position)");
-  cmd->add_flag("--verbose", args->verbose, "print prefill/decode timings on stderr");
+  cmd->add_flag("--verbose", args->verbose, "print the load log and prefill/decode timings on stderr");
   cmd->add_option("--device", args->device, "cuda | cpu | auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--mem-fraction-static", args->mem_fraction_static, "GPU memory fraction for weights and caches")
       ->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "auto | bfloat16 | float32 (CUDA: every op in fp32)")
+      ->check(CLI::IsMember({"auto", "bfloat16", "bf16", "float32"}))
+      ->capture_default_str();
+  cmd->add_flag("--disable-cuda-graph", args->disable_cuda_graph, "decode steps without CUDA graphs");
   cmd->callback([args] { run_generate(*args); });
 }
 

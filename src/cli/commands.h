@@ -15,7 +15,4 @@ void add_render_command(CLI::App& app);
 void add_parse_command(CLI::App& app);
 void add_make_demo_model_command(CLI::App& app);
 
-// The backend a --device value selects in this build: "cpu", "cuda", or "error: <why>".
-std::string resolve_device(const std::string& requested);
-
 }  // namespace moonrun::cli

@@ -1,9 +1,42 @@
 #pragma once
-// Scalar formats found in checkpoints, and exact conversions to float32.
+// Scalar formats: the element types of checkpoints and of backend tensors, and exact
+// conversions to float32.
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 namespace moonrun {
+
+// The safetensors element types (the names are the format's spelling). Backend tensors use
+// the same enum; MXFP4 weights are U8 codes + U8 scales (backend/tensor.h).
+enum class DType : uint8_t { BF16, F16, F32, F8_E4M3, U8, I8, I32, I64 };
+inline constexpr DType kAllDTypes[] = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3,
+                                       DType::U8,   DType::I8,  DType::I32, DType::I64};
+
+constexpr size_t dtype_size_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::BF16: case DType::F16: return 2;
+    case DType::F32: case DType::I32: return 4;
+    case DType::F8_E4M3: case DType::U8: case DType::I8: return 1;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+// "BF16", "F8_E4M3", ...
+constexpr const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::F32: return "F32";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::U8: return "U8";
+    case DType::I8: return "I8";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+  }
+  return "?";
+}
 
 // bfloat16 -> float32 is exact (the top 16 bits of a float32).
 inline float bf16_to_f32(uint16_t h) {

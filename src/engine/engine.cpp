@@ -18,20 +18,29 @@ Status check_engine_config(const EngineConfig& config, const CacheConfig& cache)
   if (config.scheduler.max_running_requests < 1)
     return invalid_argument("--max-running-requests must be >= 1, got " +
                             std::to_string(config.scheduler.max_running_requests));
-  if (cache.num_kda_slots < 1) return invalid_argument("the cache has no KDA state slot");
+  if (cache.num_state_slots < 1) return invalid_argument("the cache has no state slot");
   return Status::ok();
 }
 
-Engine::Engine(const EngineConfig& config, CacheManager& cache, ModelRunner& runner, DetokenizeFn detokenize)
+Result<EngineConfig> resolve_engine_config(EngineConfig wanted, int64_t model_max_len, const CacheConfig& cache) {
+  if (wanted.max_model_len <= 0) {
+    const int64_t pool = cache.total_tokens();
+    wanted.max_model_len = static_cast<int>(std::min<int64_t>(model_max_len > 0 ? model_max_len : pool, pool));
+  }
+  MR_RETURN_IF_ERROR(check_engine_config(wanted, cache));
+  return wanted;
+}
+
+Engine::Engine(const EngineConfig& config, CacheManager& cache, StepRunner& runner, DetokenizeFn detokenize)
     : config_(config),
       cache_(cache),
       runner_(runner),
       detokenize_(std::move(detokenize)),
       scheduler_([&] {
-        // A running request holds a KDA slot for its whole life: never admit more requests
+        // A running request holds a state slot for its whole life: never admit more requests
         // than there are slots.
         SchedulerConfig s = config.scheduler;
-        s.max_running_requests = std::min(s.max_running_requests, cache.config().num_kda_slots);
+        s.max_running_requests = std::min(s.max_running_requests, cache.config().num_state_slots);
         return s;
       }(), cache),
       seed_gen_(config.seed) {
@@ -48,6 +57,10 @@ Status Engine::validate(const std::vector<int32_t>& prompt_ids, const SamplingPa
       return invalid_argument("prompt token " + std::to_string(i) + " is " + std::to_string(prompt_ids[i]) +
                               ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
   }
+  for (const auto& [token, bias] : params.logit_bias)
+    if (token < 0 || token >= vocab)
+      return invalid_argument("logit_bias: token " + std::to_string(token) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
   const int64_t n_prompt = static_cast<int64_t>(prompt_ids.size());
   if (n_prompt >= config_.max_model_len) {
     return out_of_range("the prompt has " + std::to_string(n_prompt) + " tokens; the context length is " +
@@ -79,7 +92,7 @@ Status Engine::add_request(uint64_t request_id, std::vector<int32_t> prompt_ids,
     req->params = params;
     req->params.n = 1;
     // vLLM's parallel sampling: sample i of a seeded request uses seed + i.
-    req->rng = SamplerRng(params.seed ? *params.seed + i : seed_gen_());
+    req->sampler = SequenceSampler(req->params, params.seed ? *params.seed + i : seed_gen_(), req->prompt_ids);
     req->max_output_tokens =
         params.max_tokens > 0 ? params.max_tokens : config_.max_model_len - req->num_prompt_tokens();
     req->text = OutputText(detokenize_, params.stop);
@@ -109,6 +122,7 @@ RequestOutput Engine::finish(Request* req, FinishReason reason, std::string text
   out.stop_reason = req->stop_reason;
   out.num_prompt_tokens = req->num_prompt_tokens();
   out.num_output_tokens = req->num_output_tokens();
+  out.num_cached_tokens = req->num_cached_tokens;
   ++totals_.requests_finished_total;
   return out;
 }
@@ -139,57 +153,56 @@ void Engine::fail_all(const Status& error, std::vector<RequestOutput>& outputs) 
 
 SchedulerOutput Engine::schedule() { return scheduler_.schedule(); }
 
-ForwardBatch Engine::prepare_inputs(const SchedulerOutput& scheduled) {
-  ForwardBatch batch;
-  batch.seqs.reserve(scheduled.seqs.size());
-  for (const ScheduledSeq& s : scheduled.seqs) {
+void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) {
+  input.seqs.clear();
+  input.sampling = SamplingBatch{};
+  step_tokens_.resize(scheduled.seqs.size());
+  for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
+    const ScheduledSeq& s = scheduled.seqs[i];
     Request* req = s.req;
-    ForwardSeq seq;
-    seq.kda_slot = cache_.kda_slot(req->seq_id);
-    // A slot new to this sequence still holds its last owner's state (or a preempted run's).
-    if (cache_.take_fresh_slot(req->seq_id)) runner_.reset_kda_slot(seq.kda_slot);
-    seq.n_past_tokens = req->num_computed_tokens;
-    seq.new_token_ids.reserve(s.n_new_tokens);
-    for (int t = 0; t < s.n_new_tokens; ++t) seq.new_token_ids.push_back(req->token_at(req->num_computed_tokens + t));
+    std::vector<int32_t>& ids = step_tokens_[i];
+    ids.clear();
+    for (int t = 0; t < s.n_new_tokens; ++t) ids.push_back(req->token_at(req->num_computed_tokens + t));
+    StepSeq seq;
+    seq.new_token_ids = ids;
+    seq.n_past = req->num_computed_tokens;
+    seq.state_slot = cache_.state_slot(req->seq_id);
     seq.pages = cache_.page_table(req->seq_id);
-    seq.all_logits = false;
-    batch.seqs.push_back(std::move(seq));
+    seq.sample = s.samples;
+    if (s.samples) {
+      // EOS and stop tokens may not come before min_tokens.
+      banned_.clear();
+      if (!req->params.ignore_eos) banned_ = config_.eos_token_ids;
+      banned_.insert(banned_.end(), req->params.stop_token_ids.begin(), req->params.stop_token_ids.end());
+      req->sampler.add_row(input.sampling, req->num_output_tokens(), banned_);
+    }
+    input.seqs.push_back(seq);
   }
-  return batch;
+  // The state slots' commands: zero a fresh slot or restore a cached prefix's snapshot
+  // before the forward, snapshot a prefix after it.
+  cache_.take_state_copies(input.before, input.after);
 }
 
-Status Engine::forward(const ForwardBatch& batch, std::vector<float>& logits) {
-  MR_RETURN_IF_ERROR(runner_.forward(batch, logits));
-  const size_t want = static_cast<size_t>(batch.n_logit_rows()) * runner_.vocab();
-  if (logits.size() != want) {
-    return internal_error("model runner returned " + std::to_string(logits.size()) + " logits, expected " +
-                          std::to_string(batch.n_logit_rows()) + " rows x " + std::to_string(runner_.vocab()));
-  }
+Status Engine::forward(const StepInput& input, StepOutput& output) {
+  MR_RETURN_IF_ERROR(runner_.step(input, output));
+  size_t n_sampling = 0;
+  for (const StepSeq& s : input.seqs) n_sampling += s.sample ? 1 : 0;
+  if (output.samples.size() != n_sampling)
+    return internal_error("model runner returned " + std::to_string(output.samples.size()) + " tokens for " +
+                          std::to_string(n_sampling) + " sampling sequences");
   return Status::ok();
 }
 
-std::vector<std::optional<SampleResult>> Engine::sample(const SchedulerOutput& scheduled,
-                                                        const std::vector<float>& logits) {
-  const int vocab = runner_.vocab();
-  std::vector<std::optional<SampleResult>> samples(scheduled.seqs.size());
-  for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
-    const ScheduledSeq& s = scheduled.seqs[i];
-    if (!s.samples) continue;  // a prefill chunk short of the prompt's end: logits unused
-    Request* req = s.req;
-    samples[i] = sample_token(logits.data() + i * vocab, vocab, req->params, req->prompt_ids, req->output_ids,
-                              req->rng);
-  }
-  return samples;
-}
-
-void Engine::postprocess(const SchedulerOutput& scheduled, const std::vector<std::optional<SampleResult>>& samples,
+void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& result,
                          std::vector<RequestOutput>& outputs) {
   scheduler_.on_step_done(scheduled);
+  size_t next_sample = 0;
   for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
-    if (!samples[i]) continue;
+    if (!scheduled.seqs[i].samples) continue;
     Request* req = scheduled.seqs[i].req;
-    const SampleResult& sample = *samples[i];
+    const SampleResult& sample = result.samples[next_sample++];
     const int32_t token = sample.token;
+    req->sampler.accept(token);
     req->output_ids.push_back(token);
     ++totals_.generation_tokens_total;
 
@@ -222,6 +235,7 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const std::vector<std
       out.text_delta = std::move(delta);
       out.num_prompt_tokens = req->num_prompt_tokens();
       out.num_output_tokens = req->num_output_tokens();
+      out.num_cached_tokens = req->num_cached_tokens;
     }
     out.new_token_ids.push_back(token);
     if (req->params.logprobs >= 0) out.logprobs.push_back(sample);
@@ -247,11 +261,16 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
                             " waiting requests and an idle cache");
     return Status::ok();
   }
-  ForwardBatch batch = prepare_inputs(scheduled);
-  std::vector<float> logits;  // [n_seqs, vocab]
-  MR_RETURN_IF_ERROR(forward(batch, logits));
-  const auto samples = sample(scheduled, logits);
-  postprocess(scheduled, samples, outputs);
+  StepInput input;
+  prepare_inputs(scheduled, input);
+  StepOutput result;
+  MR_RETURN_IF_ERROR(forward(input, result));
+  // The snapshots taken after this forward become cached prefixes of their prompts.
+  cache_.commit_snapshots([this](int64_t seq) -> std::span<const int32_t> {
+    auto it = requests_.find(seq);
+    return it == requests_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second->prompt_ids);
+  });
+  postprocess(scheduled, result, outputs);
   ++totals_.steps_total;
   return Status::ok();
 }

@@ -4,9 +4,9 @@
 //
 //   Status Engine::step(outputs):
 //     schedule()        which requests run, how many tokens each (scheduler.h)
-//     prepare_inputs()  the ForwardBatch: new token ids, positions, page tables, KDA slots
-//     forward()         the ModelRunner: logits, one row per scheduled request
-//     sample()          a token for each request whose step reached its last known token
+//     prepare_inputs()  the StepInput: new token ids, page tables, state slots and their
+//                       commands, a sampling row for each request whose step reaches its end
+//     forward()         the runner (runtime/model_runner.h): forward + sampling on the device
 //     postprocess()     append, detokenise, stop conditions, outputs; free what finished
 #include <cstdint>
 #include <functional>
@@ -21,11 +21,9 @@
 #include "common/status.h"
 #include "engine/output_text.h"
 #include "engine/request.h"
-#include "engine/sampler.h"
-#include "engine/sampling_params.h"
 #include "engine/scheduler.h"
-#include "model/forward_batch.h"
 #include "runtime/model_runner.h"
+#include "runtime/sampling_params.h"
 
 namespace moonrun {
 
@@ -53,7 +51,7 @@ struct RequestOutput {
   Status error;                        // not ok: the request failed (finish_reason kError)
   int num_prompt_tokens = 0;           // usage, cumulative
   int num_output_tokens = 0;
-  int num_cached_tokens = 0;           // prompt tokens served from a prefix cache (0 today)
+  int num_cached_tokens = 0;           // prompt tokens served from the prefix cache
 };
 
 struct EngineStats {
@@ -70,12 +68,15 @@ struct EngineStats {
 // The configuration errors a user can make (--context-length larger than the KV pool, ...),
 // as one-line messages; the Engine constructor assumes they were checked.
 Status check_engine_config(const EngineConfig& config, const CacheConfig& cache);
+// `wanted` with max_model_len resolved (0: the model's max_position_embeddings, capped by
+// the KV pool) and checked against the cache.
+Result<EngineConfig> resolve_engine_config(EngineConfig wanted, int64_t model_max_len, const CacheConfig& cache);
 
 class Engine {
  public:
   // The cache and runner outlive the engine. max_model_len must fit the cache pool;
-  // max_running_requests is capped at the number of KDA slots.
-  Engine(const EngineConfig& config, CacheManager& cache, ModelRunner& runner, DetokenizeFn detokenize);
+  // max_running_requests is capped at the number of state slots.
+  Engine(const EngineConfig& config, CacheManager& cache, StepRunner& runner, DetokenizeFn detokenize);
 
   // Checks a request against the limits (thread-safe: reads only the fixed configuration).
   // invalid_argument for bad params or token ids, out_of_range for the context length.
@@ -97,20 +98,16 @@ class Engine {
 
  private:
   SchedulerOutput schedule();
-  ForwardBatch prepare_inputs(const SchedulerOutput& scheduled);
-  Status forward(const ForwardBatch& batch, std::vector<float>& logits);
-  std::vector<std::optional<SampleResult>> sample(const SchedulerOutput& scheduled,
-                                                  const std::vector<float>& logits);
-  void postprocess(const SchedulerOutput& scheduled,
-                   const std::vector<std::optional<SampleResult>>& samples,
-                   std::vector<RequestOutput>& outputs);
+  void prepare_inputs(const SchedulerOutput& scheduled, StepInput& input);
+  Status forward(const StepInput& input, StepOutput& output);
+  void postprocess(const SchedulerOutput& scheduled, const StepOutput& result, std::vector<RequestOutput>& outputs);
 
   RequestOutput finish(Request* req, FinishReason reason, std::string text_delta);
   bool is_eos(int32_t token) const;
 
   EngineConfig config_;
   CacheManager& cache_;
-  ModelRunner& runner_;
+  StepRunner& runner_;
   DetokenizeFn detokenize_;
   Scheduler scheduler_;
   std::mt19937_64 seed_gen_;
@@ -118,6 +115,8 @@ class Engine {
   std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;  // by seq_id
   std::unordered_map<uint64_t, std::vector<int64_t>> groups_;       // request_id -> seq ids
   EngineStats totals_;
+  std::vector<int32_t> banned_;                    // EOS and stop tokens (min_tokens), per row
+  std::vector<std::vector<int32_t>> step_tokens_;  // each scheduled sequence's new tokens this step
 };
 
 }  // namespace moonrun

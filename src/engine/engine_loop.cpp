@@ -40,7 +40,7 @@ void RequestStream::push(RequestOutput out) {
 
 Result<std::unique_ptr<EngineLoop>> EngineLoop::create(const EngineConfig& config,
                                                        std::unique_ptr<CacheManager> cache,
-                                                       std::unique_ptr<ModelRunner> runner,
+                                                       std::unique_ptr<StepRunner> runner,
                                                        DetokenizeFn detokenize) {
   if (!cache || !runner) return invalid_argument("EngineLoop needs a cache manager and a model runner");
   MR_RETURN_IF_ERROR(check_engine_config(config, cache->config()));

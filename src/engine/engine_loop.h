@@ -68,10 +68,10 @@ class RequestStream {
 
 class EngineLoop {
  public:
-  // Takes ownership of the cache and the runner (the runner was built on cache->mla_view()).
+  // Takes ownership of the cache and the runner (the runner holds the pools the cache hands out).
   static Result<std::unique_ptr<EngineLoop>> create(const EngineConfig& config,
                                                     std::unique_ptr<CacheManager> cache,
-                                                    std::unique_ptr<ModelRunner> runner,
+                                                    std::unique_ptr<StepRunner> runner,
                                                     DetokenizeFn detokenize);
   ~EngineLoop();  // stop()
 
@@ -98,7 +98,7 @@ class EngineLoop {
   void die(const Status& error);
 
   std::unique_ptr<CacheManager> cache_;
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<Engine> engine_;  // touched only by the loop thread once started
 
   struct Submission {

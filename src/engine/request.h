@@ -11,8 +11,8 @@
 
 #include "common/check.h"
 #include "engine/output_text.h"
-#include "engine/sampler.h"
-#include "engine/sampling_params.h"
+#include "runtime/sampling_params.h"
+#include "runtime/sequence_sampler.h"
 
 namespace moonrun {
 
@@ -40,11 +40,12 @@ struct Request {
 
   RequestState state = RequestState::kWaiting;
   int num_computed_tokens = 0;
+  int num_cached_tokens = 0;  // prompt tokens the prefix cache served at admission
   int num_preemptions = 0;
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_reason;  // the stop string that matched, if any
 
-  SamplerRng rng;
+  SequenceSampler sampler;
   OutputText text;
 
   int num_prompt_tokens() const { return static_cast<int>(prompt_ids.size()); }

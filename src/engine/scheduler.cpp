@@ -52,7 +52,7 @@ SchedulerOutput Scheduler::schedule() {
   // Running requests, oldest first; preemption takes from the tail (the newest).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* req = running_[i];
-    const int n_new = std::min(req->num_tokens() - req->num_computed_tokens, budget);
+    const int n_new = chunk(req, std::min(req->num_tokens() - req->num_computed_tokens, budget));
     MR_CHECK(n_new > 0) << "running request " << req->seq_id << " has nothing to compute";
     bool fits = false;
     while (true) {
@@ -67,6 +67,7 @@ SchedulerOutput Scheduler::schedule() {
       if (victim == req) break;
     }
     if (!fits) break;  // req itself was the newest: everything after it is gone too
+    plan_snapshot(req, n_new);
     const bool samples = req->num_computed_tokens + n_new == req->num_tokens();
     out.seqs.push_back({req, n_new, samples});
     out.n_tokens += n_new;
@@ -79,17 +80,37 @@ SchedulerOutput Scheduler::schedule() {
     while (!waiting_.empty() && budget > 0 && num_running() < config_.max_running_requests) {
       Request* req = waiting_.front();
       MR_CHECK_EQ(req->num_computed_tokens, 0);
-      const int n_new = std::min(req->num_tokens(), budget);
-      if (!cache_.allocate(req->seq_id, n_new)) break;
+      // A cached prefix of the prompt: its pages are shared and its state restored.
+      const int cached = cache_.match_prefix(req->seq_id, req->prompt_ids);
+      const int n_new = chunk(req, std::min(req->num_tokens() - cached, budget), cached);
+      if (!cache_.allocate(req->seq_id, cached + n_new)) {
+        cache_.free(req->seq_id);  // gives back what match_prefix shared
+        break;
+      }
       waiting_.pop_front();
       req->state = RequestState::kRunning;
+      req->num_computed_tokens = cached;
+      if (req->num_preemptions == 0) req->num_cached_tokens = cached;
       running_.push_back(req);
-      out.seqs.push_back({req, n_new, n_new == req->num_tokens()});
+      plan_snapshot(req, n_new);
+      out.seqs.push_back({req, n_new, cached + n_new == req->num_tokens()});
       out.n_tokens += n_new;
       budget -= n_new;
     }
   }
   return out;
+}
+
+int Scheduler::chunk(const Request* req, int n_new, int from) const {
+  if (from < 0) from = req->num_computed_tokens;
+  if (from >= req->num_prompt_tokens()) return n_new;  // only prompt prefixes are cached
+  return cache_.chunk_end(req->prompt_ids, from, from + n_new) - from;
+}
+
+void Scheduler::plan_snapshot(const Request* req, int n_new) {
+  const int end = req->num_computed_tokens + n_new;
+  if (end <= req->num_prompt_tokens())
+    cache_.plan_snapshot(req->seq_id, std::span<const int32_t>(req->prompt_ids).first(end));
 }
 
 void Scheduler::on_step_done(const SchedulerOutput& out) {

@@ -10,6 +10,9 @@
 //   - then, if nobody was preempted this step, waiting requests join in arrival order while
 //     the budget, the cache and --max-running-requests allow. The first that does not fit
 //     stops admission (FCFS: a small request never overtakes a larger one ahead of it).
+//   - prefix caching (cache_manager.h): a newcomer whose prompt starts with a cached prefix
+//     starts after it; prefill chunks end at a block boundary where the state should be
+//     snapshotted for later requests (the cache says where).
 // Pure logic over token counts and the cache manager: the unit tests drive it without a
 // model.
 #include <cstdint>
@@ -19,12 +22,13 @@
 #include "cache/cache_manager.h"
 #include "common/status.h"
 #include "engine/request.h"
+#include "runtime/defaults.h"
 
 namespace moonrun {
 
 struct SchedulerConfig {
-  int max_running_requests = 64;
-  int max_tokens_per_step = 8192;  // <= 0: no chunking; raised to max_running_requests if below
+  int max_running_requests = defaults::kMaxRunningRequests;
+  int max_tokens_per_step = defaults::kChunkedPrefillTokens;  // <= 0: no chunking; raised to max_running_requests if below
   int max_queued_requests = -1;    // waiting-queue limit for new requests; -1: none
 };
 
@@ -62,6 +66,10 @@ class Scheduler {
 
  private:
   void preempt(Request* victim);
+  // n_new tokens from `from` (default: the computed ones), cut at a snapshot boundary.
+  int chunk(const Request* req, int n_new, int from = -1) const;
+  // Queues a state snapshot when the step ends req's chunk at an uncached block boundary.
+  void plan_snapshot(const Request* req, int n_new);
 
   SchedulerConfig config_;
   CacheManager& cache_;

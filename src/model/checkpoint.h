@@ -11,14 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/dtype.h"
 #include "common/status.h"
 
 namespace moonrun {
 
-enum class DType : uint8_t { BF16, F16, F32, F8_E4M3, U8, I8, I32, I64 };
-
-size_t dtype_size_bytes(DType dtype);
-const char* dtype_name(DType dtype);          // the safetensors spelling: "BF16", "F8_E4M3", ...
+// DType, dtype_size_bytes and dtype_name live in common/dtype.h (the backends use them too).
 Result<DType> dtype_from_name(std::string_view name);
 
 struct TensorInfo {

@@ -8,7 +8,7 @@
 #include "common/dtype.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/weight_names.h"
+#include "model/weight_spec.h"
 
 namespace moonrun {
 
@@ -42,7 +42,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // The value of element i of tensor t: shaped by what the tensor does, so activations stay
 // in a sane range through the layers (random, but not degenerate).
-double demo_value(const ExpectedTensor& t, Rng& rng) {
+double demo_value(const TensorSpec& t, Rng& rng) {
   const std::string& n = t.name;
   if (ends_with(n, "norm.weight") || ends_with(n, "layernorm.weight")) return 1.0 + 0.1 * rng.uniform();
   if (ends_with(n, "_res_proj.weight")) return 0.5 * rng.uniform();
@@ -57,7 +57,7 @@ double demo_value(const ExpectedTensor& t, Rng& rng) {
   return std::sqrt(3.0 / in) * rng.uniform();
 }
 
-TensorToWrite make_tensor(const ExpectedTensor& t) {
+TensorToWrite make_tensor(const TensorSpec& t) {
   Rng rng{kDemoSeed ^ fnv1a(t.name)};
   TensorToWrite out{t.name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())};
   const int64_t n = t.numel();
@@ -202,7 +202,7 @@ Status write_demo_model(const std::string& dir, int n_base_tokens) {
   MR_RETURN_IF_ERROR(write_json("tokenizer_config.json", demo_tokenizer_config(n_base_tokens)));
 
   // Two shards, split at the middle layer, behind an index: the release's layout in small.
-  const std::vector<ExpectedTensor> tensors = expected_tensors(cfg);
+  const std::vector<TensorSpec> tensors = weight_spec(cfg);
   const std::string shard_name[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
   const std::string second_half = TensorNames(cfg).layer(cfg.num_hidden_layers / 2, "");
   std::vector<TensorToWrite> shard[2];

@@ -2,159 +2,260 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/attn_res.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/linear.h"
 #include "model/layer_dims.h"
 
 namespace moonrun {
 
-Result<std::unique_ptr<KimiK3Model>> KimiK3Model::load(const std::string& dir_or_repo,
-                                                       const WeightLoadOptions& options) {
-  auto ckpt = MR_TRY(Checkpoint::open(dir_or_repo));
-  return from_checkpoint(*ckpt, options);
-}
+// ---- the weights, listed once -----------------------------------------------------------
 
-Result<std::unique_ptr<KimiK3Model>> KimiK3Model::from_checkpoint(const Checkpoint& ckpt,
-                                                                 const WeightLoadOptions& options) {
-  std::unique_ptr<KimiK3Model> m(new KimiK3Model());
-  m->cfg_ = MR_TRY(parse_model_config(ckpt.config(), ckpt.dir() + "/config.json"));
-  m->w_ = MR_TRY(load_weights(ckpt, m->cfg_, options));
-  return m;
-}
+namespace {
 
-Status KimiK3Model::check_batch(const ForwardBatch& batch, const KdaSlotPool& kda_pool,
-                                const MlaPoolView& mla_pool) const {
-  if (cfg_.num_mla_layers > 0 && (mla_pool.base == nullptr || mla_pool.row_floats != cfg_.mla_cache_row() ||
-                                  mla_pool.num_mla_layers != cfg_.num_mla_layers))
-    return invalid_argument("the MLA pool does not match the model (row " + std::to_string(mla_pool.row_floats) +
-                            " floats, want " + std::to_string(cfg_.mla_cache_row()) + ")");
-  return check_forward_batch(cfg_, batch, kda_pool.num_slots(), mla_pool.num_pages, mla_pool.page_size_tokens);
-}
+struct Lister {
+  const ModelConfig& cfg;
+  WeightSink& sink;
+  TensorNames names;
 
-Status check_forward_batch(const ModelConfig& cfg_, const ForwardBatch& batch, int num_kda_slots, int num_pages,
-                           int page_size_tokens) {
-  for (size_t s = 0; s < batch.seqs.size(); ++s) {
-    const ForwardSeq& seq = batch.seqs[s];
-    const std::string where = "sequence " + std::to_string(s) + ": ";
-    if (seq.new_token_ids.empty()) return invalid_argument(where + "no new tokens");
-    for (int32_t id : seq.new_token_ids)
-      if (id < 0 || id >= cfg_.vocab_size)
-        return invalid_argument(where + "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                std::to_string(cfg_.vocab_size) + ")");
-    if (cfg_.num_kda_layers > 0 && (seq.kda_slot < 0 || seq.kda_slot >= num_kda_slots))
-      return invalid_argument(where + "KDA slot " + std::to_string(seq.kda_slot) + " is not in [0, " +
-                              std::to_string(num_kda_slots) + ")");
-    if (cfg_.num_mla_layers > 0) {
-      const int64_t n_total = seq.n_past_tokens + static_cast<int64_t>(seq.new_token_ids.size());
-      const int64_t pages_needed = (n_total + page_size_tokens - 1) / page_size_tokens;
-      if (static_cast<int64_t>(seq.pages.size()) < pages_needed)
-        return invalid_argument(where + std::to_string(seq.pages.size()) + " MLA pages cover fewer than " +
-                                std::to_string(n_total) + " tokens");
-      for (int64_t p = 0; p < pages_needed; ++p)
-        if (seq.pages[p] < 0 || seq.pages[p] >= num_pages)
-          return invalid_argument(where + "MLA page " + std::to_string(seq.pages[p]) + " is not in the pool");
+  // A [1, n] vector the backends hold in F32 (stored bf16 unless `stored` says otherwise).
+  void vec(Tensor& dst, const std::string& name, int64_t n, DType stored = DType::BF16,
+           ShardRule rule = ShardRule::replicated) {
+    sink.f32(dst, name, stored, {n}, 1, n, rule);
+  }
+  void mat(Matrix& dst, const std::string& name, int64_t out, int64_t in, ShardRule rule) {
+    sink.matrix(dst, name, static_cast<int>(out), static_cast<int>(in), rule);
+  }
+
+  void kda(int i, KdaWeights& w) {
+    const int64_t H = cfg.hidden_size, d = cfg.kda_head_dim, nh = cfg.kda_num_heads, P = cfg.kda_proj_dim();
+    const int64_t K = cfg.kda_conv_kernel;
+    auto n = [&](const std::string& s) { return names.layer(i, "self_attn." + s); };
+    mat(w.q_proj, n("q_proj.weight"), P, H, ShardRule::column);
+    mat(w.k_proj, n("k_proj.weight"), P, H, ShardRule::column);
+    mat(w.v_proj, n("v_proj.weight"), P, H, ShardRule::column);
+    sink.f32(w.q_conv, n("q_conv1d.weight"), DType::F32, {P, 1, K}, P, K, ShardRule::column);
+    sink.f32(w.k_conv, n("k_conv1d.weight"), DType::F32, {P, 1, K}, P, K, ShardRule::column);
+    sink.f32(w.v_conv, n("v_conv1d.weight"), DType::F32, {P, 1, K}, P, K, ShardRule::column);
+    // K3 stores A_log as [H]; Kimi Linear as [1, 1, H, 1] (is_alternative_shape accepts both).
+    const std::vector<int64_t> a_log_shape =
+        cfg.model_type == "kimi_linear" ? std::vector<int64_t>{1, 1, nh, 1} : std::vector<int64_t>{nh};
+    sink.f32(w.A_log, n("A_log"), DType::F32, a_log_shape, 1, nh, ShardRule::column);
+    vec(w.dt_bias, n("dt_bias"), P, DType::F32, ShardRule::column);
+    mat(w.f_a_proj, n("f_a_proj.weight"), d, H, ShardRule::replicated);
+    mat(w.f_b_proj, n("f_b_proj.weight"), P, d, ShardRule::column);
+    mat(w.b_proj, n("b_proj.weight"), nh, H, ShardRule::column);
+    if (cfg.kda_full_rank_gate) {
+      mat(w.g_proj, n("g_proj.weight"), P, H, ShardRule::column);
+    } else {
+      mat(w.g_a_proj, n("g_a_proj.weight"), d, H, ShardRule::replicated);
+      mat(w.g_b_proj, n("g_b_proj.weight"), P, d, ShardRule::column);
+    }
+    vec(w.o_norm, n("o_norm.weight"), d, DType::F32);
+    mat(w.o_proj, n("o_proj.weight"), H, P, ShardRule::row);
+  }
+
+  void mla(int i, MlaWeights& w) {
+    const int64_t H = cfg.hidden_size, nh = cfg.num_attention_heads, qhd = cfg.mla_q_head_dim();
+    auto n = [&](const std::string& s) { return names.layer(i, "self_attn." + s); };
+    if (cfg.q_lora_rank > 0) {
+      mat(w.q_a_proj, n("q_a_proj.weight"), cfg.q_lora_rank, H, ShardRule::replicated);
+      vec(w.q_a_layernorm, n("q_a_layernorm.weight"), cfg.q_lora_rank);
+      mat(w.q_b_proj, n("q_b_proj.weight"), nh * qhd, cfg.q_lora_rank, ShardRule::column);
+    } else {
+      mat(w.q_proj, n("q_proj.weight"), nh * qhd, H, ShardRule::column);
+    }
+    mat(w.kv_a_proj_with_mqa, n("kv_a_proj_with_mqa.weight"), cfg.mla_cache_row(), H, ShardRule::replicated);
+    vec(w.kv_a_layernorm, n("kv_a_layernorm.weight"), cfg.kv_lora_rank);
+    mat(w.kv_b_proj, n("kv_b_proj.weight"), nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank,
+        ShardRule::column);
+    mat(w.o_proj, n("o_proj.weight"), H, nh * cfg.v_head_dim, ShardRule::row);
+    if (cfg.mla_use_output_gate) mat(w.g_proj, n("g_proj.weight"), nh * cfg.v_head_dim, H, ShardRule::column);
+  }
+
+  void dense_mlp(int i, const std::string& prefix, int64_t inter, MlpWeights& w) {
+    const int64_t H = cfg.hidden_size;
+    mat(w.gate, names.layer(i, prefix + "gate_proj.weight"), inter, H, ShardRule::column);
+    mat(w.up, names.layer(i, prefix + "up_proj.weight"), inter, H, ShardRule::column);
+    mat(w.down, names.layer(i, prefix + "down_proj.weight"), H, inter, ShardRule::row);
+  }
+
+  void moe(int i, MoeWeights& w) {
+    const int64_t H = cfg.hidden_size, E = cfg.num_experts, D = cfg.expert_io_dim(), I = cfg.moe_intermediate_size;
+    // The router stays F32 on every backend: its logits are fp32 from the full-width x.
+    sink.f32(w.router.w, names.layer(i, "block_sparse_moe.gate.weight"), DType::BF16, {E, H}, E, H,
+             ShardRule::replicated);
+    w.router.out = static_cast<int>(E);
+    w.router.in = static_cast<int>(H);
+    vec(w.router_bias, names.layer(i, "block_sparse_moe.gate.e_score_correction_bias"), E, DType::F32);
+    sink.experts(w.w1, i, ExpertMatrix::w1, static_cast<int>(E), static_cast<int>(I), static_cast<int>(D));
+    sink.experts(w.w2, i, ExpertMatrix::w2, static_cast<int>(E), static_cast<int>(D), static_cast<int>(I));
+    sink.experts(w.w3, i, ExpertMatrix::w3, static_cast<int>(E), static_cast<int>(I), static_cast<int>(D));
+    if (cfg.num_shared_experts > 0)
+      dense_mlp(i, "block_sparse_moe.shared_experts.", cfg.shared_intermediate_size(), w.shared);
+    if (cfg.routed_expert_hidden_size > 0) {
+      mat(w.latent_down, names.layer(i, "block_sparse_moe.routed_expert_down_proj.weight"), D, H,
+          ShardRule::replicated);
+      mat(w.latent_up, names.layer(i, "block_sparse_moe.routed_expert_up_proj.weight"), H, D, ShardRule::replicated);
+      if (cfg.latent_moe_use_norm) vec(w.latent_norm, names.layer(i, "block_sparse_moe.routed_expert_norm.weight"), D);
     }
   }
-  return Status::ok();
+};
+
+}  // namespace
+
+void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink) {
+  Lister l{cfg, sink, TensorNames(cfg)};
+  const int64_t H = cfg.hidden_size;
+  l.mat(w.embed_tokens, l.names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
+  w.layers.resize(cfg.num_hidden_layers);
+  for (int i = 0; i < cfg.num_hidden_layers; ++i) {
+    KimiK3LayerWeights& lw = w.layers[i];
+    l.vec(lw.input_layernorm, l.names.layer(i, "input_layernorm.weight"), H);
+    l.vec(lw.post_attention_layernorm, l.names.layer(i, "post_attention_layernorm.weight"), H);
+    if (cfg.attn_res_block_size > 0) {
+      l.vec(lw.attn_res_norm, l.names.layer(i, "self_attention_res_norm.weight"), H);
+      sink.f32(lw.attn_res_proj, l.names.layer(i, "self_attention_res_proj.weight"), DType::BF16, {1, H}, 1, H,
+               ShardRule::replicated);
+      l.vec(lw.mlp_res_norm, l.names.layer(i, "mlp_res_norm.weight"), H);
+      sink.f32(lw.mlp_res_proj, l.names.layer(i, "mlp_res_proj.weight"), DType::BF16, {1, H}, 1, H,
+               ShardRule::replicated);
+    }
+    if (cfg.layers[i].attn == LayerKind::kda) l.kda(i, lw.kda);
+    else l.mla(i, lw.mla);
+    if (cfg.layers[i].mlp == MlpKind::dense) l.dense_mlp(i, "mlp.", cfg.intermediate_size, lw.mlp);
+    else l.moe(i, lw.moe);
+  }
+  l.vec(w.norm, l.names.global("norm.weight"), H);
+  if (cfg.attn_res_block_size > 0) {
+    l.vec(w.output_attn_res_norm, l.names.global("output_attn_res_norm.weight"), H);
+    sink.f32(w.output_attn_res_proj, l.names.global("output_attn_res_proj.weight"), DType::BF16, {1, H}, 1, H,
+             ShardRule::replicated);
+  }
+  if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  else l.mat(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
 }
 
-void KimiK3Model::forward_seq(const ForwardSeq& seq, KdaSlotPool& kda_pool, const MlaPoolView& mla_pool,
-                              std::vector<float>& h) const {
-  const int H = cfg_.hidden_size, T = static_cast<int>(seq.new_token_ids.size());
+// ---- the model ---------------------------------------------------------------------------
+
+KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes)
+    : cfg_(cfg),
+      w_(std::move(weights)),
+      weight_bytes_(weight_bytes),
+      kda_shape_(kda_shape(cfg)),
+      mla_dims_(mla_dims(cfg)),
+      moe_dims_(moe_dims(cfg)),
+      act_(activation_params(cfg)) {}
+
+CacheSpec KimiK3::cache_spec() const {
+  CacheSpec spec;
+  spec.state_floats_per_slot = cfg_.num_kda_layers * kda_state_floats(kda_shape_);
+  spec.kv_layers = cfg_.num_mla_layers;
+  spec.kv_row_width = cfg_.mla_cache_row();
+  return spec;
+}
+
+int64_t KimiK3::scratch_bytes(int tokens_per_step, int64_t context_tokens) const {
+  // Generously, per new token: the logits row, the residual stream and AttnRes blocks, the
+  // widest layer's activations (KDA's projections or the routed experts' per-choice rows);
+  // plus plain-mode MLA's per-head expansion of every visible position.
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size;
+  const int64_t blocks = c.attn_res_block_size > 0 ? (c.num_hidden_layers + c.attn_res_block_size - 1) / c.attn_res_block_size : 0;
+  const int64_t stream = (8 + blocks) * H * 4;
+  const int64_t kda = 16 * static_cast<int64_t>(c.kda_proj_dim()) * 4;
+  const int64_t experts = static_cast<int64_t>(std::max(c.num_experts_per_token, 1)) *
+                          (4 * std::max(c.moe_intermediate_size, 1) + 2 * c.expert_io_dim()) * 4;
+  const int64_t shared = 4 * static_cast<int64_t>(std::max(c.intermediate_size, c.shared_intermediate_size())) * 4;
+  const int64_t mla_q = 4 * static_cast<int64_t>(c.num_attention_heads) * (c.mla_q_head_dim() + c.v_head_dim) * 4;
+  const int64_t per_token = static_cast<int64_t>(c.vocab_size) * 4 + stream + std::max({kda, experts + shared, mla_q}) +
+                            2 * H * 4;
+  const int64_t mla_expand =
+      c.num_mla_layers > 0 ? context_tokens * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 4 * 2 : 0;
+  return per_token * std::max(tokens_per_step, 1) + mla_expand + (int64_t{256} << 20);
+}
+
+void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
+  ScratchScope scope(ops);
+  const int64_t T = batch.n_tokens(), H = cfg_.hidden_size;
   const int B = cfg_.attn_res_block_size;
   const float eps = cfg_.rms_norm_eps;
-  const size_t n = static_cast<size_t>(T) * H;
-  const cpu::KdaDims kdims = kda_dims(cfg_);
-  const cpu::MlaDims mdims = mla_dims(cfg_);
-  const cpu::MoeDims moedims = moe_dims(cfg_);
-  const cpu::ActivationParams act = activation_params(cfg_);
+  const DType act = ops.act_dtype();
 
-  // MLA cache rows of this sequence in one layer, positions [0, n_past + T).
-  const int n_total = seq.n_past_tokens + T;
-  std::vector<float*> rows(n_total);
-  auto mla_rows = [&](int mla_layer) {
-    for (int p = 0; p < n_total; ++p)
-      rows[p] = mla_pool.row(mla_layer, seq.pages[p / mla_pool.page_size_tokens], p % mla_pool.page_size_tokens);
-    return rows.data();
+  // Where layer i's caches live: a KDA layer's region of every state slot, an MLA layer's pages.
+  const int64_t kda_floats = kda_state_floats(kda_shape_);
+  auto state_of = [&](const LayerSpec& spec) {
+    return StateLayer{pools.state.as<float>() + spec.kda_index * kda_floats, pools.state.cols};
+  };
+  auto kv_of = [&](const LayerSpec& spec) {
+    const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;
+    return KvLayer{pools.kv.rows_view(spec.mla_index * layer_rows, layer_rows).data, pools.kv.dtype,
+                   pools.page_size_tokens, static_cast<int>(pools.kv.cols)};
   };
 
-  h.resize(n);  // [T, hidden] the layer input, then its output ("prefix + m")
-  cpu::embed_tokens(w_.embed_tokens.data(), H, seq.new_token_ids.data(), T, h.data());
+  Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
+  ops.embedding(w_.embed_tokens.w, batch, h);
 
-  std::vector<std::vector<float>> blocks;  // completed AttnRes block summaries, [T, hidden] each
-  std::vector<const float*> block_ptrs;
-  std::vector<float> x(n), xn(n), a(n), prefix(n), m(n);  // [T, hidden] each
+  // Attention Residuals: the completed block summaries, block i at rows [i*T, (i+1)*T).
+  const int max_blocks = B > 0 ? (cfg_.num_hidden_layers + B - 1) / B : 0;
+  Tensor blocks = max_blocks ? ops.scratch(max_blocks * T, H, DType::F32) : Tensor{};
+  int n_blocks = 0;
+  Tensor x = ops.scratch(T, H, DType::F32);       // a sub-layer's input (the mix)
+  Tensor a = ops.scratch(T, H, DType::F32);       // attention output
+  Tensor prefix = ops.scratch(T, H, DType::F32);  // the running in-block sum
+  Tensor m = ops.scratch(T, H, DType::F32);       // MLP output
+  Tensor xn = ops.scratch(T, H, DType::F32);      // normed, F32 (the router's input)
+  Tensor xa = act == DType::F32 ? xn : ops.scratch(T, H, act);  // normed, the projections' input
+
   for (int i = 0; i < cfg_.num_hidden_layers; ++i) {
     const LayerSpec& spec = cfg_.layers[i];
-    const LayerWeights& lw = w_.layers[i];
+    const KimiK3LayerWeights& lw = w_.layers[i];
     const bool block_start = B > 0 && i % B == 0;
 
     // 1. The attention input: a mix over depth (or the residual stream itself).
-    if (B > 0 && !blocks.empty()) {
-      cpu::attn_res_mix(h.data(), block_ptrs.data(), static_cast<int>(blocks.size()), T, H,
-                        lw.attn_res_norm.data(), lw.attn_res_proj.data(), eps, x.data());
-    } else {
-      x = h;
+    Tensor attn_in = h;
+    if (B > 0 && n_blocks > 0) {
+      ops.attn_res_mix(h, blocks, n_blocks, lw.attn_res_norm, lw.attn_res_proj, eps, x);
+      attn_in = x;
     }
-    if (block_start) {
-      blocks.push_back(h);
-      block_ptrs.clear();
-      for (const auto& b : blocks) block_ptrs.push_back(b.data());
-    }
+    if (block_start) ops.copy(h, blocks.rows_view(n_blocks++ * T, T));
 
-    // 2. Attention: KDA (linear) or MLA (full), through this sequence's caches.
-    cpu::rmsnorm(x.data(), T, H, lw.input_layernorm.data(), eps, xn.data());
-    if (spec.attn == LayerKind::kda) {
-      cpu::kda_forward(lw.kda, kdims, xn.data(), T, kda_pool.at(seq.kda_slot, spec.kda_index), a.data(),
-                       kda_mode_);
-    } else {
-      cpu::mla_forward(lw.mla, mdims, xn.data(), T, seq.n_past_tokens, mla_rows(spec.mla_index), a.data(),
-                       mla_mode_);
-    }
+    // 2. Attention: KDA (linear) or MLA (full), through the sequences' caches.
+    ops.rmsnorm(attn_in, lw.input_layernorm, eps, xa);
+    if (spec.attn == LayerKind::kda) kda_forward(ops, lw.kda, kda_shape_, xa, batch, state_of(spec), kda_mode_, a);
+    else mla_forward(ops, lw.mla, mla_dims_, xa, batch, kv_of(spec), mla_mode_, a);
 
-    // 3. The running sum: restarts at each block start under AttnRes.
-    // (Without AttnRes, B == 0: never a block start, and this is the plain residual h + a.)
-    for (size_t j = 0; j < n; ++j) prefix[j] = block_start ? a[j] : h[j] + a[j];
+    // 3. The running sum: restarts at each block start under AttnRes (plain residual without).
+    if (block_start) ops.copy(a, prefix);
+    else ops.add(h, a, prefix);
 
     // 4. The MLP input: again a mix over depth under AttnRes.
+    Tensor mlp_in = prefix;
     if (B > 0) {
-      cpu::attn_res_mix(prefix.data(), block_ptrs.data(), static_cast<int>(blocks.size()), T, H,
-                        lw.mlp_res_norm.data(), lw.mlp_res_proj.data(), eps, x.data());
-    } else {
-      x = prefix;
+      ops.attn_res_mix(prefix, blocks, n_blocks, lw.mlp_res_norm, lw.mlp_res_proj, eps, x);
+      mlp_in = x;
     }
 
-    // 5. MLP: dense (first_k_dense_replace) or MoE.
-    cpu::rmsnorm(x.data(), T, H, lw.post_attention_layernorm.data(), eps, xn.data());
-    if (spec.mlp == MlpKind::dense) cpu::mlp_forward(lw.mlp, act, xn.data(), T, m.data());
-    else cpu::moe_forward(lw.moe, moedims, xn.data(), T, m.data());
-    for (size_t j = 0; j < n; ++j) h[j] = prefix[j] + m[j];
+    // 5. MLP: dense (first_k_dense_replace) or MoE; the layer's output is prefix + m.
+    if (spec.mlp == MlpKind::dense) {
+      ops.rmsnorm(mlp_in, lw.post_attention_layernorm, eps, xa);
+      mlp_forward(ops, lw.mlp, act_, xa, m);
+    } else {
+      ops.rmsnorm(mlp_in, lw.post_attention_layernorm, eps, xn);
+      if (xa.data != xn.data) ops.copy(xn, xa);
+      moe_forward(ops, lw.moe, moe_dims_, xn, xa, m);
+    }
+    ops.add(prefix, m, h);
   }
   if (B > 0) {
-    cpu::attn_res_mix(h.data(), block_ptrs.data(), static_cast<int>(blocks.size()), T, H,
-                      w_.output_attn_res_norm.data(), w_.output_attn_res_proj.data(), eps, x.data());
+    ops.attn_res_mix(h, blocks, n_blocks, w_.output_attn_res_norm, w_.output_attn_res_proj, eps, x);
     h = x;
   }
-}
 
-Status KimiK3Model::forward(const ForwardBatch& batch, KdaSlotPool& kda_pool, const MlaPoolView& mla_pool,
-                            float* logits) const {
-  MR_RETURN_IF_ERROR(check_batch(batch, kda_pool, mla_pool));
-  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
-  std::vector<float> h, rows_out;
-  int64_t out_row = 0;
-  for (const ForwardSeq& seq : batch.seqs) {
-    forward_seq(seq, kda_pool, mla_pool, h);
-    const int T = static_cast<int>(seq.new_token_ids.size());
-    const int first = seq.all_logits ? 0 : T - 1, n_rows = T - first;
-    rows_out.resize(static_cast<size_t>(n_rows) * H);  // [n_rows, hidden] normed final states
-    cpu::rmsnorm(h.data() + static_cast<size_t>(first) * H, n_rows, H, w_.norm.data(), cfg_.rms_norm_eps,
-                 rows_out.data());
-    cpu::apply(w_.lm_head, rows_out.data(), n_rows, logits + out_row * V);
-    out_row += n_rows;
-  }
-  return Status::ok();
+  // The rows that get logits: final norm, lm_head.
+  const int64_t R = batch.n_logit_rows();
+  Tensor rows = ops.scratch(R, H, DType::F32);
+  ops.gather_rows(h, batch.logit_rows, rows);
+  Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);
+  ops.rmsnorm(rows, w_.norm, eps, normed);
+  ops.linear(normed, w_.lm_head, logits);
 }
 
 }  // namespace moonrun

@@ -1,64 +1,72 @@
 #pragma once
-// The Kimi K3 text model on the CPU (K3_SPEC.md §2, the reference's KimiLinearModel):
-// embeddings -> per layer [AttnRes mix -> input_layernorm -> KDA or MLA -> prefix update ->
-// AttnRes mix -> post_attention_layernorm -> dense MLP or MoE] -> output AttnRes mix ->
-// norm -> lm_head. Also runs Kimi Linear (plain residuals, no latent MoE).
+// The Kimi K3 text model (K3_SPEC.md §2, the reference's KimiLinearModel), written once
+// against the ops: embeddings -> per layer [AttnRes mix -> input_layernorm -> KDA or MLA ->
+// prefix update -> AttnRes mix -> post_attention_layernorm -> dense MLP or MoE] -> output
+// AttnRes mix -> norm -> lm_head. Also runs Kimi Linear (plain residuals, no latent MoE).
 #include <memory>
-#include <string>
+#include <vector>
 
-#include "model/checkpoint.h"
-#include "model/config.h"
-#include "model/forward_batch.h"
-#include "model/state_pool.h"
-#include "model/weights.h"
+#include "model/layers/kda.h"
+#include "model/layers/mla.h"
+#include "model/layers/mlp.h"
+#include "model/layers/moe.h"
+#include "model/model.h"
+#include "model/weight_spec.h"
 
 namespace moonrun {
 
-// The checks every backend runs on a batch before touching its caches: token ids inside the
-// vocabulary, KDA slots inside [0, num_kda_slots), MLA pages covering n_past + n_new tokens
-// inside [0, num_pages). Errors name the sequence and the value.
-Status check_forward_batch(const ModelConfig& cfg, const ForwardBatch& batch, int num_kda_slots, int num_pages,
-                           int page_size_tokens);
+struct KimiK3LayerWeights {
+  Tensor input_layernorm;           // [1, hidden] F32
+  Tensor post_attention_layernorm;  // [1, hidden]
+  // Attention Residuals (empty when attn_res_block_size is 0).
+  Tensor attn_res_norm, attn_res_proj;  // [1, hidden] each
+  Tensor mlp_res_norm, mlp_res_proj;    // [1, hidden] each
+  KdaWeights kda;  // when the layer is KDA
+  MlaWeights mla;  // when the layer is MLA
+  MlpWeights mlp;  // dense layers
+  MoeWeights moe;  // MoE layers
+};
 
-class KimiK3Model {
+struct KimiK3Weights {
+  Matrix embed_tokens;  // [vocab, hidden]
+  std::vector<KimiK3LayerWeights> layers;
+  Tensor norm;                                        // [1, hidden] F32
+  Tensor output_attn_res_norm, output_attn_res_proj;  // [1, hidden] F32 each
+  Matrix lm_head;  // [vocab, hidden]; embed_tokens when tied
+};
+
+// The one listing of the model's tensors (names, stored shapes, shard rules), filling `w`
+// through `sink`: the loader and weight_spec() both run it.
+void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink);
+
+class KimiK3 final : public Model {
  public:
-  // Opens the checkpoint (directory or HF repo id), parses config.json and loads every
-  // text-model tensor into float32.
-  static Result<std::unique_ptr<KimiK3Model>> load(const std::string& dir_or_repo,
-                                                    const WeightLoadOptions& options = {});
-  static Result<std::unique_ptr<KimiK3Model>> from_checkpoint(const Checkpoint& ckpt,
-                                                              const WeightLoadOptions& options = {});
+  KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes);
 
-  // The host weights (the CUDA backend uploads them, then drops the model).
-  const ModelWeights& weights() const { return w_; }
-
-  const ModelConfig& config() const { return cfg_; }
+  const ModelConfig& config() const override { return cfg_; }
+  CacheSpec cache_spec() const override;
+  void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
+  size_t weight_bytes() const override { return weight_bytes_; }
+  int64_t scratch_bytes(int tokens_per_step, int64_t context_tokens) const override;
 
   // Which evaluation order the attention layers use; kAuto is the reference's choice
   // (chunked KDA / plain MLA for several tokens, recurrent / absorbed for one). Tests pin
   // the others to check the orders against each other.
-  void set_attention_modes(cpu::KdaMode kda, cpu::MlaMode mla) {
+  void set_attention_modes(KdaMode kda, MlaMode mla) {
     kda_mode_ = kda;
     mla_mode_ = mla;
   }
 
-  // Appends each sequence's new tokens to its caches and writes logits
-  // [batch.n_logit_rows(), vocab] in sequence order (all new tokens of a sequence when
-  // all_logits, else its last). Errors (bad ids, slots, pages) leave the caches untouched.
-  Status forward(const ForwardBatch& batch, KdaSlotPool& kda_pool, const MlaPoolView& mla_pool,
-                 float* logits) const;
-
  private:
-  KimiK3Model() = default;
-  Status check_batch(const ForwardBatch& batch, const KdaSlotPool& kda_pool, const MlaPoolView& mla_pool) const;
-  // One sequence: new tokens [n_new] -> final hidden states [n_new, hidden] (before the norm).
-  void forward_seq(const ForwardSeq& seq, KdaSlotPool& kda_pool, const MlaPoolView& mla_pool,
-                   std::vector<float>& hidden) const;
-
   ModelConfig cfg_;
-  ModelWeights w_;
-  cpu::KdaMode kda_mode_ = cpu::KdaMode::kAuto;
-  cpu::MlaMode mla_mode_ = cpu::MlaMode::kAuto;
+  KimiK3Weights w_;
+  size_t weight_bytes_ = 0;
+  KdaShape kda_shape_;
+  MlaDims mla_dims_;
+  MoeDims moe_dims_;
+  ActivationParams act_;
+  KdaMode kda_mode_ = KdaMode::kAuto;
+  MlaMode mla_mode_ = MlaMode::kAuto;
 };
 
 }  // namespace moonrun

@@ -1,16 +1,16 @@
 #pragma once
-// The per-op dimensions the CPU kernels take, derived once from ModelConfig.
+// The per-layer dimensions the layers take, derived once from ModelConfig.
 #include <cmath>
 
-#include "kernels/cpu/kda.h"
-#include "kernels/cpu/mla.h"
-#include "kernels/cpu/moe.h"
 #include "model/config.h"
+#include "model/layers/kda.h"
+#include "model/layers/mla.h"
+#include "model/layers/moe.h"
 
 namespace moonrun {
 
-inline cpu::KdaDims kda_dims(const ModelConfig& c) {
-  cpu::KdaDims d;
+inline KdaShape kda_shape(const ModelConfig& c) {
+  KdaShape d;
   d.hidden = c.hidden_size;
   d.num_heads = c.kda_num_heads;
   d.head_dim = c.kda_head_dim;
@@ -20,31 +20,31 @@ inline cpu::KdaDims kda_dims(const ModelConfig& c) {
   return d;
 }
 
-inline cpu::MlaDims mla_dims(const ModelConfig& c) {
-  cpu::MlaDims d;
+inline MlaDims mla_dims(const ModelConfig& c) {
+  MlaDims d;
   d.hidden = c.hidden_size;
-  d.num_heads = c.num_attention_heads;
   d.q_lora_rank = c.q_lora_rank;
-  d.kv_lora_rank = c.kv_lora_rank;
-  d.qk_nope_head_dim = c.qk_nope_head_dim;
-  d.qk_rope_head_dim = c.qk_rope_head_dim;
-  d.v_head_dim = c.v_head_dim;
+  d.attn.num_heads = c.num_attention_heads;
+  d.attn.kv_lora = c.kv_lora_rank;
+  d.attn.nope = c.qk_nope_head_dim;
+  d.attn.rope = c.qk_rope_head_dim;
+  d.attn.v_dim = c.v_head_dim;
   d.output_gate = c.mla_use_output_gate;
   d.q_a_norm_eps = 1e-6f;  // KimiRMSNorm's default: the MLA norms do not take rms_norm_eps
   d.kv_a_norm_eps = 1e-6f;
   return d;
 }
 
-inline cpu::ActivationParams activation_params(const ModelConfig& c) {
-  return cpu::ActivationParams{c.hidden_act == Activation::situ, c.situ_beta, c.situ_linear_beta};
+inline ActivationParams activation_params(const ModelConfig& c) {
+  return ActivationParams{c.hidden_act == Activation::situ, c.situ_beta, c.situ_linear_beta};
 }
 
-inline cpu::MoeDims moe_dims(const ModelConfig& c) {
-  cpu::MoeDims d;
+inline MoeDims moe_dims(const ModelConfig& c) {
+  MoeDims d;
   d.hidden = c.hidden_size;
   d.io_dim = c.expert_io_dim();
-  d.router = cpu::RouterParams{c.num_experts, c.num_experts_per_token, c.num_expert_group, c.topk_group,
-                               c.moe_renormalize, c.routed_scaling_factor};
+  d.router = RouterParams{c.num_experts, c.num_experts_per_token, c.num_expert_group, c.topk_group,
+                          c.moe_renormalize, c.routed_scaling_factor};
   d.act = activation_params(c);
   d.norm_eps = c.rms_norm_eps;
   return d;

@@ -30,17 +30,6 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr uint64_t kLengthFieldBytes = 8;
 
-struct DTypeEntry {
-  DType dtype;
-  const char* name;
-  size_t size_bytes;
-};
-constexpr DTypeEntry kDTypes[] = {
-    {DType::BF16, "BF16", 2}, {DType::F16, "F16", 2}, {DType::F32, "F32", 4},
-    {DType::F8_E4M3, "F8_E4M3", 1}, {DType::U8, "U8", 1}, {DType::I8, "I8", 1},
-    {DType::I32, "I32", 4}, {DType::I64, "I64", 8},
-};
-
 uint64_t read_u64_le(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -63,23 +52,9 @@ std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
-size_t dtype_size_bytes(DType dtype) {
-  for (const auto& e : kDTypes)
-    if (e.dtype == dtype) return e.size_bytes;
-  MR_CHECK(false) << "unknown DType " << static_cast<int>(dtype);
-  return 0;
-}
-
-const char* dtype_name(DType dtype) {
-  for (const auto& e : kDTypes)
-    if (e.dtype == dtype) return e.name;
-  MR_CHECK(false) << "unknown DType " << static_cast<int>(dtype);
-  return "";
-}
-
 Result<DType> dtype_from_name(std::string_view name) {
-  for (const auto& e : kDTypes)
-    if (name == e.name) return e.dtype;
+  for (DType d : kAllDTypes)
+    if (name == dtype_name(d)) return d;
   return invalid_argument("unknown dtype \"" + printable(name) +
                           "\" (supported: BF16, F16, F32, F8_E4M3, U8, I8, I32, I64)");
 }

@@ -1,31 +1,105 @@
 #pragma once
-// The one thing the engine needs from a model: logits for a batch of sequences. A runner
-// owns the weights and the KDA slot contents; the MLA pages it writes and reads are the
-// cache manager's (the runner gets the MlaPoolView when it is built). CPU, CUDA and the
-// fake runners of the engine tests all implement this interface.
+// The one thing the engine needs from a model: run one step and return token ids.
+//
+//   StepInput  the scheduled sequences: each one's new tokens (a prefill chunk or the last
+//              sampled token), where its caches are (state slot, page table) and, when
+//              the step reaches its end, its sampling row; the state-slot commands of
+//              the step (zero or restore before the forward, snapshot after it).
+//   StepOutput one SampleResult per sampling sequence (token, and logprobs when asked);
+//              the logits themselves only when the caller asks (tests, `generate`).
+//
+// ModelRunner (the class below) implements it for any backend: it builds the flat
+// ForwardBatch once, uploads it, runs the model's forward on the ops (as a CUDA graph per
+// batch-size bucket for decode steps where the backend captures), and samples on the
+// device. The engine tests implement the interface with a fake model.
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
+#include "backend/ops.h"
+#include "backend/sampling.h"
+#include "cache/cache_manager.h"
 #include "common/status.h"
-#include "model/forward_batch.h"
+#include "model/model.h"
 
 namespace moonrun {
 
-class ModelRunner {
- public:
-  virtual ~ModelRunner() = default;
-
-  // Appends every sequence's new tokens to its caches (MLA pages listed in seq.pages, KDA
-  // slot seq.kda_slot) and writes the logits: one row per sequence (its last new token),
-  // or one per new token when seq.all_logits, in batch order.
-  // logits: resized to [batch.n_logit_rows(), vocab()]. A non-ok Status means the backend
-  // failed; the engine then stops and fails every pending request.
-  virtual Status forward(const ForwardBatch& batch, std::vector<float>& logits) = 0;
-
-  virtual int vocab() const = 0;
-
-  // Zeroes the KDA state of slot (conv windows and S) before a new sequence uses it.
-  virtual void reset_kda_slot(int slot) = 0;
+struct StepSeq {
+  std::span<const int32_t> new_token_ids;  // positions [n_past, n_past + n)
+  int n_past = 0;
+  int state_slot = -1;
+  std::span<const int32_t> pages;  // covers n_past + n tokens
+  bool sample = false;             // pick a token after the last new one (its row in StepInput::sampling)
+  bool all_logits = false;         // logits for every new token (StepInput::return_logits)
 };
+
+struct StepInput {
+  std::vector<StepSeq> seqs;
+  SamplingBatch sampling;  // one row per seq with sample, in order
+  std::vector<StateCopy> before, after;
+  bool return_logits = false;  // copy the logits rows to StepOutput::logits
+};
+
+struct StepOutput {
+  std::vector<SampleResult> samples;  // one per sampling seq, in order
+  std::vector<float> logits;          // [rows, vocab] when asked: each seq's logit rows, in order
+};
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  // A non-ok Status means the backend failed; the engine then fails every pending request.
+  virtual Status step(const StepInput& input, StepOutput& output) = 0;
+  virtual int vocab() const = 0;
+};
+
+struct RunnerOptions {
+  int max_seqs_per_step = 16;    // the running-request cap (decode batch bound)
+  int max_tokens_per_step = 2048;
+  bool cuda_graphs = true;        // decode steps as captured graphs where the backend can
+  int64_t fail_after_steps = -1;  // >= 0: the backend "fails" after this many steps (tests)
+};
+
+class ModelRunner final : public StepRunner {
+ public:
+  // Allocates the cache pools for `cache` (plus one slot and one page for padding decode
+  // batches up to a captured size) on the ops' backend.
+  static Result<std::unique_ptr<ModelRunner>> create(std::unique_ptr<Ops> ops, std::unique_ptr<Model> model,
+                                                     const CacheConfig& cache, const RunnerOptions& options);
+  ~ModelRunner() override;
+
+  Status step(const StepInput& input, StepOutput& output) override;
+  int vocab() const override { return model_->config().vocab_size; }
+
+  Ops& ops() { return *ops_; }
+  Model& model() { return *model_; }
+  const CachePools& pools() const { return pools_; }
+  int64_t steps() const { return steps_; }
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t tokens_computed() const { return tokens_computed_; }  // new tokens through the model, all steps
+
+ private:
+  ModelRunner() = default;
+  Status check(const StepInput& input) const;
+  void build_batch(const StepInput& input, int padded_seqs);
+  void run_state_copies(const std::vector<StateCopy>& copies);
+
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Model> model_;
+  CachePools pools_;
+  CacheConfig cache_;
+  RunnerOptions options_;
+  int pad_slot_ = -1, pad_page_ = -1;  // what padding sequences read and write
+  ForwardBatch batch_;                 // rebuilt each step (capacity kept)
+  int64_t steps_ = 0;
+  int64_t graph_replays_ = 0;
+  int64_t tokens_computed_ = 0;
+  Status failed_ = Status::ok();  // sticky: the backend's state is unknown after a failure
+};
+
+// The decode batch sizes captured as graphs: a decode step of n sequences runs padded to
+// the smallest bucket >= n (SGLang's cuda_graph_bs).
+int decode_bucket(int n_seqs, int max_seqs);
 
 }  // namespace moonrun

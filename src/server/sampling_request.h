@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "engine/sampling_params.h"
+#include "runtime/sampling_params.h"
 
 namespace moonrun::server {
 

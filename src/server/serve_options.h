@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/defaults.h"
+
 namespace moonrun::server {
 
 struct ServeOptions {
@@ -19,12 +21,15 @@ struct ServeOptions {
   int64_t context_length = 0;       // --context-length / --max-model-len; 0: from config.json
   double mem_fraction_static = 0.0; // --mem-fraction-static / --gpu-memory-utilization; 0: auto
   int max_running_requests = 0;     // --max-running-requests / --max-num-seqs; 0: from the pools
-  int chunked_prefill_size = 8192;  // --chunked-prefill-size / --max-num-batched-tokens
-  int max_queued_requests = 1024;   // --max-queued-requests: 503 beyond this many waiting
+  int chunked_prefill_size = defaults::kChunkedPrefillTokens;  // --chunked-prefill-size / --max-num-batched-tokens
+  int max_queued_requests = defaults::kMaxQueuedRequests;  // --max-queued-requests: 503 beyond this many waiting
   size_t max_request_bytes = 32u << 20;  // --max-request-bytes: 413 beyond
   double shutdown_timeout_s = 30;   // --shutdown-timeout: SIGTERM drains at most this long
-  int page_size_tokens = 16;        // --page-size: tokens per MLA KV page
-  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bf16|fp8
+  int page_size_tokens = defaults::kPageSizeTokens;  // --page-size: tokens per KV page
+  std::string dtype = "auto";           // --dtype auto|bfloat16|float32
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bfloat16|float32 (fp8 refused)
+  bool disable_radix_cache = false;     // --disable-radix-cache: no prefix cache
+  bool disable_cuda_graph = false;      // --disable-cuda-graph: eager decode steps
   // Chat.
   std::string reasoning_parser;     // --reasoning-parser kimi_k3|kimi_k2 (default: from model)
   std::string tool_call_parser;     // --tool-call-parser kimi_k3|kimi_k2 (default: from model)

@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "model/weight_names.h"
+#include "model/weight_spec.h"
 
 namespace moonrun::tools {
 
@@ -150,7 +150,7 @@ void add_vision_tower(GroupTable& t, const json& vc, int64_t text_hidden) {
 WeightBytes weight_bytes_from_config(const PlanModelShape& s) {
   GroupTable t;
   uint64_t header_bytes = 0;
-  for (const ExpectedTensor& e : expected_tensors(s.config)) {
+  for (const TensorSpec& e : weight_spec(s.config)) {
     t.add(role_of_tensor(e.name, &s.config), shard_of_tensor(e.name), 1, e.nbytes());
     // Its header entry as the safetensors writer spells it, with 11-digit offsets (shards of
     // ~16 GB): "NAME":{"dtype":"U8","shape":[3072,1792],"data_offsets":[X,Y]},
@@ -166,7 +166,7 @@ WeightBytes weight_bytes_from_config(const PlanModelShape& s) {
     if (g.estimated) header_bytes += g.n_tensors * 90;  // short vision names
   wb.file_overhead_bytes = header_bytes;
   wb.exact = false;
-  wb.note = "computed from config.json: expected_tensors() of the model's name table";
+  wb.note = "computed from config.json: weight_spec() of the model's name table";
   return wb;
 }
 

@@ -78,7 +78,7 @@ struct WeightBytes {
   uint64_t bytes_of(Shard s) const;
 };
 
-// Computed from config.json alone: every text tensor from expected_tensors() (the one name
+// Computed from config.json alone: every text tensor from weight_spec() (the one name
 // table: MXFP4 experts as packed u8 [out, in/2] + E8M0 scale u8 [out, in/32], fp32 where the
 // release is fp32, bf16 elsewhere), plus the safetensors headers those names imply. The
 // vision tower's config in the published file has only patch_size and merge_kernel_size, so

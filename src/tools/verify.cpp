@@ -19,7 +19,7 @@
 
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/weight_names.h"
+#include "model/weight_spec.h"
 
 namespace moonrun {
 
@@ -219,7 +219,7 @@ void check_config(VerifyReport& r, const std::map<std::string, TensorSeen>& seen
     r.config_check = "failed (config.json does not validate)";
     return;
   }
-  const std::vector<ExpectedTensor> expected = expected_tensors(*cfg);
+  const std::vector<TensorSpec> expected = weight_spec(*cfg);
   size_t matched = 0, unknown = 0;
   for (const auto& want : expected) {
     auto it = seen.find(want.name);

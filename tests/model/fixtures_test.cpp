@@ -1,6 +1,7 @@
 // Every reference fixture in tests/fixtures (tests/fixtures/README.md) through the CPU
-// forward, the same path as `moonrun generate --temperature 0 --logits-out`: greedy ids
-// identical to the reference's, and every logit within the fixture's tolerance.
+// backend, the same path as `moonrun generate --temperature 0 --logits-out` (runtime:
+// runner + the one forward + the device sampler): greedy ids identical to the reference's,
+// and every logit within the fixture's tolerance.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,10 +14,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../support/fixture_files.h"
+#include "../support/runtimes.h"
 #include "model/checkpoint.h"
-#include "../fixture_files.h"
-#include "model/generate.h"
-#include "model/kimi_k3.h"
+#include "runtime/generate.h"
 
 namespace moonrun {
 namespace {
@@ -34,9 +35,9 @@ TEST_P(Fixture, GreedyIdsAndLogitsMatchTheReference) {
   std::ifstream in(dir + "/expected.json");
   const nlohmann::json expected = nlohmann::json::parse(in);
   const float tol = expected.at("tolerance_abs_logit").get<float>();
-  auto model = KimiK3Model::load(dir);
-  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
-  const int V = (*model)->config().vocab_size;
+  Runtime rt = testing::make_runtime(dir, testing::test_runtime_options("cpu", 256));
+  ASSERT_TRUE(rt.runner);
+  const int V = rt.config.vocab_size;
 
   int case_index = 0;
   for (const auto& c : expected.at("cases")) {
@@ -48,9 +49,9 @@ TEST_P(Fixture, GreedyIdsAndLogitsMatchTheReference) {
     ASSERT_EQ(shape[1], V);
     GenerateOptions opt;
     opt.max_tokens = c.at("max_tokens").get<int>();
-    opt.temperature = 0.0f;
+    opt.sampling.temperature = 0.0f;
     opt.keep_logits = true;
-    auto got = generate(**model, prompt, opt);
+    auto got = generate(*rt.runner, rt.cache.page_size_tokens, prompt, opt);
     ASSERT_TRUE(got.is_ok()) << got.status().to_string();
     EXPECT_EQ(got->token_ids, want_ids) << "prompt of " << prompt.size() << " tokens";
 
@@ -146,15 +147,16 @@ TEST(GptOssLayout, SameCodesSameLogits) {
   }
   ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).is_ok());
 
-  auto model = KimiK3Model::load(dir);
-  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
-  EXPECT_EQ((*model)->config().expert_quant, ExpertQuant::mxfp4_gpt_oss);
+  Runtime rt = testing::make_runtime(dir, testing::test_runtime_options("cpu", 256));
+  ASSERT_TRUE(rt.runner);
+  EXPECT_EQ(rt.config.expert_quant, ExpertQuant::mxfp4_gpt_oss);
   std::ifstream in(src + "/expected.json");
   const nlohmann::json c = nlohmann::json::parse(in).at("cases").at(1);
   GenerateOptions opt;
   opt.max_tokens = c.at("max_tokens").get<int>();
+  opt.sampling.temperature = 0.0f;
   opt.keep_logits = true;
-  auto got = generate(**model, c.at("prompt_ids").get<std::vector<int32_t>>(), opt);
+  auto got = generate(*rt.runner, rt.cache.page_size_tokens, c.at("prompt_ids").get<std::vector<int32_t>>(), opt);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(got->token_ids, c.at("greedy_ids").get<std::vector<int32_t>>());
   const auto want = read_f32(src + "/" + c.at("logits_file").get<std::string>(), got->logits.size());

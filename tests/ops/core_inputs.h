@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cpu/linear.h"
-#include "kernels/cuda/common/bf16.h"
+#include "backend/cpu/linear.h"
+#include "backend/cuda/common/bf16.h"
 
 namespace moonrun::optest {
 

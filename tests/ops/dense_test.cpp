@@ -12,13 +12,13 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/cpu/activations.h"
-#include "kernels/cpu/attn_res.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/linear.h"
-#include "kernels/cpu/mlp.h"
-#include "kernels/cuda/common/device_buffer.h"
-#include "kernels/cuda/dense/dense_ops.h"
+#include "backend/cpu/activations.h"
+#include "backend/cpu/attn_res.h"
+#include "backend/cpu/embedding.h"
+#include "backend/cpu/linear.h"
+#include "backend/cpu/mlp.h"
+#include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/dense/dense_ops.h"
 #include "op_test_util.h"
 #include "core_inputs.h"
 

@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/cpu/linear.h"
-#include "kernels/cuda/common/device_buffer.h"
-#include "kernels/cuda/gemm/blas.h"
+#include "backend/cpu/linear.h"
+#include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/gemm/blas.h"
 #include "op_test_util.h"
 #include "core_inputs.h"
 

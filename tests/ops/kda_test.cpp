@@ -11,7 +11,7 @@
 //   give errors of order 1).
 // - The layer with bf16 x and bf16 weights (the CPU reference gets the same rounded values):
 //   see LayerTolerance below.
-#include "kernels/cuda/kda/kda_layer.h"
+#include "backend/cuda/kda/kda_layer.h"
 
 #include <cuda_runtime.h>
 
@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cpu/kda.h"
-#include "kernels/cuda/common/cuda_check.h"
+#include "backend/cpu/kda.h"
+#include "backend/cuda/common/cuda_check.h"
 #include "op_test_util.h"
 
 namespace moonrun {

@@ -34,9 +34,9 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cpu/mla.h"
-#include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/mla/mla_layer.h"
+#include "backend/cpu/mla.h"
+#include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/mla/mla_layer.h"
 #include "op_test_util.h"
 
 namespace moonrun {

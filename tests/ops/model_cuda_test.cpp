@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "../fixture_files.h"
+#include "../support/fixture_files.h"
 #include "model/generate.h"
 #include "model/kimi_k3.h"
 #include "op_test_util.h"

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/moe.h"
-#include "kernels/cpu/mxfp4.h"
-#include "kernels/cpu/router.h"
-#include "kernels/cuda/common/device_buffer.h"
-#include "kernels/cuda/moe/moe_internal.h"
-#include "kernels/cuda/moe/moe_layer.h"
+#include "backend/cpu/moe.h"
+#include "backend/cpu/mxfp4.h"
+#include "backend/cpu/router.h"
+#include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/moe/moe_internal.h"
+#include "backend/cuda/moe/moe_layer.h"
 #include "op_test_util.h"
 
 namespace moonrun {

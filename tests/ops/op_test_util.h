@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/common/bf16.h"
-#include "kernels/cuda/common/device_info.h"
+#include "backend/cuda/common/bf16.h"
+#include "backend/cuda/common/device_info.h"
 
 namespace moonrun::optest {
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "engine/sampler.h"
-#include "kernels/cuda/common/device_buffer.h"
-#include "kernels/cuda/sample/sample_ops.h"
+#include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/sample/sample_ops.h"
 #include "op_test_util.h"
 #include "core_inputs.h"
 

@@ -9,11 +9,18 @@ namespace {
 
 CacheConfig small_config(int num_pages, int num_slots, int page_size = 4) {
   CacheConfig c;
-  c.layout.num_mla_layers = 2;
-  c.layout.row_floats = 3;
+  c.layout.kv_bytes_per_token = 24;
+  c.layout.state_bytes_per_slot = 100;
   c.page_size_tokens = page_size;
   c.num_pages = num_pages;
-  c.num_kda_slots = num_slots;
+  c.num_state_slots = num_slots;
+  return c;
+}
+
+// The state commands queued so far.
+std::pair<std::vector<StateCopy>, std::vector<StateCopy>> copies(CacheManager& cache) {
+  std::pair<std::vector<StateCopy>, std::vector<StateCopy>> c;
+  cache.take_state_copies(c.first, c.second);
   return c;
 }
 
@@ -42,15 +49,17 @@ TEST(CacheManager, AllocateGrowsByPagesAndTakesOneSlot) {
   ASSERT_TRUE(cache.allocate(7, 5));  // 5 tokens -> ceil(5/4) = 2 pages
   EXPECT_EQ(cache.page_table(7).size(), 2u);
   EXPECT_EQ(cache.free_slots(), 1);
-  EXPECT_TRUE(cache.take_fresh_slot(7));
-  EXPECT_FALSE(cache.take_fresh_slot(7));  // told once
+  auto c = copies(cache);  // a fresh slot is zeroed before its first forward, once
+  ASSERT_EQ(c.first.size(), 1u);
+  EXPECT_EQ(c.first[0].src, -1);
+  EXPECT_EQ(c.first[0].dst, cache.state_slot(7));
+  EXPECT_TRUE(copies(cache).first.empty());
   ASSERT_TRUE(cache.allocate(7, 8));        // still 2 pages
   EXPECT_EQ(cache.page_table(7).size(), 2u);
   ASSERT_TRUE(cache.allocate(7, 9));
   EXPECT_EQ(cache.page_table(7).size(), 3u);
   EXPECT_EQ(cache.free_slots(), 1);  // the same slot
-  EXPECT_EQ(cache.pages_needed(7, 20), 2);
-  EXPECT_EQ(cache.pages_needed(8, 1), 1);
+  EXPECT_TRUE(copies(cache).first.empty());
 
   CacheStats s = cache.stats();
   EXPECT_EQ(s.free_pages, 2);
@@ -72,63 +81,149 @@ TEST(CacheManager, RefusesWithoutSideEffects) {
 TEST(CacheManager, FreeReturnsPagesAndSlotAndMarksTheSlotFreshForTheNextOwner) {
   CacheManager cache(small_config(/*pages=*/4, /*slots=*/1));
   ASSERT_TRUE(cache.allocate(1, 16));
-  const int slot = cache.kda_slot(1);
-  EXPECT_TRUE(cache.take_fresh_slot(1));
+  const int slot = cache.state_slot(1);
+  copies(cache);
   cache.free(1);
   cache.free(1);  // idempotent
   EXPECT_EQ(cache.stats().free_pages, 4);
   EXPECT_EQ(cache.free_slots(), 1);
   ASSERT_TRUE(cache.allocate(2, 16));
-  EXPECT_EQ(cache.kda_slot(2), slot);
-  EXPECT_TRUE(cache.take_fresh_slot(2));  // recycled: the runner must reset it
-}
-
-TEST(CacheManager, MlaViewRowsAreDistinctAndInsideTheBuffer) {
-  const CacheConfig config = small_config(/*pages=*/3, /*slots=*/1, /*page_size=*/2);
-  CacheManager cache(config);
-  const MlaPoolView v = cache.mla_view();
-  ASSERT_NE(v.base, nullptr);
-  std::set<const float*> rows;
-  for (int l = 0; l < 2; ++l)
-    for (int p = 0; p < 3; ++p)
-      for (int o = 0; o < 2; ++o) {
-        const float* r = v.row(l, p, o);
-        EXPECT_GE(r, v.base);
-        EXPECT_LE(r + v.row_floats, v.base + config.total_tokens() * 2 * 3);
-        rows.insert(r);
-      }
-  EXPECT_EQ(rows.size(), 12u);
+  EXPECT_EQ(cache.state_slot(2), slot);
+  auto c = copies(cache);  // recycled: the runner must zero it
+  ASSERT_EQ(c.first.size(), 1u);
+  EXPECT_EQ(c.first[0].src, -1);
+  EXPECT_EQ(c.first[0].dst, slot);
 }
 
 TEST(CacheSizing, SplitsTheBudgetSlotsFirst) {
-  // K3-shaped rows: 576 floats per token per MLA layer, here 2 MLA layers in fp32:
+  // K3-shaped rows: 576 values per token per MLA layer, here 2 MLA layers in fp32:
   // 2 * 576 * 4 = 4608 bytes per token, 73728 per 16-token page.
   CacheLayout layout;
-  layout.num_mla_layers = 2;
-  layout.row_floats = 576;
-  layout.dtype_bytes = 4;
-  layout.kda_slot_bytes = 1000;
-  EXPECT_EQ(layout.bytes_per_token(), 4608);
-  auto c = size_cache_from_budget(layout, 4 * 1000 + 10 * 73728 + 5, 16, 4);
+  layout.kv_bytes_per_token = 2 * 576 * 4;
+  layout.state_bytes_per_slot = 1000;
+  // 4 live slots and 2 prefix snapshots come first.
+  auto c = size_cache_from_budget(layout, 6 * 1000 + 10 * 73728 + 5, 16, 4, 2);
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   EXPECT_EQ(c->num_pages, 10);
-  EXPECT_EQ(c->num_kda_slots, 4);
+  EXPECT_EQ(c->num_state_slots, 4);
+  EXPECT_EQ(c->num_snapshot_slots, 2);
   EXPECT_EQ(c->total_tokens(), 160);
-  EXPECT_EQ(c->mla_bytes() + c->kda_bytes(), 4 * 1000 + 10 * 73728);
+  EXPECT_EQ(c->kv_bytes() + c->state_bytes(), 6 * 1000 + 10 * 73728);
   // A token cap wins over the budget.
-  auto capped = size_cache_from_budget(layout, 1 << 30, 16, 4, /*max_total_tokens=*/40);
+  auto capped = size_cache_from_budget(layout, 1 << 30, 16, 4, 0, /*max_total_tokens=*/40);
   ASSERT_TRUE(capped.is_ok());
   EXPECT_EQ(capped->num_pages, 3);
 }
 
 TEST(CacheSizing, TooSmallABudgetSaysWhy) {
-  CacheLayout layout{2, 576, 4, 1000};
-  auto c = size_cache_from_budget(layout, 4 * 1000 + 100, 16, 4);
+  CacheLayout layout{2 * 576 * 4, 1000};
+  auto c = size_cache_from_budget(layout, 4 * 1000 + 100, 16, 4, 0);
   ASSERT_FALSE(c.is_ok());
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(c.status().message().find("--max-running-requests"), std::string::npos);
-  EXPECT_FALSE(size_cache_from_budget(layout, 1 << 20, 0, 4).is_ok());
-  EXPECT_FALSE(size_cache_from_budget(layout, 1 << 20, 16, 0).is_ok());
+  EXPECT_FALSE(size_cache_from_budget(layout, 1 << 20, 0, 4, 0).is_ok());
+  EXPECT_FALSE(size_cache_from_budget(layout, 1 << 20, 16, 0, 0).is_ok());
+}
+
+// ---- the prefix cache ------------------------------------------------------------------
+
+CacheConfig prefix_config(int num_pages, int num_slots, int num_snapshots, int block) {
+  CacheConfig c = small_config(num_pages, num_slots);
+  c.num_snapshot_slots = num_snapshots;
+  c.prefix_block_tokens = block;
+  return c;
+}
+
+std::vector<int32_t> tokens(int n, int salt = 0) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(100 + (i * 7 + salt) % 50);
+  return t;
+}
+
+// A sequence computes `prompt` in chunks ending where chunk_end says, snapshots planned at
+// block boundaries and committed after each "step".
+void prefill(CacheManager& cache, int64_t seq, const std::vector<int32_t>& prompt, int budget,
+             std::vector<StateCopy>* snapshots = nullptr) {
+  int done = cache.match_prefix(seq, prompt);
+  while (done < static_cast<int>(prompt.size())) {
+    const int end = cache.chunk_end(prompt, done, std::min<int>(prompt.size(), done + budget));
+    ASSERT_GT(end, done);
+    ASSERT_TRUE(cache.allocate(seq, end));
+    cache.plan_snapshot(seq, std::span<const int32_t>(prompt).first(end));
+    auto c = copies(cache);
+    if (snapshots) snapshots->insert(snapshots->end(), c.second.begin(), c.second.end());
+    cache.commit_snapshots([&](int64_t) { return std::span<const int32_t>(prompt); });
+    done = end;
+  }
+}
+
+TEST(PrefixCache, ChunksStopAtBlockBoundariesAndSnapshotThere) {
+  CacheManager cache(prefix_config(64, 2, 4, 8));
+  const auto p = tokens(30);
+  // A 30-token prompt with budget 64: one cut at 24 (the last boundary), then 6 more tokens.
+  EXPECT_EQ(cache.match_prefix(1, p), 0);
+  EXPECT_EQ(cache.chunk_end(p, 0, 30), 24);
+  ASSERT_TRUE(cache.allocate(1, 24));
+  EXPECT_TRUE(cache.plan_snapshot(1, std::span<const int32_t>(p).first(24)));
+  auto c = copies(cache);
+  ASSERT_EQ(c.second.size(), 1u);
+  EXPECT_EQ(c.second[0].src, cache.state_slot(1));
+  EXPECT_GE(c.second[0].dst, 2);  // a snapshot slot, past the live ones
+  cache.commit_snapshots([&](int64_t) { return std::span<const int32_t>(p); });
+  EXPECT_EQ(cache.stats().prefix_entries, 1);
+  EXPECT_EQ(cache.chunk_end(p, 24, 30), 30);  // no boundary left before the end
+  // Cached already: no cut, no second snapshot.
+  EXPECT_EQ(cache.chunk_end(p, 0, 30), 30);
+  EXPECT_FALSE(cache.plan_snapshot(1, std::span<const int32_t>(p).first(24)));
+}
+
+TEST(PrefixCache, ASecondSequenceSharesThePagesAndRestoresTheSnapshot) {
+  CacheManager cache(prefix_config(64, 4, 4, 8));
+  auto a = tokens(40), b = tokens(40);
+  for (int i = 33; i < 40; ++i) b[i] = 7;  // the same first 33 tokens
+  std::vector<StateCopy> snaps;
+  prefill(cache, 1, a, 16, &snaps);  // chunks end at 16, 32 and 40: a snapshot at each
+  ASSERT_EQ(snaps.size(), 3u);
+  const int free_before = cache.stats().free_pages;
+  // b matches the longest cached prefix that leaves a token to compute: 32.
+  EXPECT_EQ(cache.match_prefix(2, b), 32);
+  auto c = copies(cache);
+  ASSERT_EQ(c.first.size(), 1u);
+  EXPECT_EQ(c.first[0].src, snaps[1].dst);  // the snapshot at 32
+  EXPECT_EQ(c.first[0].dst, cache.state_slot(2));
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(cache.page_table(2)[i], cache.page_table(1)[i]) << i;
+  EXPECT_EQ(cache.stats().free_pages, free_before);  // shared, not copied
+  ASSERT_TRUE(cache.allocate(2, 40));
+  EXPECT_NE(cache.page_table(2)[8], cache.page_table(1)[8]);  // its own pages after the prefix
+  EXPECT_EQ(cache.stats().prefix_hit_tokens, 32);
+  // A prompt of exactly 32 tokens still computes its last one.
+  EXPECT_EQ(cache.match_prefix(3, std::vector<int32_t>(a.begin(), a.begin() + 32)), 16);
+  // A different prompt matches nothing.
+  EXPECT_EQ(cache.match_prefix(4, tokens(40, 3)), 0);
+}
+
+TEST(PrefixCache, EvictionFreesTheLeastRecentlyUsedPrefixWhenPagesRunOut) {
+  // 16 pages of 4 tokens; prefixes of 8 tokens (2 pages) each.
+  CacheManager cache(prefix_config(16, 2, 2, 8));
+  const auto a = tokens(9, 1), b = tokens(9, 2);
+  prefill(cache, 1, a, 64);
+  cache.free(1);
+  prefill(cache, 2, b, 64);
+  cache.free(2);
+  EXPECT_EQ(cache.stats().prefix_entries, 2);
+  EXPECT_EQ(cache.stats().free_pages, 12);  // 2 x 2 pages kept by the cache
+  EXPECT_EQ(cache.match_prefix(3, a), 8);    // a is now the most recently used
+  cache.free(3);
+  // A third snapshot needs a slot: b (least recently used) goes.
+  prefill(cache, 4, tokens(9, 3), 64);
+  cache.free(4);
+  EXPECT_EQ(cache.match_prefix(5, b), 0);
+  EXPECT_EQ(cache.match_prefix(6, a), 8);
+  cache.free(6);
+  // Pages: a sequence that needs every page evicts what the cache holds.
+  ASSERT_TRUE(cache.allocate(7, 64));
+  EXPECT_EQ(cache.stats().prefix_entries, 0);
+  EXPECT_EQ(cache.stats().free_pages, 0);
 }
 
 }  // namespace

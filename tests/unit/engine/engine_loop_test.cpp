@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "fake_runner.h"
+#include "test_pool.h"
 
 namespace moonrun {
 namespace {
@@ -23,14 +24,9 @@ struct Built {
 };
 
 Built build(int num_pages, int num_slots, int page_size, SchedulerConfig s, int max_model_len) {
-  CacheConfig c;
-  c.layout.num_mla_layers = 1;
-  c.layout.row_floats = 2;
-  c.page_size_tokens = page_size;
-  c.num_pages = num_pages;
-  c.num_kda_slots = num_slots;
+  const CacheConfig c = testing::test_pool(num_pages, num_slots, page_size);
   auto cache = std::make_unique<CacheManager>(c);
-  auto runner = std::make_unique<FakeRunner>(cache->mla_view(), num_slots, kVocab);
+  auto runner = std::make_unique<FakeRunner>(num_pages, page_size, c.total_slots(), kVocab);
   Built b;
   b.runner = runner.get();
   auto loop = EngineLoop::create(EngineConfig{s, max_model_len, {kEos}, 0}, std::move(cache), std::move(runner), nullptr);

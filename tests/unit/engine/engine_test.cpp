@@ -26,7 +26,7 @@ struct Harness {
   Engine engine;
   Harness(CacheConfig c, SchedulerConfig s, int max_model_len, DetokenizeFn detok = nullptr)
       : cache(c),
-        runner(cache.mla_view(), c.num_kda_slots, kVocab),
+        runner(c.num_pages, c.page_size_tokens, c.total_slots(), kVocab),
         engine(EngineConfig{s, max_model_len, {kEos}, 0}, cache, runner, std::move(detok)) {}
 
   // Runs to completion; collects each (request, index)'s tokens, text and finish reason.
@@ -223,7 +223,7 @@ TEST(Engine, SkippedSpecialTokensStayInTheIdsButAddNoText) {
   for (bool skip : {true, false}) {
     CacheConfig c = test_pool(64, 4, 16);
     CacheManager cache(c);
-    FakeRunner runner(cache.mla_view(), 4, kVocab);
+    FakeRunner runner(c.num_pages, c.page_size_tokens, c.total_slots(), kVocab);
     EngineConfig config{{.max_running_requests = 4, .max_tokens_per_step = 4096}, 128, {kEos}, 0};
     config.is_special_token = [special](int32_t id) { return id == special; };
     Engine engine(config, cache, runner, letters);
@@ -303,7 +303,7 @@ TEST(Engine, LogprobsTravelWithTheirTokens) {
     // The greedy token is the most likely one, and its logprob is log_softmax of the
     // fake model's logits for this context.
     testing::fake_logits(testing::digest_of(context), kVocab, logits.data());
-    const std::vector<float> lp = log_softmax(logits.data(), kVocab);
+    const std::vector<float> lp = cpu::log_softmax(logits.data(), kVocab);
     EXPECT_EQ(o.logprobs[0].token, o.new_token_ids[0]);
     EXPECT_FLOAT_EQ(o.logprobs[0].logprob, lp[o.new_token_ids[0]]);
     ASSERT_EQ(o.logprobs[0].top.size(), 3u);

@@ -1,15 +1,18 @@
 #pragma once
-// A stand-in for the model: the logits of a sequence are a fixed function of its token ids,
-// and the runner reads those ids back through the paged MLA pool and keeps a running digest
-// in its KDA slot, so a wrong page table, a missed slot reset or a slot shared by two
-// sequences changes the outputs (or fails the forward) instead of going unnoticed.
+// A stand-in for the model: the logits of a sequence are a fixed function of its token ids.
+// The runner keeps one row per page slot ([token id, position]) and a running digest per
+// state slot, reads each sequence back through its page table and checks it against its
+// slot, so a wrong page table, a missed slot reset, a wrong snapshot restore or a slot
+// shared by two sequences fails the step instead of going unnoticed. Tokens are picked by
+// the real CPU sampler (backend/cpu/sample.h) from the step's sampling rows.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "backend/cpu/sample.h"
 #include "common/status.h"
 #include "runtime/model_runner.h"
 
@@ -33,52 +36,67 @@ inline uint64_t digest_of(const std::vector<int32_t>& tokens) {
   return h;
 }
 
-class FakeRunner : public ModelRunner {
+class FakeRunner : public StepRunner {
  public:
-  FakeRunner(MlaPoolView pool, int num_slots, int vocab) : pool_(pool), slots_(num_slots), vocab_(vocab) {}
+  FakeRunner(int num_pages, int page_size, int num_slots, int vocab)
+      : page_size_(page_size), rows_(static_cast<size_t>(num_pages) * page_size), slots_(num_slots), vocab_(vocab) {}
 
   int vocab() const override { return vocab_; }
-  void reset_kda_slot(int slot) override { slots_.at(slot) = Slot{}; ++num_resets; }
 
-  Status forward(const ForwardBatch& batch, std::vector<float>& logits) override {
+  Status step(const StepInput& in, StepOutput& out) override {
     const int forward_index = ++num_forwards;
     if (forward_delay.count() > 0) std::this_thread::sleep_for(forward_delay);
-    max_batch_seqs = std::max(max_batch_seqs, static_cast<int>(batch.seqs.size()));
-    logits.assign(static_cast<size_t>(batch.n_logit_rows()) * vocab_, 0.0f);
+    max_batch_seqs = std::max(max_batch_seqs, static_cast<int>(in.seqs.size()));
+    out.samples.clear();
+    out.logits.clear();
     const int fail_after = fail_at_forward.load();
     if (fail_after >= 0 && forward_index > fail_after) return internal_error("fake backend failure");
-    for (size_t i = 0; i < batch.seqs.size(); ++i) {
-      const ForwardSeq& s = batch.seqs[i];
-      if (s.kda_slot < 0 || s.kda_slot >= static_cast<int>(slots_.size())) return internal_error("bad slot");
-      Slot& slot = slots_[s.kda_slot];
-      if (slot.n_tokens != s.n_past_tokens)
-        return internal_error("slot " + std::to_string(s.kda_slot) + " holds " + std::to_string(slot.n_tokens) +
-                              " tokens, batch says n_past " + std::to_string(s.n_past_tokens));
-      const int n_total = s.n_past_tokens + static_cast<int>(s.new_token_ids.size());
-      if (static_cast<int64_t>(s.pages.size()) * pool_.page_size_tokens < n_total) return internal_error("short page table");
+    for (const StateCopy& c : in.before) {
+      if (c.dst < 0 || c.dst >= static_cast<int>(slots_.size())) return internal_error("bad state copy");
+      slots_[c.dst] = c.src < 0 ? Slot{} : slots_.at(c.src);
+      if (c.src < 0) ++num_resets;
+      else ++num_restores;
+    }
+    std::vector<float> logits(vocab_);
+    size_t row = 0;
+    for (size_t i = 0; i < in.seqs.size(); ++i) {
+      const StepSeq& s = in.seqs[i];
+      if (s.state_slot < 0 || s.state_slot >= static_cast<int>(slots_.size())) return internal_error("bad slot");
+      Slot& slot = slots_[s.state_slot];
+      if (slot.n_tokens != s.n_past)
+        return internal_error("slot " + std::to_string(s.state_slot) + " holds " + std::to_string(slot.n_tokens) +
+                              " tokens, batch says n_past " + std::to_string(s.n_past));
+      const int n_total = s.n_past + static_cast<int>(s.new_token_ids.size());
+      if (static_cast<int64_t>(s.pages.size()) * page_size_ < n_total) return internal_error("short page table");
       for (size_t t = 0; t < s.new_token_ids.size(); ++t) {
-        const int pos = s.n_past_tokens + static_cast<int>(t);
-        float* row = pool_.row(0, s.pages[pos / pool_.page_size_tokens], pos % pool_.page_size_tokens);
-        row[0] = static_cast<float>(s.new_token_ids[t]);
-        row[1] = static_cast<float>(pos);
+        const int pos = s.n_past + static_cast<int>(t);
+        Row& r = rows_.at(static_cast<size_t>(s.pages[pos / page_size_]) * page_size_ + pos % page_size_);
+        r = Row{s.new_token_ids[t], pos};
         slot.digest = mix(slot.digest, s.new_token_ids[t]);
         ++slot.n_tokens;
       }
       // Read the whole sequence back from the pages: it must agree with the slot.
       uint64_t digest = kDigestInit;
       for (int pos = 0; pos < n_total; ++pos) {
-        const float* row = pool_.row(0, s.pages[pos / pool_.page_size_tokens], pos % pool_.page_size_tokens);
-        if (row[1] != static_cast<float>(pos)) return internal_error("page row holds another position");
-        digest = mix(digest, static_cast<int32_t>(row[0]));
+        const Row& r = rows_.at(static_cast<size_t>(s.pages[pos / page_size_]) * page_size_ + pos % page_size_);
+        if (r.pos != pos) return internal_error("page row holds another position");
+        digest = mix(digest, r.token);
       }
-      if (digest != slot.digest) return internal_error("MLA pages and KDA slot disagree");
-      fake_logits(digest, vocab_, logits.data() + i * vocab_);
+      if (digest != slot.digest) return internal_error("KV pages and state slot disagree");
+      if (!s.sample) continue;
+      fake_logits(digest, vocab_, logits.data());
+      if (row >= in.sampling.rows.size()) return internal_error("missing sampling row");
+      out.samples.push_back(cpu::sample_row(logits.data(), vocab_, in.sampling.rows[row++], in.sampling));
     }
+    for (const StateCopy& c : in.after) slots_.at(c.dst) = slots_.at(c.src);
+    num_snapshots += static_cast<int>(in.after.size());
     return Status::ok();
   }
 
   std::atomic<int> num_forwards{0};
   int num_resets = 0;
+  int num_restores = 0;
+  int num_snapshots = 0;
   int max_batch_seqs = 0;
   std::atomic<int> fail_at_forward{-1};  // >= 0: forwards after this many fail (any thread may set it)
   std::chrono::microseconds forward_delay{0};  // a slower model, for the threaded tests
@@ -88,7 +106,12 @@ class FakeRunner : public ModelRunner {
     uint64_t digest = kDigestInit;
     int n_tokens = 0;
   };
-  MlaPoolView pool_;  // 1 layer, rows of 2 floats: [token id, position]
+  struct Row {
+    int32_t token = -1;
+    int pos = -1;
+  };
+  int page_size_;
+  std::vector<Row> rows_;
   std::vector<Slot> slots_;
   int vocab_;
 };

@@ -96,7 +96,7 @@ TEST(Utf8, IncompleteTail) {
 }  // namespace moonrun
 
 // The hook over the real tokenizer: byte-level ranks (token b = byte b) plus one special.
-#include "engine/detokenize.h"
+#include "server/detokenize.h"
 
 namespace moonrun {
 namespace {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/config.h"
-#include "model/weight_names.h"
+#include "model/weight_spec.h"
 
 namespace moonrun {
 namespace {
@@ -60,7 +60,7 @@ TEST(ModelConfig, RealK3) {
 TEST(WeightNames, RealK3Inventory) {
   auto cfg = load_model_config(k3_config_path());
   ASSERT_TRUE(cfg.is_ok());
-  auto tensors = expected_tensors(*cfg);
+  auto tensors = weight_spec(*cfg);
   uint64_t total = 0, expert_bytes = 0;
   int n_packed = 0;
   for (const auto& t : tensors) {
@@ -75,7 +75,7 @@ TEST(WeightNames, RealK3Inventory) {
   // included: the text model must account for nearly all of it.
   EXPECT_LT(total, 1560936091448ull);
   EXPECT_GT(total, 1550000000000ull);
-  const auto find = [&](const std::string& n) -> const ExpectedTensor* {
+  const auto find = [&](const std::string& n) -> const TensorSpec* {
     for (const auto& t : tensors)
       if (t.name == n) return &t;
     return nullptr;
@@ -170,7 +170,7 @@ TEST(ModelConfig, KimiLinearTopLevel) {
   EXPECT_EQ(cfg->expert_quant, ExpertQuant::none);
   EXPECT_FALSE(cfg->kda_has_lower_bound);
   EXPECT_EQ(cfg->hidden_act, Activation::silu);
-  auto tensors = expected_tensors(*cfg);
+  auto tensors = weight_spec(*cfg);
   bool has_lm_head = false, has_g_a = false;
   for (const auto& t : tensors) {
     has_lm_head |= t.name == "lm_head.weight";

@@ -12,8 +12,8 @@
 #include "chat/tokenizer.h"
 #include "model/config.h"
 #include "model/demo_model.h"
-#include "model/generate.h"
-#include "model/kimi_k3.h"
+#include "runtime/generate.h"
+#include "runtime/runtime_builder.h"
 
 namespace moonrun {
 namespace {
@@ -40,9 +40,14 @@ TEST(DemoModel, TokenizerAndConfigAgree) {
 }
 
 TEST(DemoModel, IsK3ShapedAndGenerates) {
-  auto model = KimiK3Model::load(kDemoDir);
-  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
-  const ModelConfig& cfg = (*model)->config();
+  RuntimeOptions ro;
+  ro.device = "cpu";
+  ro.max_running_requests = 1;
+  ro.max_total_tokens = 64;
+  ro.log = false;
+  auto rt = build_runtime(kDemoDir, ro);
+  ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
+  const ModelConfig& cfg = rt->config;
   EXPECT_EQ(cfg.model_type, "kimi_k3");
   EXPECT_EQ(cfg.expert_quant, ExpertQuant::mxfp4_packed);
   EXPECT_GT(cfg.num_kda_layers, 0);
@@ -51,7 +56,7 @@ TEST(DemoModel, IsK3ShapedAndGenerates) {
   EXPECT_GT(cfg.attn_res_block_size, 0);
   GenerateOptions opt;
   opt.max_tokens = 3;
-  auto r = generate(**model, {cfg.bos_token_id, 5, 6}, opt);
+  auto r = generate(*rt->runner, rt->cache.page_size_tokens, {cfg.bos_token_id, 5, 6}, opt);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->token_ids.size(), 3u);
 }

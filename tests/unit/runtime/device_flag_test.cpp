@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #if MOONRUN_HAS_CUDA
-#include "kernels/cuda/common/device_info.h"
+#include "backend/cuda/common/device_info.h"
 #endif
 
 namespace moonrun {

@@ -10,7 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/kimi_k3_config.h"
-#include "model/weight_names.h"
+#include "model/checkpoint.h"
+#include "model/weight_spec.h"
 #include "tools/plan.h"
 
 namespace moonrun::tools {
@@ -245,7 +246,7 @@ TEST(PlanCheckpoint, ConfigAloneAgreesWithAWrittenCheckpoint) {
   { std::ofstream(dir / "config.json") << cfg.dump(); }
   std::vector<TensorToWrite> a, b;
   uint64_t data_bytes = 0;
-  for (const ExpectedTensor& e : expected_tensors(shape->config)) {
+  for (const TensorSpec& e : weight_spec(shape->config)) {
     (a.size() <= b.size() ? a : b).push_back({e.name, e.dtype, e.shape, std::vector<uint8_t>(e.nbytes(), 0)});
     data_bytes += e.nbytes();
   }

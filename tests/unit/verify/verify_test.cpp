@@ -12,7 +12,7 @@
 
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/weight_names.h"
+#include "model/weight_spec.h"
 #include "tools/verify.h"
 
 namespace moonrun {
@@ -86,7 +86,7 @@ class FakeCache {
     std::vector<TensorToWrite> shard[2];
     nlohmann::json weight_map = nlohmann::json::object();
     int i = 0;
-    for (const auto& t : expected_tensors(*cfg)) {
+    for (const auto& t : weight_spec(*cfg)) {
       TensorToWrite w{t.name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())};
       for (size_t b = 0; b < w.bytes.size(); ++b) w.bytes[b] = static_cast<uint8_t>(b * 7 + i);
       shard[i % 2].push_back(std::move(w));

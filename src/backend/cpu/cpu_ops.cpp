@@ -1,0 +1,334 @@
+#include "backend/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "backend/cpu/activations.h"
+#include "backend/cpu/attn_res.h"
+#include "backend/cpu/kda.h"
+#include "backend/cpu/linear.h"
+#include "backend/cpu/mla.h"
+#include "backend/cpu/moe.h"
+#include "backend/cpu/mxfp4.h"
+#include "backend/cpu/router.h"
+#include "backend/cpu/sample.h"
+
+namespace moonrun::cpu {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+constexpr size_t kMinScratchBlock = size_t{16} << 20;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+float* f32(const Tensor& t) {
+  MR_CHECK(t.dtype == DType::F32) << "CPU op on a " << dtype_name(t.dtype) << " tensor (the CPU backend is F32)";
+  return t.as<float>();
+}
+
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  MR_CHECK(a.rows == b.rows && a.cols == b.cols)
+      << op << ": [" << a.rows << ", " << a.cols << "] vs [" << b.rows << ", " << b.cols << "]";
+}
+
+}  // namespace
+
+CpuOps::CpuOps() = default;
+CpuOps::~CpuOps() = default;
+
+Tensor CpuOps::alloc(int64_t rows, int64_t cols, DType dtype, const char* what) {
+  Tensor t{nullptr, dtype, rows, cols};
+  const size_t bytes = std::max<size_t>(t.nbytes(), 1);
+  try {
+    persistent_.emplace_back(new char[bytes]());  // zero-filled
+  } catch (const std::bad_alloc&) {
+    throw BackendError(std::string("out of host memory allocating ") + what + " (" + std::to_string(bytes) +
+                       " bytes)");
+  }
+  allocated_bytes_ += bytes;
+  t.data = persistent_.back().get();
+  return t;
+}
+
+void CpuOps::upload(const Tensor& t, size_t offset_bytes, const void* host, size_t bytes) {
+  MR_CHECK(offset_bytes + bytes <= t.nbytes()) << "upload past the tensor's end";
+  std::memcpy(static_cast<char*>(t.data) + offset_bytes, host, bytes);
+}
+
+void CpuOps::download(const Tensor& t, void* host) { std::memcpy(host, t.data, t.nbytes()); }
+
+void CpuOps::zero(const Tensor& t) { std::memset(t.data, 0, t.nbytes()); }
+
+void CpuOps::copy(const Tensor& src, const Tensor& dst) {
+  check_same_shape(src, dst, "copy");
+  MR_CHECK(src.dtype == dst.dtype) << "CPU copy between dtypes";
+  std::memmove(dst.data, src.data, src.nbytes());
+}
+
+Tensor CpuOps::scratch(int64_t rows, int64_t cols, DType dtype) {
+  Tensor t{nullptr, dtype, rows, cols};
+  const size_t bytes = align_up(std::max<size_t>(t.nbytes(), 1));
+  if (scratch_blocks_.empty() ||
+      scratch_used_ + bytes > scratch_blocks_.back().begin + scratch_blocks_.back().size) {
+    Block b;
+    b.size = std::max({bytes, kMinScratchBlock, scratch_blocks_.empty() ? 0 : 2 * scratch_blocks_.back().size});
+    b.bytes.reset(new char[b.size]);
+    b.begin = scratch_used_;
+    scratch_blocks_.push_back(std::move(b));
+  }
+  const Block& b = scratch_blocks_.back();
+  t.data = b.bytes.get() + (scratch_used_ - b.begin);
+  scratch_used_ += bytes;
+  scratch_high_water_ = std::max(scratch_high_water_, scratch_used_);
+  return t;
+}
+
+void CpuOps::scratch_rewind(size_t mark) {
+  MR_CHECK(mark <= scratch_used_) << "scratch rewind forward";
+  while (scratch_blocks_.size() > 1 && scratch_blocks_.back().begin >= mark) scratch_blocks_.pop_back();
+  scratch_used_ = mark;
+}
+
+void CpuOps::reset_scratch() {
+  scratch_used_ = 0;
+  // One block that held the last step's peak: later steps of that size need no new block.
+  if (scratch_blocks_.size() > 1 || (!scratch_blocks_.empty() && scratch_blocks_[0].size < scratch_high_water_)) {
+    scratch_blocks_.clear();
+    Block b;
+    b.size = std::max(align_up(scratch_high_water_ + scratch_high_water_ / 4), kMinScratchBlock);
+    b.bytes.reset(new char[b.size]);
+    scratch_blocks_.push_back(std::move(b));
+  }
+}
+
+BatchView CpuOps::upload_batch(const ForwardBatch& batch) {
+  BatchView v;
+  v.host = &batch;
+  v.token_ids = batch.token_ids.data();
+  v.positions = batch.positions.data();
+  v.token_seq = batch.token_seq.data();
+  v.seqs = batch.seqs.data();
+  v.page_table = batch.page_table.data();
+  v.logit_rows = batch.logit_rows.data();
+  return v;
+}
+
+// ---- dense ---------------------------------------------------------------------------
+
+void CpuOps::embedding(const Tensor& table, const BatchView& batch, Tensor out) {
+  const int64_t H = table.cols;
+  MR_CHECK(out.rows == batch.n_tokens() && out.cols == H) << "embedding output shape";
+  const float* tab = f32(table);
+  float* o = f32(out);
+  for (int t = 0; t < batch.n_tokens(); ++t) {
+    const int32_t id = batch.token_ids[t];
+    MR_CHECK(id >= 0 && id < table.rows) << "token id " << id << " outside the table";
+    std::copy(tab + id * H, tab + (id + 1) * H, o + t * H);
+  }
+}
+
+void CpuOps::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) {
+  check_same_shape(x, y, "rmsnorm");
+  MR_CHECK(w.numel() == x.cols) << "rmsnorm weight";
+  cpu::rmsnorm(f32(x), static_cast<int>(x.rows), static_cast<int>(x.cols), f32(w), eps, f32(y));
+}
+
+void CpuOps::linear(const Tensor& x, const Matrix& w, Tensor y) {
+  MR_CHECK(!w.mxfp4()) << "dense linear over an MXFP4 matrix";
+  MR_CHECK(x.cols == w.in && y.cols == w.out && x.rows == y.rows)
+      << "linear: x [" << x.rows << ", " << x.cols << "] W [" << w.out << ", " << w.in << "] y [" << y.rows << ", "
+      << y.cols << "]";
+  matmul_xwT(f32(x), static_cast<int>(x.rows), w.in, f32(w.w), w.out, f32(y));
+}
+
+void CpuOps::add(const Tensor& a, const Tensor& b, Tensor y) {
+  check_same_shape(a, b, "add");
+  check_same_shape(a, y, "add");
+  const float* pa = f32(a);
+  const float* pb = f32(b);
+  float* py = f32(y);
+  for (int64_t i = 0; i < a.numel(); ++i) py[i] = pa[i] + pb[i];
+}
+
+void CpuOps::mul(const Tensor& a, const Tensor& b, Tensor y) {
+  check_same_shape(a, b, "mul");
+  check_same_shape(a, y, "mul");
+  const float* pa = f32(a);
+  const float* pb = f32(b);
+  float* py = f32(y);
+  for (int64_t i = 0; i < a.numel(); ++i) py[i] = pa[i] * pb[i];
+}
+
+void CpuOps::gated_activation(const Tensor& gate, const Tensor& up, const ActivationParams& act, Tensor y) {
+  check_same_shape(gate, up, "gated_activation");
+  check_same_shape(gate, y, "gated_activation");
+  cpu::gated_activation(f32(gate), f32(up), gate.numel(), act, f32(y));
+}
+
+void CpuOps::attn_res_mix(const Tensor& prefix, const Tensor& blocks, int n_blocks, const Tensor& w_norm,
+                          const Tensor& w_proj, float eps, Tensor out) {
+  check_same_shape(prefix, out, "attn_res_mix");
+  const int64_t T = prefix.rows, H = prefix.cols;
+  std::vector<const float*> ptrs(n_blocks);
+  for (int i = 0; i < n_blocks; ++i) ptrs[i] = f32(blocks) + i * T * H;
+  cpu::attn_res_mix(f32(prefix), ptrs.data(), n_blocks, static_cast<int>(T), static_cast<int>(H), f32(w_norm),
+                    f32(w_proj), eps, f32(out));
+}
+
+void CpuOps::gather_rows(const Tensor& x, const int32_t* rows, Tensor y) {
+  MR_CHECK(x.cols == y.cols && x.dtype == y.dtype) << "gather_rows";
+  const size_t row_bytes = static_cast<size_t>(x.cols) * dtype_size_bytes(x.dtype);
+  for (int64_t i = 0; i < y.rows; ++i) {
+    MR_CHECK(rows[i] >= 0 && rows[i] < x.rows) << "gather row " << rows[i] << " of " << x.rows;
+    std::memcpy(static_cast<char*>(y.data) + i * row_bytes, static_cast<const char*>(x.data) + rows[i] * row_bytes,
+                row_bytes);
+  }
+}
+
+// ---- KDA -----------------------------------------------------------------------------
+
+void CpuOps::short_conv(const Tensor& x, const Tensor& weight, const BatchView& batch, StateLayer window, bool silu,
+                        Tensor y) {
+  check_same_shape(x, y, "short_conv");
+  const int D = static_cast<int>(x.cols), K = static_cast<int>(weight.cols);
+  for (int s = 0; s < batch.n_seqs(); ++s) {
+    const BatchSeq& seq = batch.seqs[s];
+    const int64_t off = static_cast<int64_t>(seq.token_start) * D;
+    cpu::short_conv(f32(x) + off, seq.n_new, D, f32(weight), K, window.slot(seq.state_slot), silu, f32(y) + off);
+  }
+}
+
+void CpuOps::l2norm_rows(Tensor x, float scale) { cpu::l2norm_rows(f32(x), x.rows, static_cast<int>(x.cols), scale); }
+
+void CpuOps::kda_gate(Tensor g, const Tensor& A_log, const Tensor& dt_bias, int head_dim, float lower_bound) {
+  const int H = static_cast<int>(g.cols / head_dim);
+  MR_CHECK(A_log.numel() == H && dt_bias.numel() == g.cols) << "kda_gate parameters";
+  cpu::kda_gate(f32(g), static_cast<int>(g.rows), H, head_dim, f32(A_log), f32(dt_bias), lower_bound);
+}
+
+void CpuOps::sigmoid(Tensor x) {
+  float* p = f32(x);
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] = cpu::sigmoid(p[i]);
+}
+
+void CpuOps::kda_recurrence(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                            const BatchView& batch, StateLayer state, int num_heads, int head_dim, KdaMode mode,
+                            Tensor o) {
+  const int64_t D = static_cast<int64_t>(num_heads) * head_dim;
+  MR_CHECK(q.cols == D && beta.cols == num_heads) << "kda_recurrence shapes";
+  for (int s = 0; s < batch.n_seqs(); ++s) {
+    const BatchSeq& seq = batch.seqs[s];
+    const int64_t off = seq.token_start * D;
+    const float* b = f32(beta) + static_cast<int64_t>(seq.token_start) * num_heads;
+    float* S = state.slot(seq.state_slot);
+    const bool recurrent = mode == KdaMode::kRecurrent || (mode == KdaMode::kAuto && seq.n_new == 1);
+    if (recurrent)
+      kda_recurrent(f32(q) + off, f32(k) + off, f32(v) + off, f32(g) + off, b, seq.n_new, num_heads, head_dim, S,
+                    f32(o) + off);
+    else
+      kda_chunked(f32(q) + off, f32(k) + off, f32(v) + off, f32(g) + off, b, seq.n_new, num_heads, head_dim, S,
+                  f32(o) + off);
+  }
+}
+
+void CpuOps::gated_rmsnorm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps, Tensor y) {
+  check_same_shape(o, gate, "gated_rmsnorm");
+  check_same_shape(o, y, "gated_rmsnorm");
+  cpu::gated_rmsnorm(f32(o), f32(gate), f32(w), o.rows, static_cast<int>(o.cols), eps, f32(y));
+}
+
+// ---- MLA -----------------------------------------------------------------------------
+
+namespace {
+
+float* cache_row(const KvLayer& cache, const BatchView& batch, const BatchSeq& seq, int pos) {
+  MR_CHECK(cache.dtype == DType::F32) << "the CPU KV cache is F32";
+  const int page = batch.page_table[seq.page_start + pos / cache.page_size_tokens];
+  return static_cast<float*>(cache.base) +
+         (static_cast<int64_t>(page) * cache.page_size_tokens + pos % cache.page_size_tokens) * cache.row_width;
+}
+
+}  // namespace
+
+void CpuOps::mla_store(const Tensor& ckv, const Tensor& norm_w, float eps, const BatchView& batch, KvLayer cache) {
+  const int L = static_cast<int>(norm_w.numel()), R = static_cast<int>(ckv.cols) - L;
+  MR_CHECK(R >= 0 && cache.row_width == L + R) << "mla_store row width";
+  for (int t = 0; t < batch.n_tokens(); ++t) {
+    const BatchSeq& seq = batch.seqs[batch.token_seq[t]];
+    const float* src = f32(ckv) + static_cast<int64_t>(t) * (L + R);
+    float* row = cache_row(cache, batch, seq, batch.positions[t]);
+    cpu::rmsnorm(src, 1, L, f32(norm_w), eps, row);
+    std::copy(src + L, src + L + R, row + L);
+  }
+}
+
+void CpuOps::mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                           const MlaShape& shape, MlaMode mode, Tensor o) {
+  const int H = shape.num_heads;
+  const int64_t q_width = static_cast<int64_t>(H) * (shape.nope + shape.rope), o_width = static_cast<int64_t>(H) * shape.v_dim;
+  MR_CHECK(q.cols == q_width && o.cols == o_width) << "mla_attention shapes";
+  MR_CHECK(kv_b.out == H * (shape.nope + shape.v_dim) && kv_b.in == shape.kv_lora) << "kv_b shape";
+  std::vector<const float*> rows;
+  for (int s = 0; s < batch.n_seqs(); ++s) {
+    const BatchSeq& seq = batch.seqs[s];
+    const int n_positions = seq.n_past + seq.n_new;
+    rows.resize(n_positions);
+    for (int p = 0; p < n_positions; ++p) rows[p] = cache_row(cache, batch, seq, p);
+    const float* qs = f32(q) + seq.token_start * q_width;
+    float* os = f32(o) + seq.token_start * o_width;
+    const bool absorbed = mode == MlaMode::kAbsorbed || (mode == MlaMode::kAuto && seq.n_new == 1);
+    if (absorbed) mla_attend_absorbed(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os);
+    else mla_attend_plain(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os);
+  }
+}
+
+// ---- MoE -----------------------------------------------------------------------------
+
+void CpuOps::router_topk(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor ids, Tensor weights) {
+  const int E = p.num_experts, K = p.top_k;
+  MR_CHECK(logits.cols == E && ids.cols == K && weights.cols == K && ids.dtype == DType::I32) << "router_topk shapes";
+  for (int64_t t = 0; t < logits.rows; ++t)
+    route_token(f32(logits) + t * E, bias.empty() ? nullptr : f32(bias), p, ids.as<int32_t>() + t * K,
+                f32(weights) + t * K);
+}
+
+void CpuOps::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertMatrices& w1,
+                         const ExpertMatrices& w3, const ExpertMatrices& w2, const ActivationParams& act, Tensor y) {
+  const int in = static_cast<int>(x.cols), inter = w1.stacked.out, E = w1.num_experts;
+  MR_CHECK(w1.stacked.in == in && w2.stacked.out == in && w2.stacked.in == inter) << "moe_experts shapes";
+  // Per expert e: rows [e * out, (e + 1) * out) of each stacked matrix, as F32 (MXFP4 dequantised here).
+  std::vector<float> gate, up, down;
+  auto expert_rows = [](const ExpertMatrices& m, int e, std::vector<float>& buf) -> const float* {
+    const Matrix& s = m.stacked;
+    const int64_t first = static_cast<int64_t>(e) * s.out;
+    if (!s.mxfp4()) return f32(s.w) + first * s.in;
+    buf.resize(static_cast<size_t>(s.out) * s.in);
+    dequantize_mxfp4(s.w.as<uint8_t>() + first * (s.in / 2), s.scales.as<uint8_t>() + first * (s.in / 32), s.out,
+                     s.in, buf.data());
+    return buf.data();
+  };
+  auto expert = [&](int e) {
+    ExpertF32 f;
+    f.gate = expert_rows(w1, e, gate);
+    f.up = expert_rows(w3, e, up);
+    f.down = expert_rows(w2, e, down);
+    f.inter = inter;
+    return f;
+  };
+  cpu::moe_experts(f32(x), static_cast<int>(x.rows), in, ids.as<int32_t>(), f32(weights), static_cast<int>(ids.cols),
+                   E, expert, act, f32(y));
+}
+
+// ---- sampling ------------------------------------------------------------------------
+
+void CpuOps::sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) {
+  MR_CHECK(logits.rows == static_cast<int64_t>(rows.rows.size())) << "one sampling rule per logits row";
+  out.resize(rows.rows.size());
+  for (size_t r = 0; r < rows.rows.size(); ++r)
+    out[r] = sample_row(f32(logits) + r * logits.cols, static_cast<int>(logits.cols), rows.rows[r], rows);
+}
+
+}  // namespace moonrun::cpu

@@ -1,0 +1,83 @@
+#pragma once
+// The CPU backend: every op of backend/ops.h in float32 on the host, through the reference
+// kernels beside this file. Weights are F32 (the loader converts bf16 on the way in), MXFP4
+// experts stay packed and are dequantised per call, the KV cache is F32. The ops that work
+// per sequence (conv windows, recurrences, attention) loop over the batch's sequences.
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "backend/ops.h"
+
+namespace moonrun::cpu {
+
+class CpuOps final : public Ops {
+ public:
+  CpuOps();
+  ~CpuOps() override;
+
+  const char* name() const override { return "cpu"; }
+  DType act_dtype() const override { return DType::F32; }
+  DType weight_dtype() const override { return DType::F32; }
+
+  Tensor alloc(int64_t rows, int64_t cols, DType dtype, const char* what) override;
+  size_t allocated_bytes() const override { return allocated_bytes_; }
+  void upload(const Tensor& t, size_t offset_bytes, const void* host, size_t bytes) override;
+  void download(const Tensor& t, void* host) override;
+  void zero(const Tensor& t) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  Tensor scratch(int64_t rows, int64_t cols, DType dtype) override;
+  size_t scratch_mark() const override { return scratch_used_; }
+  void scratch_rewind(size_t mark) override;
+  void reset_scratch() override;
+
+  BatchView upload_batch(const ForwardBatch& batch) override;
+
+  void embedding(const Tensor& table, const BatchView& batch, Tensor out) override;
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) override;
+  void linear(const Tensor& x, const Matrix& w, Tensor y) override;
+  void add(const Tensor& a, const Tensor& b, Tensor y) override;
+  void mul(const Tensor& a, const Tensor& b, Tensor y) override;
+  void gated_activation(const Tensor& gate, const Tensor& up, const ActivationParams& act, Tensor y) override;
+  void attn_res_mix(const Tensor& prefix, const Tensor& blocks, int n_blocks, const Tensor& w_norm,
+                    const Tensor& w_proj, float eps, Tensor out) override;
+  void gather_rows(const Tensor& x, const int32_t* rows, Tensor y) override;
+
+  void short_conv(const Tensor& x, const Tensor& weight, const BatchView& batch, StateLayer window, bool silu,
+                  Tensor y) override;
+  void l2norm_rows(Tensor x, float scale) override;
+  void kda_gate(Tensor g, const Tensor& A_log, const Tensor& dt_bias, int head_dim, float lower_bound) override;
+  void sigmoid(Tensor x) override;
+  void kda_recurrence(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      const BatchView& batch, StateLayer state, int num_heads, int head_dim, KdaMode mode,
+                      Tensor o) override;
+  void gated_rmsnorm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps, Tensor y) override;
+
+  void mla_store(const Tensor& ckv, const Tensor& norm_w, float eps, const BatchView& batch, KvLayer cache) override;
+  void mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                     const MlaShape& shape, MlaMode mode, Tensor o) override;
+
+  void router_topk(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor ids,
+                   Tensor weights) override;
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertMatrices& w1,
+                   const ExpertMatrices& w3, const ExpertMatrices& w2, const ActivationParams& act,
+                   Tensor y) override;
+
+  void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) override;
+
+  void synchronize() override {}
+
+ private:
+  struct Block {
+    std::unique_ptr<char[]> bytes;
+    size_t size = 0;
+    size_t begin = 0;  // offset of this block in the scratch's running total
+  };
+  std::vector<std::unique_ptr<char[]>> persistent_;
+  size_t allocated_bytes_ = 0;
+  std::vector<Block> scratch_blocks_;
+  size_t scratch_used_ = 0;  // running total over the blocks (the mark)
+  size_t scratch_high_water_ = 0;
+};
+
+}  // namespace moonrun::cpu

@@ -1,0 +1,103 @@
+// MLA attention on the CPU, float32 (the reference is modeling_kimi_linear.py
+// KimiMLAAttention with eager attention; the math is in mla.h).
+#include "backend/cpu/mla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+
+#include "common/check.h"
+
+namespace moonrun::cpu {
+
+namespace {
+
+// In-place softmax over n scores (max-subtracted, fp32 as the reference's softmax dtype).
+void softmax_inplace(float* s, int n) {
+  float m = s[0];
+  for (int i = 1; i < n; ++i) m = std::max(m, s[i]);
+  float sum = 0;
+  for (int i = 0; i < n; ++i) {
+    s[i] = std::exp(s[i] - m);
+    sum += s[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int i = 0; i < n; ++i) s[i] *= inv;
+}
+
+}  // namespace
+
+// Attention with per-head keys and values expanded from the latent rows.
+void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
+                      const float* const* rows, float* o) {
+  const int H = shape.num_heads, L = shape.kv_lora, R = shape.rope;
+  const int N = shape.nope, V = shape.v_dim, QD = N + R;
+  const int P = n_past + n_tokens;
+  const int KV = N + V;  // kv_b output per head
+  const float scale = 1.0f / std::sqrt(static_cast<float>(QD));
+  // Every visible latent row through kv_b: [P, H, nope | v].
+  std::vector<float> latents(static_cast<size_t>(P) * L);
+  for (int p = 0; p < P; ++p) std::copy(rows[p], rows[p] + L, &latents[static_cast<size_t>(p) * L]);
+  std::vector<float> kv(static_cast<size_t>(P) * H * KV);
+  matmul_xwT(latents.data(), P, L, kv_b, H * KV, kv.data());
+  parallel_heads(H, static_cast<int64_t>(n_tokens) * P * (QD + V), [&](int h) {
+    std::vector<float> scores(P);
+    for (int t = 0; t < n_tokens; ++t) {
+      const float* qt = q + (static_cast<int64_t>(t) * H + h) * QD;
+      const int visible = n_past + t + 1;  // causal: positions 0 .. n_past + t
+      for (int p = 0; p < visible; ++p) {
+        const float* kn = &kv[(static_cast<size_t>(p) * H + h) * KV];
+        const float* kpe = rows[p] + L;
+        scores[p] = (dot(qt, kn, N) + dot(qt + N, kpe, R)) * scale;
+      }
+      softmax_inplace(scores.data(), visible);
+      float* ot = o + (static_cast<int64_t>(t) * H + h) * V;
+      std::fill(ot, ot + V, 0.0f);
+      for (int p = 0; p < visible; ++p) {
+        const float* vp = &kv[(static_cast<size_t>(p) * H + h) * KV + N];
+        const float a = scores[p];
+        for (int j = 0; j < V; ++j) ot[j] += a * vp[j];
+      }
+    }
+  });
+}
+
+// The same attention with kv_b absorbed: multi-query attention over the latent rows.
+void mla_attend_absorbed(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
+                         const float* const* rows, float* o) {
+  const int H = shape.num_heads, L = shape.kv_lora, R = shape.rope;
+  const int N = shape.nope, V = shape.v_dim, QD = N + R;
+  const int P = n_past + n_tokens;
+  const int KV = N + V;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(QD));
+  parallel_heads(H, static_cast<int64_t>(n_tokens) * (P * (L + R) + (N + V) * L), [&](int h) {
+    const float* W_uk = kv_b + static_cast<int64_t>(h) * KV * L;  // [nope, kv_lora]
+    const float* W_uv = W_uk + static_cast<int64_t>(N) * L;       // [v, kv_lora]
+    std::vector<float> q_lat(L), o_lat(L), scores(P);
+    for (int t = 0; t < n_tokens; ++t) {
+      const float* qt = q + (static_cast<int64_t>(t) * H + h) * QD;
+      // q_lat = W_uk^T q_nope
+      std::fill(q_lat.begin(), q_lat.end(), 0.0f);
+      for (int n = 0; n < N; ++n) {
+        const float qn = qt[n];
+        const float* wr = W_uk + static_cast<int64_t>(n) * L;
+        for (int l = 0; l < L; ++l) q_lat[l] += qn * wr[l];
+      }
+      const int visible = n_past + t + 1;
+      for (int p = 0; p < visible; ++p)
+        scores[p] = (dot(q_lat.data(), rows[p], L) + dot(qt + N, rows[p] + L, R)) * scale;
+      softmax_inplace(scores.data(), visible);
+      std::fill(o_lat.begin(), o_lat.end(), 0.0f);
+      for (int p = 0; p < visible; ++p) {
+        const float a = scores[p];
+        for (int l = 0; l < L; ++l) o_lat[l] += a * rows[p][l];
+      }
+      // o = W_uv o_lat
+      float* ot = o + (static_cast<int64_t>(t) * H + h) * V;
+      for (int j = 0; j < V; ++j) ot[j] = dot(W_uv + static_cast<int64_t>(j) * L, o_lat.data(), L);
+    }
+  });
+}
+
+}  // namespace moonrun::cpu

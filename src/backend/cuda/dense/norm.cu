@@ -1,0 +1,67 @@
+// Token embedding and RMSNorm: the twins of cpu::embed_tokens (cpu/embedding.h) and
+// cpu::rmsnorm (cpu/linear.cpp).
+#include <cstdint>
+
+#include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/dense/block_reduce.cuh"
+#include "backend/cuda/dense/dense_ops.h"
+
+namespace moonrun::cuda {
+namespace {
+
+constexpr int kRowThreads = 256;  // one block per row: 28 values per thread at hidden 7168
+
+// out[t, :] = float(table[ids[t], :]); grid: n_tokens.
+__global__ void embed_kernel(const bf16* __restrict__ table, int hidden, const int32_t* __restrict__ ids,
+                             float* __restrict__ out) {
+  const int t = blockIdx.x;
+  const bf16* row = table + static_cast<int64_t>(ids[t]) * hidden;
+  float* dst = out + static_cast<int64_t>(t) * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) dst[c] = __bfloat162float(row[c]);
+}
+
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// y[r] = w * (x[r] * inv_rms(x[r])); grid: n_rows. The same arithmetic as the CPU, step by
+// step: the sum of squares in double (each square is exact in double, so only the summation
+// order differs), mean in double, then float: 1 / sqrt(float(ss / dim) + eps), and
+// w * (x * inv) with two roundings (no FMA can form: there is no add).
+template <typename Out>
+__global__ void rmsnorm_kernel(const float* __restrict__ x, int dim, const float* __restrict__ weight, float eps,
+                               Out* __restrict__ y) {
+  __shared__ double partial[32];
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  Out* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  double ss = 0;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += static_cast<double>(xr[c]) * xr[c];
+  ss = block_sum(ss, partial);
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / dim) + eps);
+  for (int c = threadIdx.x; c < dim; c += blockDim.x)
+    store(yr + c, weight ? weight[c] * (xr[c] * inv) : xr[c] * inv);
+}
+
+template <typename Out>
+void rmsnorm_impl(const float* x, int n_rows, int dim, const float* weight, float eps, Out* y, cudaStream_t stream) {
+  if (n_rows <= 0 || dim <= 0) return;
+  rmsnorm_kernel<Out><<<n_rows, kRowThreads, 0, stream>>>(x, dim, weight, eps, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void embed_tokens(const bf16* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream) {
+  if (n_tokens <= 0 || hidden <= 0) return;
+  embed_kernel<<<n_tokens, kRowThreads, 0, stream>>>(table, hidden, ids, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm(const float* x, int n_rows, int dim, const float* weight, float eps, bf16* y, cudaStream_t stream) {
+  rmsnorm_impl(x, n_rows, dim, weight, eps, y, stream);
+}
+
+void rmsnorm(const float* x, int n_rows, int dim, const float* weight, float eps, float* y, cudaStream_t stream) {
+  rmsnorm_impl(x, n_rows, dim, weight, eps, y, stream);
+}
+
+}  // namespace moonrun::cuda

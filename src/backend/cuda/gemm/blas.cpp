@@ -1,0 +1,167 @@
+// Dense projections through cuBLASLt; the CPU twin is cpu::matmul_xwT (kernels/cpu/linear.h).
+//
+// Layout. The model keeps everything row-major, cuBLASLt thinks column-major. A row-major
+// [r, c] matrix is the column-major [c, r] one with the same bytes, so
+//   y[T, out] = x[T, in] W[out, in]^T          (row-major, nn.Linear)
+// is, column-major,
+//   Y[out, T] = W'[in, out]^T X'[in, T]        (W' = W's bytes, X' = x's bytes)
+// i.e. one "TN" matmul with m = out, n = T, k = in, lda = ldb = in, ldc = out: the layout
+// cuBLASLt's bf16 kernels are best at, and no transposed copy of anything.
+//
+// Precision. CUBLAS_COMPUTE_32F (not _FAST_TF32): bf16 x bf16 products are exact in fp32 and
+// are summed in fp32; fp32 inputs stay fp32 (no TF32 rounding of the router's inputs). Split-K
+// partial sums may only be reduced in the compute type (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
+// never in the output type, so a bf16 output is rounded once, at the end.
+#include "backend/cuda/gemm/blas.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/common/cuda_check.h"
+
+namespace moonrun::cuda {
+
+DeviceLinear upload_linear(DeviceArena& arena, const cpu::Linear& lin, const char* what) {
+  DeviceLinear d;
+  d.out_features = lin.out_features;
+  d.in_features = lin.in_features;
+  const size_t n = static_cast<size_t>(lin.out_features) * lin.in_features;
+  if (lin.w.size() != n)
+    throw CudaError(std::string("upload_linear: ") + what + " holds " + std::to_string(lin.w.size()) +
+                    " values, not out*in = " + std::to_string(n));
+  if (n == 0) return d;
+  bf16* w = arena.alloc<bf16>(n, what);
+  // Converted in chunks: a K3 lm_head is 1.2e9 values, and a whole bf16 copy on the host
+  // would double the loader's peak memory for nothing.
+  constexpr size_t kChunk = size_t{1} << 24;
+  std::vector<bf16> staging(std::min(n, kChunk));
+  for (size_t begin = 0; begin < n; begin += kChunk) {
+    const size_t len = std::min(kChunk, n - begin);
+    for (size_t i = 0; i < len; ++i) staging[i] = __float2bfloat16_rn(lin.w[begin + i]);
+    CUDA_CHECK(cudaMemcpy(w + begin, staging.data(), len * sizeof(bf16), cudaMemcpyHostToDevice));
+  }
+  d.w = w;
+  return d;
+}
+
+Blas::Blas(cudaStream_t stream) : stream_(stream) {
+  CUBLAS_CHECK(cublasLtCreate(&lt_));
+  workspace_bytes_ = kWorkspaceBytes;
+  CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+}
+
+Blas::~Blas() {
+  // No throwing from a destructor: failures here only leak.
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  if (workspace_) cudaFree(workspace_);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+namespace {
+
+// The largest power of two (<= 256, cuBLASLt's default assumption) dividing the address:
+// callers pass row slices of bigger buffers, and an algorithm that assumes more alignment
+// than the pointer has reads out of bounds or faults.
+uint32_t alignment_bytes(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && (a % align) != 0) align /= 2;
+  return align;
+}
+
+}  // namespace
+
+const Blas::Plan& Blas::plan(cudaDataType_t ab_type, cudaDataType_t cd_type, int out_features, int n_tokens,
+                             int in_features, const void* w, const void* x, const void* y) {
+  const uint32_t align_w = alignment_bytes(w), align_x = alignment_bytes(x), align_y = alignment_bytes(y);
+  const PlanKey key{static_cast<int>(ab_type), static_cast<int>(cd_type), out_features, n_tokens, in_features,
+                    static_cast<int>(align_w), static_cast<int>(align_x), static_cast<int>(align_y)};
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+
+  Plan p;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  // A = W' [in, out] (used transposed), B = X' [in, T], C = D = Y [out, T]; all column-major.
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab_type, in_features, out_features, in_features));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab_type, in_features, n_tokens, in_features));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cd_type, out_features, n_tokens, out_features));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = workspace_bytes_;
+  const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // (NONE is always allowed)
+  cublasLtMatmulHeuristicResult_t result{};
+  int n_results = 0;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                           sizeof(ws));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                              sizeof(reduction));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w,
+                                              sizeof(align_w));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x,
+                                              sizeof(align_x));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y,
+                                              sizeof(align_y));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y,
+                                              sizeof(align_y));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &n_results);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && n_results == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+    throw_cuda_error("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__,
+                     std::string(cublas_status_name(st)) + " for y[" + std::to_string(n_tokens) + ", " +
+                         std::to_string(out_features) + "] = x[" + std::to_string(n_tokens) + ", " +
+                         std::to_string(in_features) + "] W^T");
+  }
+  p.algo = result.algo;
+  return plans_.emplace(key, p).first->second;
+}
+
+void Blas::matmul(cudaDataType_t ab_type, cudaDataType_t cd_type, const void* x, int n_tokens, const void* w,
+                  int out_features, int in_features, void* y) {
+  if (n_tokens < 0 || out_features < 0 || in_features < 0)
+    throw CudaError("Blas::linear: negative size (" + std::to_string(n_tokens) + ", " +
+                    std::to_string(out_features) + ", " + std::to_string(in_features) + ")");
+  if (n_tokens == 0 || out_features == 0) return;
+  if (in_features == 0) {  // the empty sum: cuBLASLt rejects k = 0
+    const size_t elem = cd_type == CUDA_R_32F ? 4 : 2;
+    CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(n_tokens) * out_features * elem, stream_));
+    return;
+  }
+  const Plan& p = plan(ab_type, cd_type, out_features, n_tokens, in_features, w, x, y);
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
+                              workspace_bytes_, stream_));
+}
+
+void Blas::linear(const bf16* x, int n_tokens, const DeviceLinear& w, float* y) {
+  matmul(CUDA_R_16BF, CUDA_R_32F, x, n_tokens, w.w, w.out_features, w.in_features, y);
+}
+
+void Blas::linear(const bf16* x, int n_tokens, const DeviceLinear& w, bf16* y) {
+  matmul(CUDA_R_16BF, CUDA_R_16BF, x, n_tokens, w.w, w.out_features, w.in_features, y);
+}
+
+void Blas::linear_f32(const float* x, int n_tokens, const float* w, int out_features, int in_features, float* y) {
+  matmul(CUDA_R_32F, CUDA_R_32F, x, n_tokens, w, out_features, in_features, y);
+}
+
+}  // namespace moonrun::cuda

@@ -1,0 +1,99 @@
+// The KDA recurrence token by token (decode), the twin of cpu::kda_recurrent. Per head h:
+//   S <- Diag(exp(g_t)) S;  u = beta_t (v_t - S^T k_t);  S += k_t u^T;  o_t = S^T q_t
+// with S [d_k, d_v] fp32. Given q, k, g, beta, each v-column j of S evolves on its own
+// (u_j and o_j only read column j), so a block owns one head and a tile of 32 columns:
+// lane = column (S rows are contiguous in j, so the state load/store is coalesced), and the
+// kWarps warps split the d_k rows, each thread keeping its rows of its column in registers
+// for the whole call. The two column sums per token (S^T k and S^T q) are per-thread
+// partial sums over its rows, combined across the warps through shared memory.
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/kda/kda_internal.cuh"
+#include "backend/cuda/kda/kda_layer.h"
+
+namespace moonrun::cuda {
+
+namespace {
+
+using kda_detail::kColsPerBlock;
+using kda_detail::kMaxRowsPerThread;
+using kda_detail::kRowWarps;
+
+// q, k, v, g [T, H, d]; beta [T, H]; S [H, d, d] in/out; o [T, H, d].
+// grid (H, ceil(d / 32)), block (32, kRowWarps).
+__global__ void __launch_bounds__(kColsPerBlock* kRowWarps)
+    kda_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                         const float* __restrict__ g, const float* __restrict__ beta, int n_tokens, int H, int d,
+                         float* __restrict__ S, float* __restrict__ o) {
+  __shared__ float partial[kRowWarps][kColsPerBlock + 1];
+  const int h = blockIdx.x, lane = threadIdx.x, w = threadIdx.y;
+  const int j = blockIdx.y * kColsPerBlock + lane;  // this thread's v-column
+  const bool col_ok = j < d;
+  float* Sh = S + static_cast<int64_t>(h) * d * d;
+  // Rows i = w + kRowWarps * r of column j.
+  float s[kMaxRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kMaxRowsPerThread; ++r) {
+    const int i = w + kRowWarps * r;
+    s[r] = (i < d && col_ok) ? Sh[static_cast<int64_t>(i) * d + j] : 0.0f;
+  }
+  for (int t = 0; t < n_tokens; ++t) {
+    const int64_t row = (static_cast<int64_t>(t) * H + h) * d;
+    // Decay, then this thread's share of (S^T k)_j.
+    float acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kMaxRowsPerThread; ++r) {
+      const int i = w + kRowWarps * r;
+      if (i < d) {
+        s[r] *= expf(g[row + i]);
+        acc += k[row + i] * s[r];
+      }
+    }
+    partial[w][lane] = acc;
+    __syncthreads();
+    float kS = 0.0f;  // every warp sums the partials in the same order: the same u everywhere
+#pragma unroll
+    for (int ww = 0; ww < kRowWarps; ++ww) kS += partial[ww][lane];
+    const float u = col_ok ? (v[row + j] - kS) * beta[static_cast<int64_t>(t) * H + h] : 0.0f;
+    __syncthreads();  // partial is rewritten below
+    // Rank-1 update, then this thread's share of (S^T q)_j.
+    acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kMaxRowsPerThread; ++r) {
+      const int i = w + kRowWarps * r;
+      if (i < d) {
+        s[r] += k[row + i] * u;
+        acc += q[row + i] * s[r];
+      }
+    }
+    partial[w][lane] = acc;
+    __syncthreads();
+    if (w == 0 && col_ok) {
+      float oj = 0.0f;
+#pragma unroll
+      for (int ww = 0; ww < kRowWarps; ++ww) oj += partial[ww][lane];
+      o[row + j] = oj;
+    }
+    __syncthreads();  // partial is rewritten by the next token
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxRowsPerThread; ++r) {
+    const int i = w + kRowWarps * r;
+    if (i < d && col_ok) Sh[static_cast<int64_t>(i) * d + j] = s[r];
+  }
+}
+
+}  // namespace
+
+void kda_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta, int n_tokens,
+                   int num_heads, int head_dim, float* S, float* o, cudaStream_t stream) {
+  if (n_tokens <= 0 || num_heads <= 0) return;
+  kda_detail::check_head_dim(head_dim, "kda_recurrent");
+  const dim3 grid(num_heads, (head_dim + kColsPerBlock - 1) / kColsPerBlock);
+  const dim3 block(kColsPerBlock, kRowWarps);
+  kda_recurrent_kernel<<<grid, block, 0, stream>>>(q, k, v, g, beta, n_tokens, num_heads, head_dim, S, o);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moonrun::cuda

@@ -1,0 +1,198 @@
+#pragma once
+// The ops the models are written against, and nothing else: one interface, two
+// implementations. backend/cpu/ is the float32 reference (the executable specification);
+// backend/cuda/ runs the same ops on a GPU and is tested op by op against it
+// (tests/backend/). A model (model/kimi_k3.cpp) calls only these, so it is written once.
+//
+// Conventions. Every op enqueues on the backend's one stream, in order, so a temporary may
+// be reused as soon as the op that reads it was issued. Tensors are backend memory
+// (backend/tensor.h). The residual stream, router logits, attention internals and logits
+// are F32; the inputs of projections are act_dtype() (BF16 on a bf16 GPU, F32 otherwise).
+// Shapes are given as [rows, cols] with T = batch.n_tokens().
+//
+// Failures inside an op (a CUDA error, a full device) throw BackendError; the runner, the
+// only caller, turns it into a Status. After one, the backend's state is unknown.
+#include <cstddef>
+#include <cstdint>
+#include <climits>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/batch.h"
+#include "backend/sampling.h"
+#include "backend/tensor.h"
+
+namespace moonrun {
+
+class BackendError : public std::runtime_error {
+ public:
+  explicit BackendError(const std::string& what) : std::runtime_error(what) {}
+};
+
+// The gated MLP activation (K3_SPEC.md §2): SiTU in K3, SwiGLU in Kimi Linear.
+struct ActivationParams {
+  bool situ = true;           // false: SwiGLU (silu(g) * u)
+  float beta = 4.0f;          // activation_situ_beta
+  float linear_beta = 25.0f;  // activation_situ_linear_beta (0: u passes through)
+};
+
+// The MoE router rule (K3_SPEC.md §2, DeepSeek-V3 "noaux_tc").
+struct RouterParams {
+  int num_experts = 0;
+  int top_k = 0;
+  int num_expert_group = 1;
+  int topk_group = 1;
+  bool renormalize = true;
+  float routed_scaling_factor = 1.0f;
+};
+
+// Which evaluation order the recurrent / attention ops use. kAuto is the reference's
+// choice per sequence (one new token: recurrent KDA / absorbed MLA; several: chunked KDA /
+// plain MLA); tests pin the others to check the orders against each other.
+enum class KdaMode { kAuto, kRecurrent, kChunked };
+enum class MlaMode { kAuto, kPlain, kAbsorbed };
+
+// MLA's attention geometry (K3: 96 heads, kv_lora 512, nope 128, rope 64, v 128).
+struct MlaShape {
+  int num_heads = 0;
+  int kv_lora = 0;
+  int nope = 0;
+  int rope = 0;
+  int v_dim = 0;
+  int row_width() const { return kv_lora + rope; }  // one cache row
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual const char* name() const = 0;  // "cpu", "cuda"
+  // The dtype of projection inputs and of dense weights as this backend keeps them.
+  virtual DType act_dtype() const = 0;
+  virtual DType weight_dtype() const = 0;
+
+  // ---- memory ------------------------------------------------------------------------
+  // Long-lived memory (weights, cache pools), zero-filled. Throws BackendError naming
+  // `what` and the sizes when the device is full.
+  virtual Tensor alloc(int64_t rows, int64_t cols, DType dtype, const char* what) = 0;
+  // Bytes of long-lived memory handed out so far, and how many more alloc() can give
+  // (a device's arena; the CPU backend answers INT64_MAX: its pools are sized from RAM).
+  virtual size_t allocated_bytes() const = 0;
+  virtual int64_t free_bytes() const { return INT64_MAX; }
+  // Host bytes -> t at offset_bytes (synchronous for the host buffer: it may be reused).
+  virtual void upload(const Tensor& t, size_t offset_bytes, const void* host, size_t bytes) = 0;
+  // t -> host (waits for the stream).
+  virtual void download(const Tensor& t, void* host) = 0;
+  virtual void zero(const Tensor& t) = 0;
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same shape; F32 <-> act dtype allowed
+  // Per-step temporaries: a bump allocator the runner resets every step (reset_scratch),
+  // with mark/rewind for a layer's temporaries. Same sequence of requests -> same addresses
+  // (what lets a captured CUDA graph be replayed).
+  virtual Tensor scratch(int64_t rows, int64_t cols, DType dtype) = 0;
+  virtual size_t scratch_mark() const = 0;
+  virtual void scratch_rewind(size_t mark) = 0;
+  virtual void reset_scratch() = 0;
+
+  // ---- the batch ---------------------------------------------------------------------
+  // Copies the batch's tables into backend memory (once per step).
+  virtual BatchView upload_batch(const ForwardBatch& batch) = 0;
+
+  // ---- dense per-token ops -----------------------------------------------------------
+  // out[t] = table[token_ids[t]]; table [vocab, hidden] (weight dtype), out [T, hidden] F32.
+  virtual void embedding(const Tensor& table, const BatchView& batch, Tensor out) = 0;
+  // y = w * (x / sqrt(mean(x^2) + eps)) per row, fp32 math; x F32; y F32 or act dtype (may alias x when F32).
+  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) = 0;
+  // y = x W^T; x act dtype (or F32 with an F32 weight), y F32 or act dtype.
+  virtual void linear(const Tensor& x, const Matrix& w, Tensor y) = 0;
+  virtual void add(const Tensor& a, const Tensor& b, Tensor y) = 0;  // F32; y may alias a or b
+  // y = a * b elementwise; a, b F32; y F32 or act dtype (may alias a when F32).
+  virtual void mul(const Tensor& a, const Tensor& b, Tensor y) = 0;
+  // y = act(gate, up) elementwise; gate, up F32 [T, n]; y act dtype.
+  virtual void gated_activation(const Tensor& gate, const Tensor& up, const ActivationParams& act, Tensor y) = 0;
+  // Attention Residuals' mix over depth (K3_SPEC.md §2): out[t] = sum_i softmax_i(score) V_i[t]
+  // over V = [blocks[0..n_blocks), prefix]; blocks [n_blocks * T, hidden] (block i = rows
+  // [i*T, (i+1)*T)); score_i = rmsnorm_noweight(V_i[t]) . (w_norm * w_proj). out may alias prefix.
+  virtual void attn_res_mix(const Tensor& prefix, const Tensor& blocks, int n_blocks, const Tensor& w_norm,
+                            const Tensor& w_proj, float eps, Tensor out) = 0;
+  // y[i] = x[rows[i]]; rows in backend memory (e.g. BatchView::logit_rows).
+  virtual void gather_rows(const Tensor& x, const int32_t* rows, Tensor y) = 0;
+
+  // ---- KDA (linear attention over state slots) ---------------------------------------
+  // Causal depthwise conv over each sequence's rows, continuing from its slot's window
+  // ([K-1, D] at window.slot(s), oldest row first), then SiLU when silu; the windows are
+  // advanced. x, y [T, D] F32; weight [D, K] F32.
+  virtual void short_conv(const Tensor& x, const Tensor& weight, const BatchView& batch, StateLayer window, bool silu,
+                          Tensor y) = 0;
+  // Each row x / sqrt(sum(x^2) + 1e-6) * scale (FLA's l2norm), in place.
+  virtual void l2norm_rows(Tensor x, float scale) = 0;
+  // The KDA decay gate in place: g [T, H*d] holds raw = f_b(f_a(x)) on entry; adds dt_bias
+  // [1, H*d] and becomes lower_bound * sigmoid(exp(A_log[h]) raw) (K3), or
+  // -exp(A_log[h]) softplus(raw) when lower_bound is NaN (Kimi Linear). A_log [1, H].
+  virtual void kda_gate(Tensor g, const Tensor& A_log, const Tensor& dt_bias, int head_dim, float lower_bound) = 0;
+  virtual void sigmoid(Tensor x) = 0;  // in place, F32
+  // The delta-rule recurrence per head over each sequence's tokens, from and into its
+  // state S [H, d, d] at state.slot(s):  S = Diag(exp(g)) S; S += beta k (v - S^T k)^T; o = S^T q.
+  // q, k, v, g, o [T, H*d] F32 (q, k normalised, q scaled); beta [T, H] F32.
+  virtual void kda_recurrence(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                              const BatchView& batch, StateLayer state, int num_heads, int head_dim, KdaMode mode,
+                              Tensor o) = 0;
+  // FusedRMSNormGated(sigmoid) over head rows: y = w * o / sqrt(mean(o^2) + eps) * sigmoid(gate).
+  // o, gate [T*H, d] F32; w [1, d]; y act dtype.
+  virtual void gated_rmsnorm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps, Tensor y) = 0;
+
+  // ---- MLA (full attention over the paged latent cache) ------------------------------
+  // Writes each new token's cache row [rmsnorm(latent) * w | k_pe] at its position.
+  // ckv [T, kv_lora + rope] F32; norm_w [1, kv_lora].
+  virtual void mla_store(const Tensor& ckv, const Tensor& norm_w, float eps, const BatchView& batch,
+                         KvLayer cache) = 0;
+  // Causal softmax attention of each new token over its sequence's positions [0, pos],
+  // NoPE, scale (nope + rope)^-1/2; keys [k_nope_h | k_pe], values v_h from kv_b over the
+  // cached latents (plain) or with kv_b folded into the query and output (absorbed).
+  // q [T, H*(nope+rope)] F32, kv_b [H*(nope+v), kv_lora], o [T, H*v] F32.
+  virtual void mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                             const MlaShape& shape, MlaMode mode, Tensor o) = 0;
+
+  // ---- MoE ---------------------------------------------------------------------------
+  // Top-k per token from router logits [T, E] F32 and bias [1, E] (may be empty):
+  // ids [T, K] I32 in order of decreasing biased score, weights [T, K] F32.
+  virtual void router_topk(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor ids,
+                           Tensor weights) = 0;
+  // y[t] = sum_k weights[t, k] * w2_e(act(w1_e x[t], w3_e x[t])), e = ids[t, k], k ascending.
+  // x [T, in] act dtype; y [T, in] F32. Each expert runs once over the tokens that chose it.
+  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertMatrices& w1,
+                           const ExpertMatrices& w3, const ExpertMatrices& w2, const ActivationParams& act,
+                           Tensor y) = 0;
+
+  // ---- logits -> tokens --------------------------------------------------------------
+  // One token per row of logits [R, vocab] F32 under rows[r] (backend/sampling.h), with the
+  // raw log-probabilities when a row asks. Results are host values.
+  virtual void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) = 0;
+
+  // ---- collectives (tensor / expert parallel; no-ops at world size 1) ----------------
+  virtual void all_reduce_sum(Tensor x) {}
+
+  // ---- execution ---------------------------------------------------------------------
+  virtual void synchronize() = 0;
+  // Runs body; a backend that can capture (CUDA graphs) records it the first time a key is
+  // seen and replays the recording afterwards. The body must then issue the same ops on the
+  // same scratch addresses every time, reading its per-step inputs from backend memory.
+  virtual void run_captured(uint64_t key, const std::function<void()>& body) { body(); }
+  virtual bool captures() const { return false; }
+};
+
+// Releases a layer's temporaries when it goes out of scope.
+class ScratchScope {
+ public:
+  explicit ScratchScope(Ops& ops) : ops_(ops), mark_(ops.scratch_mark()) {}
+  ~ScratchScope() { ops_.scratch_rewind(mark_); }
+  ScratchScope(const ScratchScope&) = delete;
+  ScratchScope& operator=(const ScratchScope&) = delete;
+
+ private:
+  Ops& ops_;
+  size_t mark_;
+};
+
+}  // namespace moonrun

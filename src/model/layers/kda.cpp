@@ -1,0 +1,64 @@
+#include "model/layers/kda.h"
+
+namespace moonrun {
+
+int64_t kda_conv_window_floats(const KdaShape& shape) {
+  return static_cast<int64_t>(shape.conv_kernel - 1) * shape.proj_dim();
+}
+
+int64_t kda_state_floats(const KdaShape& shape) {
+  return kda_s_offset(shape) + static_cast<int64_t>(shape.num_heads) * shape.head_dim * shape.head_dim;
+}
+
+void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Tensor& x, const BatchView& batch,
+                 StateLayer state, KdaMode mode, Tensor out) {
+  ScratchScope scope(ops);
+  const int64_t T = x.rows, D = shape.proj_dim(), H = shape.num_heads, d = shape.head_dim;
+  const int64_t window = kda_conv_window_floats(shape);
+  auto part = [&](int64_t offset) { return StateLayer{state.base + offset, state.slot_stride_floats}; };
+
+  // q, k, v: projection, then the short conv, each with its own window.
+  Tensor proj = ops.scratch(T, D, DType::F32);  // a projection before its conv; later the output gate
+  Tensor q = ops.scratch(T, D, DType::F32);     // [T, H*d]
+  Tensor k = ops.scratch(T, D, DType::F32);
+  Tensor v = ops.scratch(T, D, DType::F32);
+  ops.linear(x, w.q_proj, proj);
+  ops.short_conv(proj, w.q_conv, batch, part(0), /*silu=*/true, q);
+  ops.linear(x, w.k_proj, proj);
+  ops.short_conv(proj, w.k_conv, batch, part(window), true, k);
+  ops.linear(x, w.v_proj, proj);
+  ops.short_conv(proj, w.v_conv, batch, part(2 * window), true, v);
+
+  // L2 norm per head (the reference does it inside the kernel), q scaled by d^-1/2.
+  ops.l2norm_rows(q.reshaped(d), 1.0f / std::sqrt(static_cast<float>(d)));
+  ops.l2norm_rows(k.reshaped(d), 1.0f);
+
+  // The decay gate, in fp32 from raw = f_b(f_a(x)) + dt_bias (f_a's output is a projection input).
+  Tensor low = ops.scratch(T, w.f_a_proj.out, ops.act_dtype());
+  Tensor g = ops.scratch(T, D, DType::F32);  // [T, H*d]
+  ops.linear(x, w.f_a_proj, low);
+  ops.linear(low, w.f_b_proj, g);
+  ops.kda_gate(g, w.A_log, w.dt_bias, static_cast<int>(d), shape.gate_lower_bound);
+  Tensor beta = ops.scratch(T, H, DType::F32);  // [T, H]
+  ops.linear(x, w.b_proj, beta);
+  ops.sigmoid(beta);
+
+  Tensor o = ops.scratch(T, D, DType::F32);  // [T, H*d]
+  ops.kda_recurrence(q, k, v, g, beta, batch, part(kda_s_offset(shape)), static_cast<int>(H), static_cast<int>(d),
+                     mode, o);
+
+  // Output gate: full rank in K3, low rank in Kimi Linear (into proj's buffer).
+  Tensor gate = proj;
+  if (!w.g_proj.empty()) {
+    ops.linear(x, w.g_proj, gate);
+  } else {
+    Tensor glow = ops.scratch(T, w.g_a_proj.out, ops.act_dtype());
+    ops.linear(x, w.g_a_proj, glow);
+    ops.linear(glow, w.g_b_proj, gate);
+  }
+  Tensor gated = ops.scratch(T, D, ops.act_dtype());  // the o_proj input
+  ops.gated_rmsnorm(o.reshaped(d), gate.reshaped(d), w.o_norm, shape.norm_eps, gated.reshaped(d));
+  ops.linear(gated, w.o_proj, out);
+}
+
+}  // namespace moonrun

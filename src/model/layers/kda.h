@@ -1,0 +1,52 @@
+#pragma once
+// Kimi Delta Attention (K3_SPEC.md §2), written once against the ops (backend/ops.h):
+//   q,k,v = SiLU(causal depthwise conv_K(proj(x)))              [T, H*d] each
+//   q,k   = per head x / sqrt(sum(x^2) + 1e-6);  q *= d^-1/2
+//   g     = gate(f_b(f_a(x)) + dt_bias)   (log decay per head and channel, <= 0)
+//   beta  = sigmoid(b_proj(x))                                    [T, H]
+//   S_t   = Diag(exp(g_t)) S_{t-1};  S_t += beta_t k_t (v_t - S_t^T k_t)^T;  o_t = S_t^T q_t
+//   out   = o_proj(rmsnorm_head(o) * o_norm * sigmoid(gate_out(x)))
+// Per sequence the layer keeps, in its state slot, three conv windows [K-1, H*d] and S
+// [H, d, d] (F32): K3 0.43 GiB per sequence over 69 layers.
+#include <cmath>
+#include <cstdint>
+
+#include "backend/ops.h"
+
+namespace moonrun {
+
+struct KdaShape {
+  int hidden = 0;
+  int num_heads = 0;   // H
+  int head_dim = 0;    // d (= d_k = d_v)
+  int conv_kernel = 4;
+  float norm_eps = 1e-5f;        // o_norm (rms_norm_eps)
+  float gate_lower_bound = NAN;  // K3: -5 (safe gate); NaN: Kimi Linear's softplus gate
+  int proj_dim() const { return num_heads * head_dim; }
+};
+
+struct KdaWeights {
+  Matrix q_proj, k_proj, v_proj;      // [H*d, hidden]
+  Tensor q_conv, k_conv, v_conv;      // [H*d, K] F32 (checkpoint [H*d, 1, K])
+  Tensor A_log;                       // [1, H] F32
+  Tensor dt_bias;                     // [1, H*d] F32
+  Matrix f_a_proj, f_b_proj;          // [d, hidden], [H*d, d]
+  Matrix b_proj;                      // [H, hidden]
+  Matrix g_proj;                      // [H*d, hidden] (K3's full-rank output gate), or
+  Matrix g_a_proj, g_b_proj;          // [d, hidden], [H*d, d] (Kimi Linear's low-rank gate)
+  Tensor o_norm;                      // [1, d] F32
+  Matrix o_proj;                      // [hidden, H*d]
+};
+
+// The layer's state within a slot: floats, and where each part starts.
+int64_t kda_state_floats(const KdaShape& shape);
+int64_t kda_conv_window_floats(const KdaShape& shape);  // one of the three windows
+// S starts after the three windows.
+inline int64_t kda_s_offset(const KdaShape& shape) { return 3 * kda_conv_window_floats(shape); }
+
+// x [T, hidden] act dtype (input_layernorm'ed) -> out [T, hidden] F32. state: this layer's
+// region of the slots (kda_state_floats each). Appends the tokens to each sequence's state.
+void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Tensor& x, const BatchView& batch,
+                 StateLayer state, KdaMode mode, Tensor out);
+
+}  // namespace moonrun

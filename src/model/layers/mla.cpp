@@ -1,0 +1,44 @@
+#include "model/layers/mla.h"
+
+namespace moonrun {
+
+void mla_forward(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tensor& x, const BatchView& batch,
+                 KvLayer cache, MlaMode mode, Tensor out) {
+  ScratchScope scope(ops);
+  const int64_t T = x.rows, H = dims.attn.num_heads, L = dims.attn.kv_lora, R = dims.attn.rope;
+
+  // Queries [T, H*(nope+rope)].
+  Tensor q = ops.scratch(T, H * dims.q_head_dim(), DType::F32);
+  if (dims.q_lora_rank > 0) {
+    Tensor qa = ops.scratch(T, dims.q_lora_rank, DType::F32);
+    ops.linear(x, w.q_a_proj, qa);
+    Tensor qa_n = ops.act_dtype() == DType::F32 ? qa : ops.scratch(T, dims.q_lora_rank, ops.act_dtype());
+    ops.rmsnorm(qa, w.q_a_layernorm, dims.q_a_norm_eps, qa_n);
+    ops.linear(qa_n, w.q_b_proj, q);
+  } else {
+    ops.linear(x, w.q_proj, q);
+  }
+
+  // The new cache rows [RMSNorm(latent) | k_pe].
+  Tensor ckv = ops.scratch(T, L + R, DType::F32);
+  ops.linear(x, w.kv_a_proj_with_mqa, ckv);
+  ops.mla_store(ckv, w.kv_a_layernorm, dims.kv_a_norm_eps, batch, cache);
+
+  Tensor o = ops.scratch(T, H * dims.attn.v_dim, DType::F32);  // [T, H*v]
+  ops.mla_attention(q, w.kv_b_proj, batch, cache, dims.attn, mode, o);
+
+  Tensor o_in = o;  // the o_proj input
+  if (dims.output_gate) {
+    Tensor gate = ops.scratch(T, H * dims.attn.v_dim, DType::F32);
+    ops.linear(x, w.g_proj, gate);
+    ops.sigmoid(gate);
+    o_in = ops.scratch(T, H * dims.attn.v_dim, ops.act_dtype());
+    ops.mul(o, gate, o_in);
+  } else if (ops.act_dtype() != DType::F32) {
+    o_in = ops.scratch(T, H * dims.attn.v_dim, ops.act_dtype());
+    ops.copy(o, o_in);
+  }
+  ops.linear(o_in, w.o_proj, out);
+}
+
+}  // namespace moonrun

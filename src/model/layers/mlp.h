@@ -1,0 +1,19 @@
+#pragma once
+// The gated MLP (K3_SPEC.md §2): down(act(gate(x), up(x))) with SiTU (K3) or SwiGLU (Kimi
+// Linear). The dense first layer and the shared experts; the routed experts run the same
+// math inside Ops::moe_experts.
+#include "backend/ops.h"
+
+namespace moonrun {
+
+struct MlpWeights {
+  Matrix gate;  // [inter, in]
+  Matrix up;    // [inter, in]
+  Matrix down;  // [in, inter]
+  bool empty() const { return gate.empty(); }
+};
+
+// x [T, in] act dtype -> out [T, in] F32.
+void mlp_forward(Ops& ops, const MlpWeights& w, const ActivationParams& act, const Tensor& x, Tensor out);
+
+}  // namespace moonrun

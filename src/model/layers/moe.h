@@ -1,0 +1,34 @@
+#pragma once
+// The MoE block (K3_SPEC.md §2), written once against the ops: the router on the
+// full-width x in fp32; the routed experts in the LatentMoE space (routed_expert_down_proj,
+// the experts, RMSNorm and routed_expert_up_proj after the weighted sum); the shared
+// experts are a dense MLP on x.
+#include "backend/ops.h"
+#include "model/layers/mlp.h"
+
+namespace moonrun {
+
+struct MoeDims {
+  int hidden = 0;
+  int io_dim = 0;  // the routed experts' width: routed_expert_hidden_size, or hidden when not latent
+  RouterParams router;
+  ActivationParams act;
+  float norm_eps = 1e-5f;  // routed_expert_norm (rms_norm_eps)
+};
+
+struct MoeWeights {
+  Matrix router;             // [num_experts, hidden] F32 (router logits in fp32)
+  Tensor router_bias;        // [1, num_experts] F32 e_score_correction_bias (may be empty)
+  ExpertMatrices w1, w3, w2;  // gate, up [inter, io]; down [io, inter]; MXFP4 or dense
+  MlpWeights shared;          // intermediate moe_intermediate * num_shared; empty if none
+  Matrix latent_down;         // [io, hidden]; empty when not latent
+  Matrix latent_up;           // [hidden, io]
+  Tensor latent_norm;         // [1, io] F32; empty when latent_moe_use_norm is false
+};
+
+// x: the post_attention_layernorm'ed input [T, hidden] in F32 (the router's) and in the act
+// dtype (the projections'; the same tensor when act is F32) -> out [T, hidden] F32.
+void moe_forward(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tensor& x_f32, const Tensor& x_act,
+                 Tensor out);
+
+}  // namespace moonrun

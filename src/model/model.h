@@ -1,0 +1,62 @@
+#pragma once
+// What the runtime knows of a model: its config, what one sequence costs in the caches, and
+// a batched forward that turns one step's tokens into logits. Written once per
+// architecture against the ops (model/kimi_k3.cpp), so the same model runs on every backend.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/ops.h"
+#include "common/status.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+
+namespace moonrun {
+
+// Per-sequence cache needs, in backend-neutral terms.
+struct CacheSpec {
+  int64_t state_floats_per_slot = 0;  // fixed-size recurrent state of one sequence (F32), all layers
+  int kv_layers = 0;                  // layers that keep a paged KV row per token
+  int kv_row_width = 0;               // values per token per such layer
+  int64_t state_bytes_per_slot() const { return state_floats_per_slot * 4; }
+  int64_t kv_bytes_per_token(DType kv_dtype) const {
+    return static_cast<int64_t>(kv_layers) * kv_row_width * static_cast<int64_t>(dtype_size_bytes(kv_dtype));
+  }
+};
+
+// The cache memory a forward reads and writes (the runner owns it).
+struct CachePools {
+  Tensor state;  // [num_slots, state_floats_per_slot] F32
+  Tensor kv;     // [kv_layers * num_pages * page_size_tokens, kv_row_width]
+  int num_slots = 0;
+  int num_pages = 0;
+  int page_size_tokens = 0;
+};
+
+// Which rank of a tensor/expert-parallel group loads the model (rank 0 of 1: everything).
+struct LoadOptions {
+  int rank = 0;
+  int world_size = 1;
+  bool log_progress = false;  // progress lines (bytes, GB/s, ETA) for long loads
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual CacheSpec cache_spec() const = 0;
+  // Appends each sequence's new tokens to its caches and writes the logits of
+  // batch.host->logit_rows: logits [n_logit_rows, vocab] F32. Enqueued on the ops' stream.
+  virtual void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) = 0;
+  // Bytes of weights this rank holds on the backend.
+  virtual size_t weight_bytes() const = 0;
+  // Step temporaries a backend with a fixed arena must set aside: the scratch of a step of
+  // tokens_per_step new tokens over contexts of up to context_tokens.
+  virtual int64_t scratch_bytes(int tokens_per_step, int64_t context_tokens) const = 0;
+};
+
+// Loads the text model of `ckpt` onto `ops`'s backend (config.json's architecture decides
+// which model). Errors name the file, the tensor and the problem.
+Result<std::unique_ptr<Model>> load_model(Ops& ops, const Checkpoint& ckpt, const LoadOptions& options = {});
+
+}  // namespace moonrun

@@ -1,0 +1,100 @@
+#include "model/weight_spec.h"
+
+#include "model/kimi_k3.h"
+
+namespace moonrun {
+
+const char* shard_rule_name(ShardRule rule) {
+  switch (rule) {
+    case ShardRule::replicated: return "replicated";
+    case ShardRule::column: return "column";
+    case ShardRule::row: return "row";
+    case ShardRule::expert: return "expert";
+    case ShardRule::vocab: return "vocab";
+  }
+  return "?";
+}
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+uint64_t TensorSpec::nbytes() const { return static_cast<uint64_t>(numel()) * dtype_size_bytes(dtype); }
+
+std::string TensorNames::expert(int layer_idx, int e, ExpertMatrix m, const std::string& part) const {
+  const char* w = m == ExpertMatrix::w1 ? "w1" : m == ExpertMatrix::w2 ? "w2" : "w3";
+  return layer(layer_idx, "block_sparse_moe.experts." + std::to_string(e) + "." + w + "." + part);
+}
+
+std::vector<std::string> expert_parts(ExpertQuant quant) {
+  switch (quant) {
+    case ExpertQuant::none: return {"weight"};
+    case ExpertQuant::mxfp4_packed: return {"weight_packed", "weight_scale"};
+    case ExpertQuant::mxfp4_gpt_oss: return {"weight_blocks", "weight_scales"};
+  }
+  return {};
+}
+
+namespace {
+
+// Records what the listing asks for, in the release's storage.
+class SpecCollector final : public WeightSink {
+ public:
+  explicit SpecCollector(const ModelConfig& cfg) : cfg_(cfg), names_(cfg) {}
+  void matrix(Matrix&, const std::string& name, int out, int in, ShardRule rule) override {
+    out_.push_back({name, DType::BF16, {out, in}, rule});
+  }
+  void f32(Tensor&, const std::string& name, DType stored, const std::vector<int64_t>& shape, int64_t, int64_t,
+           ShardRule rule) override {
+    out_.push_back({name, stored, shape, rule});
+  }
+  void experts(ExpertMatrices&, int layer, ExpertMatrix which, int num_experts, int out, int in) override {
+    const auto parts = expert_parts(cfg_.expert_quant);
+    for (int e = 0; e < num_experts; ++e) {
+      switch (cfg_.expert_quant) {
+        case ExpertQuant::none:
+          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::BF16, {out, in}, ShardRule::expert});
+          break;
+        case ExpertQuant::mxfp4_packed:
+          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::U8, {out, in / 2}, ShardRule::expert});
+          out_.push_back({names_.expert(layer, e, which, parts[1]), DType::U8, {out, in / 32}, ShardRule::expert});
+          break;
+        case ExpertQuant::mxfp4_gpt_oss:
+          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::U8, {out, in / 32, 16}, ShardRule::expert});
+          out_.push_back({names_.expert(layer, e, which, parts[1]), DType::U8, {out, in / 32}, ShardRule::expert});
+          break;
+      }
+    }
+  }
+  std::vector<TensorSpec> take() { return std::move(out_); }
+
+ private:
+  const ModelConfig& cfg_;
+  TensorNames names_;
+  std::vector<TensorSpec> out_;
+};
+
+}  // namespace
+
+std::vector<TensorSpec> weight_spec(const ModelConfig& cfg) {
+  SpecCollector collector(cfg);
+  KimiK3Weights scratch;  // the listing writes into it; nothing is allocated
+  describe_kimi_k3_weights(cfg, scratch, collector);
+  return collector.take();
+}
+
+bool is_alternative_shape(const TensorSpec& t, const std::vector<int64_t>& stored) {
+  const std::string suffix = ".A_log";
+  if (t.name.size() < suffix.size() || t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  int64_t n = 1, non_unit = 0;
+  for (int64_t d : stored) {
+    n *= d;
+    if (d != 1) ++non_unit;
+  }
+  return n == t.numel() && non_unit <= 1;
+}
+
+}  // namespace moonrun

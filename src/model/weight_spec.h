@@ -1,0 +1,90 @@
+#pragma once
+// Weights described once (K3_SPEC.md §1). A model lists its tensors in one function
+// (describe_kimi_k3_weights in model/kimi_k3.cpp) against a WeightSink; the same listing
+//   - with the loader's sink (model/loader.h) reads each tensor's bytes for (rank, world)
+//     straight into the backend's layout,
+//   - with a collecting sink gives weight_spec(): name, stored dtype and shape, shard rule,
+//     for `verify`, `plan` and the demo-model writer.
+// So a tensor name, its shape and how it splits across ranks are spelled in one place.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "common/dtype.h"
+#include "model/config.h"
+
+namespace moonrun {
+
+// How a tensor splits over the ranks of a tensor- and expert-parallel group.
+enum class ShardRule {
+  replicated,  // every rank holds it (norms, router, low-rank down projections)
+  column,      // split along the output dim (dim 0): heads, MLP intermediate
+  row,         // split along the input dim (dim 1): o_proj, down_proj; an all-reduce follows
+  expert,      // routed experts: whole experts per rank
+  vocab,       // embeddings and lm_head: rows of the vocabulary
+};
+const char* shard_rule_name(ShardRule rule);
+
+// One checkpoint tensor as the model expects it.
+struct TensorSpec {
+  std::string name;
+  DType dtype;                 // as the release stores it
+  std::vector<int64_t> shape;  // as the release stores it
+  ShardRule shard = ShardRule::replicated;
+  int64_t numel() const;
+  uint64_t nbytes() const;
+};
+
+// Which matrix of a routed expert: w1 (gate), w3 (up) [intermediate, io], w2 (down) [io, intermediate].
+enum class ExpertMatrix { w1, w2, w3 };
+
+// Full tensor names, built from the config's prefix ("language_model.model." or "model.").
+class TensorNames {
+ public:
+  explicit TensorNames(const ModelConfig& cfg) : prefix_(cfg.tensor_prefix), lm_head_(cfg.lm_head_name) {}
+  std::string global(const std::string& suffix) const { return prefix_ + suffix; }  // "norm.weight"
+  std::string layer(int layer, const std::string& suffix) const {
+    return prefix_ + "layers." + std::to_string(layer) + "." + suffix;
+  }
+  // "<layer>.block_sparse_moe.experts.<e>.w1." + part ("weight", "weight_packed", ...).
+  std::string expert(int layer, int expert, ExpertMatrix m, const std::string& part) const;
+  const std::string& lm_head() const { return lm_head_; }
+
+ private:
+  std::string prefix_;
+  std::string lm_head_;
+};
+
+// The tensor parts storing one routed-expert matrix under the config's quantization:
+// {"weight"} (bf16), {"weight_packed", "weight_scale"} (compressed-tensors MXFP4) or
+// {"weight_blocks", "weight_scales"} (gpt-oss MXFP4).
+std::vector<std::string> expert_parts(ExpertQuant quant);
+
+// What a model's weight listing calls, one call per tensor (or per expert stack).
+class WeightSink {
+ public:
+  virtual ~WeightSink() = default;
+  // A dense projection stored [out, in] (BF16 in the release), held as a Matrix in the
+  // backend's weight dtype.
+  virtual void matrix(Matrix& dst, const std::string& name, int out, int in, ShardRule rule) = 0;
+  // A small tensor every backend keeps in F32 (norm and conv weights, A_log, biases),
+  // stored as `stored` x `shape` and held as [rows, cols] (rows * cols elements).
+  virtual void f32(Tensor& dst, const std::string& name, DType stored, const std::vector<int64_t>& shape,
+                   int64_t rows, int64_t cols, ShardRule rule) = 0;
+  // One kind of routed-expert matrix [out, in] for all experts of a layer, stacked: MXFP4
+  // codes + scales as stored, or dense in the weight dtype (bf16 experts).
+  virtual void experts(ExpertMatrices& dst, int layer, ExpertMatrix which, int num_experts, int out, int in) = 0;
+};
+
+// Every text-model tensor in the release's dtypes: A_log, dt_bias, the KDA conv weights
+// [D, 1, K], o_norm and the router's e_score_correction_bias in F32; MXFP4 experts as U8
+// weight_packed [out, in/2] + weight_scale [out, in/32] (gpt-oss: blocks [out, in/32, 16] +
+// scales [out, in/32]); everything else BF16. Vision tower tensors are not listed.
+std::vector<TensorSpec> weight_spec(const ModelConfig& cfg);
+
+// Stored shapes the reference loader also accepts for a tensor (beyond the expected one):
+// A_log is [H] in K3 and [1, 1, H, 1] in Kimi Linear; either is read as [H].
+bool is_alternative_shape(const TensorSpec& t, const std::vector<int64_t>& stored);
+
+}  // namespace moonrun

@@ -1,0 +1,187 @@
+#include "runtime/model_runner.h"
+
+#include <algorithm>
+#include <string>
+
+namespace moonrun {
+
+int decode_bucket(int n_seqs, int max_seqs) {
+  int b = 1;
+  while (b < n_seqs && b < 8) b *= 2;
+  if (n_seqs > 8) b = (n_seqs + 7) / 8 * 8;
+  return std::max(n_seqs, std::min(b, std::max(max_seqs, n_seqs)));
+}
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::unique_ptr<Ops> ops, std::unique_ptr<Model> model,
+                                                         const CacheConfig& cache, const RunnerOptions& options) {
+  if (!ops || !model) return invalid_argument("ModelRunner::create: no backend or no model");
+  std::unique_ptr<ModelRunner> r(new ModelRunner());
+  r->cache_ = cache;
+  r->options_ = options;
+  const CacheSpec spec = model->cache_spec();
+  // One more slot and page than the cache manager hands out: padding sequences of a
+  // captured decode batch read and write them.
+  const int slots = cache.total_slots() + 1, pages = cache.num_pages + 1;
+  r->pad_slot_ = slots - 1;
+  r->pad_page_ = pages - 1;
+  try {
+    if (spec.state_floats_per_slot > 0)
+      r->pools_.state = ops->alloc(slots, spec.state_floats_per_slot, DType::F32, "state slots");
+    if (spec.kv_layers > 0)
+      r->pools_.kv = ops->alloc(static_cast<int64_t>(spec.kv_layers) * pages * cache.page_size_tokens,
+                                spec.kv_row_width, ops->act_dtype(), "KV pages");
+    ops->synchronize();
+  } catch (const BackendError& e) {
+    return resource_exhausted(std::string("allocating the cache pools failed: ") + e.what());
+  }
+  r->pools_.num_slots = slots;
+  r->pools_.num_pages = pages;
+  r->pools_.page_size_tokens = cache.page_size_tokens;
+  r->ops_ = std::move(ops);
+  r->model_ = std::move(model);
+  return r;
+}
+
+ModelRunner::~ModelRunner() {
+  if (ops_) {
+    try {
+      ops_->synchronize();
+    } catch (const BackendError&) {
+    }
+  }
+  model_.reset();  // before the backend that holds its weights
+  ops_.reset();
+}
+
+Status ModelRunner::check(const StepInput& input) const {
+  const ModelConfig& cfg = model_->config();
+  const CacheSpec spec = model_->cache_spec();
+  size_t n_sampling = 0;
+  for (size_t s = 0; s < input.seqs.size(); ++s) {
+    const StepSeq& seq = input.seqs[s];
+    const std::string where = "sequence " + std::to_string(s) + ": ";
+    if (seq.new_token_ids.empty()) return invalid_argument(where + "no new tokens");
+    for (int32_t id : seq.new_token_ids)
+      if (id < 0 || id >= cfg.vocab_size)
+        return invalid_argument(where + "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                std::to_string(cfg.vocab_size) + ")");
+    if (spec.state_floats_per_slot > 0 && (seq.state_slot < 0 || seq.state_slot >= cache_.total_slots()))
+      return invalid_argument(where + "state slot " + std::to_string(seq.state_slot) + " is not in [0, " +
+                              std::to_string(cache_.total_slots()) + ")");
+    if (spec.kv_layers > 0) {
+      const int64_t n_total = seq.n_past + static_cast<int64_t>(seq.new_token_ids.size());
+      const int64_t pages_needed = (n_total + cache_.page_size_tokens - 1) / cache_.page_size_tokens;
+      if (static_cast<int64_t>(seq.pages.size()) < pages_needed)
+        return invalid_argument(where + std::to_string(seq.pages.size()) + " KV pages cover fewer than " +
+                                std::to_string(n_total) + " tokens");
+      for (int64_t p = 0; p < pages_needed; ++p)
+        if (seq.pages[p] < 0 || seq.pages[p] >= cache_.num_pages)
+          return invalid_argument(where + "KV page " + std::to_string(seq.pages[p]) + " is not in the pool");
+    }
+    if (seq.sample) ++n_sampling;
+  }
+  if (n_sampling != input.sampling.rows.size())
+    return invalid_argument(std::to_string(n_sampling) + " sequences sample but the step has " +
+                            std::to_string(input.sampling.rows.size()) + " sampling rows");
+  for (const StateCopy& c : input.before)
+    if (c.dst < 0 || c.dst >= cache_.total_slots() || c.src >= cache_.total_slots())
+      return invalid_argument("state copy into slot " + std::to_string(c.dst) + " is outside the pool");
+  for (const StateCopy& c : input.after)
+    if (c.dst < 0 || c.dst >= cache_.total_slots() || c.src < 0 || c.src >= cache_.total_slots())
+      return invalid_argument("state snapshot into slot " + std::to_string(c.dst) + " is outside the pool");
+  return Status::ok();
+}
+
+void ModelRunner::build_batch(const StepInput& input, int padded_seqs) {
+  batch_.token_ids.clear();
+  batch_.positions.clear();
+  batch_.token_seq.clear();
+  batch_.seqs.clear();
+  batch_.page_table.clear();
+  batch_.logit_rows.clear();
+  for (const StepSeq& s : input.seqs) {
+    const int n_new = static_cast<int>(s.new_token_ids.size());
+    const int n_pages = static_cast<int>(
+        std::min<int64_t>(s.pages.size(), (s.n_past + n_new + cache_.page_size_tokens - 1) / cache_.page_size_tokens));
+    batch_.add_seq(s.new_token_ids.data(), n_new, s.n_past, s.state_slot, s.pages.data(), n_pages, s.all_logits);
+  }
+  const int32_t pad_token = 0;
+  for (int s = static_cast<int>(input.seqs.size()); s < padded_seqs; ++s)
+    batch_.add_seq(&pad_token, 1, 0, pad_slot_, &pad_page_, 1);
+}
+
+void ModelRunner::run_state_copies(const std::vector<StateCopy>& copies) {
+  if (pools_.state.empty()) return;
+  for (const StateCopy& c : copies) {
+    const Tensor dst = pools_.state.rows_view(c.dst, 1);
+    if (c.src < 0) ops_->zero(dst);
+    else ops_->copy(pools_.state.rows_view(c.src, 1), dst);
+  }
+}
+
+Status ModelRunner::step(const StepInput& input, StepOutput& output) {
+  if (!failed_.is_ok()) return failed_;
+  if (options_.fail_after_steps >= 0 && steps_ >= options_.fail_after_steps)
+    return internal_error("injected backend failure after " + std::to_string(options_.fail_after_steps) +
+                          " steps (--debug-fail-after-steps)");
+  ++steps_;
+  output.samples.clear();
+  output.logits.clear();
+  if (input.seqs.empty()) return Status::ok();
+  MR_RETURN_IF_ERROR(check(input));
+  const int n_seqs = static_cast<int>(input.seqs.size());
+  bool decode_only = true;
+  for (const StepSeq& s : input.seqs) decode_only = decode_only && s.new_token_ids.size() == 1;
+  const bool graph = options_.cuda_graphs && ops_->captures() && decode_only && n_seqs <= options_.max_seqs_per_step;
+  const int padded = graph ? decode_bucket(n_seqs, options_.max_seqs_per_step) : n_seqs;
+  try {
+    ops_->reset_scratch();
+    run_state_copies(input.before);
+    if (padded > n_seqs && !pools_.state.empty()) ops_->zero(pools_.state.rows_view(pad_slot_, 1));
+    build_batch(input, padded);
+    for (const StepSeq& s : input.seqs) tokens_computed_ += static_cast<int64_t>(s.new_token_ids.size());
+    const BatchView view = ops_->upload_batch(batch_);
+    const int V = vocab();
+    const Tensor logits = ops_->scratch(view.n_logit_rows(), V, DType::F32);  // [rows, vocab]
+    const auto body = [&] { model_->forward(*ops_, view, pools_, logits); };
+    if (graph) {
+      ops_->run_captured(static_cast<uint64_t>(padded), body);
+      ++graph_replays_;
+    } else {
+      body();
+    }
+    run_state_copies(input.after);
+
+    // Each sampling sequence samples from its last logits row.
+    std::vector<int32_t> rows;
+    int row = 0;
+    for (const StepSeq& s : input.seqs) {
+      row += s.all_logits ? static_cast<int>(s.new_token_ids.size()) : 1;
+      if (s.sample) rows.push_back(row - 1);
+    }
+    if (!rows.empty()) {
+      Tensor to_sample = logits.rows_view(0, static_cast<int64_t>(rows.size()));
+      bool identity = true;
+      for (size_t i = 0; i < rows.size(); ++i) identity = identity && rows[i] == static_cast<int32_t>(i);
+      if (!identity) {
+        Tensor index = ops_->scratch(static_cast<int64_t>(rows.size()), 1, DType::I32);
+        ops_->upload(index, 0, rows.data(), rows.size() * sizeof(int32_t));
+        to_sample = ops_->scratch(static_cast<int64_t>(rows.size()), V, DType::F32);
+        ops_->gather_rows(logits, index.as<int32_t>(), to_sample);
+      }
+      ops_->sample(to_sample, input.sampling, output.samples);
+    }
+    if (input.return_logits) {
+      output.logits.resize(static_cast<size_t>(row) * V);
+      ops_->download(logits.rows_view(0, row), output.logits.data());
+    }
+    ops_->synchronize();
+  } catch (const BackendError& e) {
+    // The backend's state is unknown after a failure: every later step fails too.
+    failed_ = internal_error(std::string(ops_->name()) + " backend failure: " + e.what());
+    return failed_;
+  }
+  return Status::ok();
+}
+
+}  // namespace moonrun

@@ -1,0 +1,53 @@
+#pragma once
+// The single builder that assembles backend + model + cache pools for a device: what
+// `serve`, `generate` and the benchmarks call, so nothing above runtime/ knows which
+// backend runs. Logs the startup stages the seeds' users read: "Load weight begin/end" with
+// memory before and after (and the load's peak host RSS), the KV cache line.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cache/cache_manager.h"
+#include "common/status.h"
+#include "model/config.h"
+#include "runtime/defaults.h"
+#include "runtime/model_runner.h"
+
+namespace moonrun {
+
+struct RuntimeOptions {
+  std::string device = "auto";          // cpu | cuda | auto (cuda when a GPU is visible)
+  std::string dtype = "auto";           // auto | bfloat16 | float32 (CUDA: every op in fp32, to check kernels)
+  std::string kv_cache_dtype = "auto";  // auto (the compute dtype) | bf16 | bfloat16 | float32; fp8 refused
+  int cuda_device = 0;
+  double mem_fraction_static = 0;       // 0: the backend's default (defaults.h)
+  int max_running_requests = defaults::kMaxRunningRequests;
+  int max_tokens_per_step = defaults::kChunkedPrefillTokens;
+  int page_size_tokens = defaults::kPageSizeTokens;
+  int64_t context_length = 0;     // the longest sequence served (sizes the CPU pool); 0: the model's
+  int64_t max_total_tokens = 0;   // > 0: cap the KV pool at this many tokens
+  bool prefix_cache = true;
+  int prefix_block_tokens = defaults::kPrefixBlockTokens;
+  int prefix_snapshot_slots = -1;  // -1: as many as max_running_requests
+  bool cuda_graphs = true;
+  int64_t fail_after_steps = -1;   // tests: the backend fails after this many steps
+  bool log = true;                 // the startup log lines
+};
+
+struct Runtime {
+  std::unique_ptr<ModelRunner> runner;
+  CacheConfig cache;
+  ModelConfig config;
+  std::string device;      // "cpu" or "cuda"
+  std::string dtype_name;  // "float32", "bfloat16"
+};
+
+// "auto" -> "cuda" when this build has the CUDA backend and a GPU is visible, else "cpu";
+// an impossible request -> "error: <reason>".
+std::string resolve_device(const std::string& requested);
+
+// Opens the checkpoint (a directory or an HF repo id), loads the text model onto the
+// device and sizes the cache pools from what is left. Errors are one line each.
+Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const RuntimeOptions& options);
+
+}  // namespace moonrun

@@ -1,0 +1,387 @@
+// The runner (runtime/model_runner.h) on the CPU backend with real checkpoints:
+//   - a sequence alone and inside batches of 1, 7 and 32 sequences, prefill chunks and
+//     decode tokens mixed in every step, gives the same greedy tokens and logits;
+//   - the engine over it (scheduler, pages, slots, chunked prefill, preemption) gives what
+//     `generate` gives for each prompt alone, and the same seed the same sampled tokens;
+//   - the prefix cache serves a repeated 4k-token prefix without recomputing it;
+//   - bad batches are errors, not crashes.
+#include "runtime/model_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <thread>
+#include <unistd.h>
+
+#include "../../support/fixture_files.h"
+#include "../../support/host_tensors.h"
+#include "../../support/runtimes.h"
+#include "engine/engine.h"
+#include "engine/engine_loop.h"
+#include "model/demo_model.h"
+#include "runtime/generate.h"
+
+namespace moonrun {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::make_runtime;
+using testing::test_runtime_options;
+
+const std::string& demo_dir() {
+  static const std::string dir = [] {
+    const std::string d =
+        (std::filesystem::temp_directory_path() / ("moonrun_runner_test_" + std::to_string(getpid()))).string();
+    const Status st = write_demo_model(d, 1024);
+    MR_CHECK(st.is_ok()) << st.to_string();
+    return d;
+  }();
+  return dir;
+}
+
+std::vector<int32_t> prompt(int i, int vocab = 1024) {
+  std::vector<int32_t> ids;
+  const int n = 1 + (i * 29) % 70;  // 1 .. 70 tokens: single tokens, partial and full KDA chunks
+  for (int t = 0; t < n; ++t) ids.push_back((i * 97 + t * 37 + 11) % vocab);
+  return ids;
+}
+
+// ---- alone vs batched ------------------------------------------------------------------
+
+struct SeqResult {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;  // the row each token was picked from, [n, vocab]
+};
+
+// Greedy, each sequence alone through generate().
+std::vector<SeqResult> run_alone(const std::string& dir, int n_seqs, int max_tokens, int vocab) {
+  std::vector<SeqResult> out;
+  Runtime rt = make_runtime(dir, test_runtime_options("cpu", 256));
+  if (!rt.runner) return out;
+  for (int i = 0; i < n_seqs; ++i) {
+    GenerateOptions opt;
+    opt.max_tokens = max_tokens;
+    opt.keep_logits = true;
+    auto r = generate(*rt.runner, rt.cache.page_size_tokens, prompt(i, vocab), opt);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    if (!r.is_ok()) break;
+    out.push_back({r->token_ids, r->logits});
+  }
+  return out;
+}
+
+// The same sequences through one runner with room for `batch` at a time: each step holds
+// every active sequence (its whole prompt when it starts, else its last token), and at most
+// two newcomers join per step, so prefills and decodes share steps; a finished sequence's
+// slot and pages go to the next one.
+std::vector<SeqResult> run_batched(const std::string& dir, int n_seqs, int max_tokens, int batch, int vocab) {
+  constexpr int kPageSize = 16, kPagesPerSeq = 5;  // 80 >= 70 + 8 tokens
+  RuntimeOptions ro = test_runtime_options("cpu", static_cast<int64_t>(batch) * kPagesPerSeq * kPageSize, batch);
+  ro.page_size_tokens = kPageSize;
+  Runtime rt = make_runtime(dir, ro);
+  std::vector<SeqResult> out(n_seqs);
+  if (!rt.runner) return out;
+  struct Active {
+    int seq;
+    int n_past = 0;
+    std::vector<int32_t> pages;
+  };
+  std::vector<int> free_slots;
+  for (int s = batch - 1; s >= 0; --s) free_slots.push_back(s);
+  std::map<int, Active> active;  // by slot
+  int next = 0;
+  while (next < n_seqs || !active.empty()) {
+    StepInput in;
+    in.return_logits = true;
+    std::vector<std::vector<int32_t>> fed;  // each sequence's tokens this step
+    fed.reserve(batch);
+    for (int joined = 0; joined < 2 && next < n_seqs && !free_slots.empty(); ++joined) {
+      const int slot = free_slots.back();
+      free_slots.pop_back();
+      Active a{next++, 0, {}};
+      for (int p = 0; p < kPagesPerSeq; ++p) a.pages.push_back(slot * kPagesPerSeq + p);
+      in.before.push_back({-1, slot});
+      active.emplace(slot, std::move(a));
+    }
+    std::vector<int> order;
+    for (auto& [slot, a] : active) {
+      const SeqResult& r = out[a.seq];
+      fed.push_back(r.tokens.empty() ? prompt(a.seq, vocab) : std::vector<int32_t>{r.tokens.back()});
+      StepSeq s;
+      s.new_token_ids = fed.back();
+      s.n_past = a.n_past;
+      s.state_slot = slot;
+      s.pages = a.pages;
+      s.sample = true;
+      in.seqs.push_back(s);
+      SamplingParams greedy;
+      greedy.temperature = 0;
+      SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
+      order.push_back(slot);
+    }
+    StepOutput res;
+    const Status st = rt.runner->step(in, res);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    if (!st.is_ok()) break;
+    for (size_t i = 0; i < order.size(); ++i) {
+      Active& a = active.at(order[i]);
+      SeqResult& r = out[a.seq];
+      a.n_past += static_cast<int>(in.seqs[i].new_token_ids.size());
+      r.tokens.push_back(res.samples[i].token);
+      r.logits.insert(r.logits.end(), res.logits.begin() + i * vocab, res.logits.begin() + (i + 1) * vocab);
+      if (static_cast<int>(r.tokens.size()) == max_tokens) {
+        free_slots.push_back(order[i]);
+        active.erase(order[i]);
+      }
+    }
+  }
+  return out;
+}
+
+void expect_batching_changes_nothing(const std::string& dir, int vocab) {
+  const int n_seqs = 32, max_tokens = 8;
+  const std::vector<SeqResult> alone = run_alone(dir, n_seqs, max_tokens, vocab);
+  ASSERT_EQ(alone.size(), static_cast<size_t>(n_seqs));
+  for (int batch : {1, 7, 32}) {
+    const std::vector<SeqResult> got = run_batched(dir, n_seqs, max_tokens, batch, vocab);
+    double worst = 0;
+    for (int i = 0; i < n_seqs; ++i) {
+      EXPECT_EQ(got[i].tokens, alone[i].tokens) << "sequence " << i << " in batches of " << batch;
+      ASSERT_EQ(got[i].logits.size(), alone[i].logits.size());
+      worst = std::max(worst, testing::max_abs_diff(got[i].logits, alone[i].logits));
+    }
+    // fp32 rounding at most: the CPU backend computes every row alone.
+    EXPECT_LE(worst, 1e-5) << "batches of " << batch;
+    std::printf("%s, batches of %d: max |dlogit| vs alone = %g\n", dir.c_str(), batch, worst);
+  }
+}
+
+TEST(ModelRunner, AloneEqualsBatchesOf1And7And32MixedPrefillAndDecode) {
+  expect_batching_changes_nothing(demo_dir(), 1024 + 256);
+}
+
+TEST(ModelRunner, AloneEqualsBatchesOnAReferenceFixture) {
+  expect_batching_changes_nothing(fixtures::fixtures_dir() + "/k3-tiny-a", 512);
+}
+
+// ---- the engine over the runner ---------------------------------------------------------
+
+std::vector<int32_t> engine_prompt(int i) {
+  std::vector<int32_t> ids;
+  const int n = 3 + 11 * i;  // 3 .. 47 tokens
+  for (int t = 0; t < n; ++t) ids.push_back((i * 97 + t * 37 + 11) % 1024);
+  return ids;
+}
+
+// Each prompt alone through generate(): what the batched engine must reproduce.
+std::vector<std::vector<int32_t>> generate_alone(int n_prompts, const GenerateOptions& opt) {
+  std::vector<std::vector<int32_t>> want;
+  Runtime rt = make_runtime(demo_dir(), test_runtime_options("cpu", 256));
+  if (!rt.runner) return want;
+  for (int i = 0; i < n_prompts; ++i) {
+    auto r = generate(*rt.runner, rt.cache.page_size_tokens, engine_prompt(i), opt);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    if (!r.is_ok()) break;
+    want.push_back(r->token_ids);
+  }
+  return want;
+}
+
+EngineConfig engine_config(const Runtime& rt, int max_running, int chunk, int max_model_len) {
+  EngineConfig c;
+  c.scheduler = {.max_running_requests = max_running, .max_tokens_per_step = chunk};
+  c.max_model_len = max_model_len;
+  return c;  // no EOS: generate() does not stop at one either
+}
+
+TEST(ModelRunner, ConcurrentEngineRequestsEqualGenerateAlone) {
+  const int n_prompts = 5, max_tokens = 8;
+  GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  const auto want = generate_alone(n_prompts, opt);
+  ASSERT_EQ(want.size(), static_cast<size_t>(n_prompts));
+  RuntimeOptions ro = test_runtime_options("cpu", 1024, 4);  // 5 clients: one waits and joins running decodes
+  Runtime rt = make_runtime(demo_dir(), ro);
+  ASSERT_TRUE(rt.runner);
+  auto loop = EngineLoop::create(engine_config(rt, 4, 64, 512), std::make_unique<CacheManager>(rt.cache),
+                                 std::move(rt.runner), nullptr);
+  ASSERT_TRUE(loop.is_ok()) << loop.status().to_string();
+  ASSERT_TRUE((*loop)->start().is_ok());
+  std::vector<std::vector<int32_t>> got(n_prompts);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n_prompts; ++i) {
+    clients.emplace_back([&, i] {
+      SamplingParams p;
+      p.temperature = 0;
+      p.max_tokens = max_tokens;
+      auto s = (*loop)->submit(engine_prompt(i), p);
+      ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+      RequestOutput out;
+      const auto deadline = std::chrono::steady_clock::now() + 120s;
+      while (!(*s)->done() && std::chrono::steady_clock::now() < deadline) {
+        if (!(*s)->next(out, 50ms)) continue;
+        EXPECT_TRUE(out.error.is_ok()) << out.error.to_string();
+        got[i].insert(got[i].end(), out.new_token_ids.begin(), out.new_token_ids.end());
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < n_prompts; ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  EXPECT_TRUE((*loop)->alive());
+  EXPECT_EQ((*loop)->stats().cache.free_slots, 4);
+}
+
+// Chunked prefill (16-token steps) and preemption (a pool of 96 tokens for 5 requests of up
+// to 55) change the order of float operations (prefill chunks split differently, preempted
+// requests recompute their generated tokens as a prefill), not the math: on the demo model
+// the greedy tokens stay those of generate().
+TEST(ModelRunner, ChunkingAndPreemptionKeepGreedyOutputs) {
+  const int n_prompts = 5, max_tokens = 8;
+  GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  const auto want = generate_alone(n_prompts, opt);
+  ASSERT_EQ(want.size(), static_cast<size_t>(n_prompts));
+  RuntimeOptions ro = test_runtime_options("cpu", 96, 5);
+  ro.page_size_tokens = 8;
+  Runtime rt = make_runtime(demo_dir(), ro);
+  ASSERT_TRUE(rt.runner);
+  ASSERT_EQ(rt.cache.num_pages, 12);
+  CacheManager cache(rt.cache);
+  Engine engine(engine_config(rt, 5, 16, 96), cache, *rt.runner, nullptr);
+  for (int i = 0; i < n_prompts; ++i) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = max_tokens;
+    ASSERT_TRUE(engine.add_request(i, engine_prompt(i), p).is_ok());
+  }
+  std::vector<std::vector<int32_t>> got(n_prompts);
+  std::vector<RequestOutput> outs;
+  while (engine.has_work()) {
+    const Status st = engine.step(outs);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+  }
+  for (const RequestOutput& o : outs)
+    got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  for (int i = 0; i < n_prompts; ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  EXPECT_GT(engine.stats().preemptions_total, 0);
+  EXPECT_EQ(engine.stats().cache.free_pages, 12);
+}
+
+// One sampler: a seeded request gives `generate`'s tokens for the same seed (sample i of
+// n uses seed + i, as in vLLM).
+TEST(ModelRunner, SameSeedSameTokensFromGenerateAndTheEngine) {
+  GenerateOptions opt;
+  opt.max_tokens = 12;
+  opt.sampling.temperature = 1.3f;
+  opt.sampling.top_p = 0.95f;
+  opt.sampling.top_k = 50;
+  opt.sampling.seed = 1234;
+  const auto want = generate_alone(3, opt);
+  ASSERT_EQ(want.size(), 3u);
+  Runtime rt = make_runtime(demo_dir(), test_runtime_options("cpu", 512, 4));
+  ASSERT_TRUE(rt.runner);
+  CacheManager cache(rt.cache);
+  Engine engine(engine_config(rt, 4, 256, 256), cache, *rt.runner, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    SamplingParams p = opt.sampling;
+    p.max_tokens = opt.max_tokens;
+    ASSERT_TRUE(engine.add_request(i, engine_prompt(i), p).is_ok());
+  }
+  std::vector<std::vector<int32_t>> got(3);
+  std::vector<RequestOutput> outs;
+  while (engine.has_work()) ASSERT_TRUE(engine.step(outs).is_ok());
+  for (const RequestOutput& o : outs)
+    got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  // And the draws are not trivially greedy: another seed differs.
+  GenerateOptions other = opt;
+  other.sampling.seed = 99;
+  EXPECT_NE(generate_alone(1, other)[0], want[0]);
+}
+
+// ---- the prefix cache ---------------------------------------------------------------------
+
+// Two requests share a 4096-token prefix: the second computes only its own tail, and its
+// tokens are those of a server without a prefix cache.
+TEST(ModelRunner, PrefixCacheServesARepeated4kPrefixWithoutRecomputingIt) {
+  const int kPrefix = 4096, kTail = 12, kMaxTokens = 6;
+  std::vector<int32_t> prefix;
+  for (int t = 0; t < kPrefix; ++t) prefix.push_back((t * 131 + 7) % 1024);
+  auto with_tail = [&](int salt) {
+    std::vector<int32_t> p = prefix;
+    for (int t = 0; t < kTail; ++t) p.push_back((salt * 53 + t * 11) % 1024);
+    return p;
+  };
+  const auto a = with_tail(1), b = with_tail(2);
+
+  auto serve = [&](bool prefix_cache, const std::vector<std::vector<int32_t>>& prompts,
+                   std::vector<int>* cached, int64_t* computed_last) {
+    RuntimeOptions ro = test_runtime_options("cpu", 2 * (kPrefix + kTail + kMaxTokens) + 64, 2);
+    ro.prefix_cache = prefix_cache;
+    ro.prefix_block_tokens = 256;
+    ro.prefix_snapshot_slots = 4;
+    Runtime rt = make_runtime(demo_dir(), ro);
+    MR_CHECK(rt.runner != nullptr);
+    CacheManager cache(rt.cache);
+    Engine engine(engine_config(rt, 2, 2048, kPrefix + kTail + kMaxTokens), cache, *rt.runner, nullptr);
+    std::vector<std::vector<int32_t>> tokens(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t before = rt.runner->tokens_computed();
+      SamplingParams p;
+      p.temperature = 0;
+      p.max_tokens = kMaxTokens;
+      EXPECT_TRUE(engine.add_request(i, prompts[i], p).is_ok());
+      std::vector<RequestOutput> outs;
+      while (engine.has_work()) EXPECT_TRUE(engine.step(outs).is_ok());
+      for (const RequestOutput& o : outs) {
+        tokens[i].insert(tokens[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        if (o.finished && cached) cached->push_back(o.num_cached_tokens);
+      }
+      if (computed_last) *computed_last = rt.runner->tokens_computed() - before;
+    }
+    return tokens;
+  };
+
+  const auto want = serve(false, {b}, nullptr, nullptr);
+  std::vector<int> cached;
+  int64_t computed_b = 0;
+  const auto got = serve(true, {a, b}, &cached, &computed_b);
+  ASSERT_EQ(cached.size(), 2u);
+  EXPECT_EQ(cached[0], 0);
+  EXPECT_EQ(cached[1], kPrefix);
+  // b's prompt tail and its decode steps only: not the 4096 shared tokens again.
+  EXPECT_EQ(computed_b, kTail + kMaxTokens - 1);
+  EXPECT_EQ(got[1], want[0]);
+}
+
+// ---- errors --------------------------------------------------------------------------------
+
+TEST(ModelRunner, BadBatchesAreErrorsNotCrashes) {
+  Runtime rt = make_runtime(demo_dir(), test_runtime_options("cpu", 64, 1));
+  ASSERT_TRUE(rt.runner);
+  const std::vector<int32_t> pages = {0};
+  auto step = [&](std::vector<int32_t> ids, int n_past, int slot) {
+    StepInput in;
+    StepSeq s;
+    s.new_token_ids = ids;
+    s.n_past = n_past;
+    s.state_slot = slot;
+    s.pages = pages;
+    in.seqs.push_back(s);
+    StepOutput out;
+    return rt.runner->step(in, out);
+  };
+  Status st = step({1, rt.config.vocab_size}, 0, 0);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("outside the vocabulary"), std::string::npos) << st.message();
+  EXPECT_EQ(step({1}, 0, 5).code(), StatusCode::kInvalidArgument);    // no such slot
+  EXPECT_EQ(step({1}, 100, 0).code(), StatusCode::kInvalidArgument);  // 101 tokens on one 16-token page
+  EXPECT_TRUE(step({1}, 0, 0).is_ok());                               // and the runner still works
+}
+
+}  // namespace
+}  // namespace moonrun
