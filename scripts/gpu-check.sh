@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Every GPU test in one call, for a Hopper machine (H100/H200): the CUDA op tests against the
-# CPU reference (tests/ops, including every reference fixture through the CUDA model),
-# compute-sanitizer memcheck and racecheck on the op tests, and the e2e API tests against
-# `moonrun serve --device cuda`. Prints a summary table last and writes it as Markdown to
-# $OUT/gpu-check.md (docs/gpu.md holds the committed one).
+# Every GPU test and benchmark in one call, for a Hopper machine (H100/H200): the CUDA op tests
+# against the CPU backend (tests/ops: every op in fp32 and bf16, every reference fixture
+# through the CUDA runtime in fp32 and bf16, batched == alone, CUDA graphs == eager), the
+# load of a multi-GB K3-width slice with its peak host RSS, decode throughput per batch size
+# with and without CUDA graphs (demo model and K3-width slice), compute-sanitizer memcheck
+# and racecheck on the op tests, and the e2e API tests against `moonrun serve --device cuda`.
+# Prints a summary table last and writes it as Markdown to $OUT/gpu-check.md (docs/gpu.md
+# holds the committed one); bench JSON goes to $OUT too.
 #
 #   scripts/gpu-check.sh                  # configure + build here (needs the -dev packages)
 #   scripts/gpu-check.sh --prebuilt DIR   # binaries built elsewhere (scripts/gpu-package.sh):
 #                                         # DIR/bin, DIR/lib, optionally DIR/node
 # Env: SANITIZE_FILTER (gtest filter for the sanitizer runs), SKIP_SANITIZE=1, SKIP_E2E=1,
+# SKIP_SLICE=1 (the K3-width slice: load RSS and bench), SLICE_DIR (default /tmp/k3-slice),
 # E2E_FILES (default "api errors load lifecycle disconnect"), OPS_FILTER, and time limits in
 # seconds OPS_TIMEOUT (420), SAN_TIMEOUT (240 per tool), E2E_TIMEOUT (300 per file).
 set -uo pipefail
@@ -62,7 +66,48 @@ else
   row "CUDA op tests" FAIL "no $OPS"
 fi
 
-# 2. compute-sanitizer on the op tests (small shapes: the K3-size cases are slow under it).
+# 2. Decode throughput on the demo-size model: batch 32 against batch 1, with and without
+#    CUDA graphs (the forward issue's bar: aggregate tok/s at batch 32 >= 12x batch 1).
+DEMO=$OUT/demo-model
+"$EXE" make-demo-model --out "$DEMO" >/dev/null 2>&1
+for mode in graphs eager; do
+  flag=$([[ $mode == eager ]] && echo --disable-cuda-graph)
+  "$EXE" bench-model --model "$DEMO" --device cuda --batch 1,8,32 --context 64 --steps 64 $flag \
+    --json-out "$OUT/bench-demo-$mode.json" >"$OUT/bench-demo-$mode.log" 2>&1
+  ratio=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['decode']; print('%.1f' % [x for x in d if x['batch']==32][0]['speedup_vs_b1'])" "$OUT/bench-demo-$mode.json" 2>/dev/null || echo 0)
+  b1=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['decode']; print('%.0f' % d[0]['tok_s'])" "$OUT/bench-demo-$mode.json" 2>/dev/null || echo 0)
+  ok=$(python3 -c "print('ok' if float('$ratio') >= 12 else 'FAIL')")
+  row "demo decode b32 vs b1 ($mode)" "$ok" "${ratio}x (b1 ${b1} tok/s; $OUT/bench-demo-$mode.json)"
+done
+
+# 3. A multi-GB K3-width checkpoint (the 3-layer slice: KDA + dense, KDA + MoE, MLA + MoE,
+#    896 MXFP4 experts): its load keeps the host's peak RSS under 10 % of its bytes
+#    (measured here from outside the process), and its decode and prefill rates.
+if [[ ${SKIP_SLICE:-0} != 1 ]]; then
+  SLICE=${SLICE_DIR:-/tmp/k3-slice}
+  if [[ ! -f $SLICE/config.json ]]; then
+    "$EXE" make-slice --config kimi-k3 --layers kda-dense,kda-moe,mla-moe --out "$SLICE" >"$OUT/make-slice.log" 2>&1
+  fi
+  row "make-slice (K3 widths, 3 layers)" "$([[ -f $SLICE/config.json ]] && echo ok || echo FAIL)" "$(tail -1 "$OUT/make-slice.log" 2>/dev/null)"
+  python3 - "$EXE" "$SLICE" >"$OUT/load-rss.log" 2>&1 <<'PY'
+import os, resource, subprocess, sys
+exe, model = sys.argv[1], sys.argv[2]
+size = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
+r = subprocess.run([exe, "generate", "--device", "cuda", "--model", model, "--token-ids", "1,2,3",
+                    "--max-tokens", "2", "--verbose"], capture_output=True, text=True)
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(r.stderr)
+print("checkpoint_bytes", size, "peak_rss_bytes", peak, "ratio %.4f" % (peak / size), "rc", r.returncode)
+PY
+  ratio=$(grep -o 'ratio [0-9.]*' "$OUT/load-rss.log" | awk '{print $2}')
+  ok=$(python3 -c "print('ok' if 0 < float('${ratio:-1}') < 0.10 else 'FAIL')")
+  row "load: peak host RSS / checkpoint" "$ok" "$(grep -o 'checkpoint_bytes.*' "$OUT/load-rss.log"); $(grep -o 'Load weight end.*' "$OUT/load-rss.log" | head -1)"
+  "$EXE" bench-model --model "$SLICE" --device cuda --batch 1,8,32,128 --context 512 --steps 16 --prefill 8192 \
+    --json-out "$OUT/bench-k3-slice.json" >"$OUT/bench-k3-slice.log" 2>&1
+  row "K3-width slice bench" "$([[ -s $OUT/bench-k3-slice.json ]] && echo ok || echo FAIL)" "$(grep -E '^\| (1|128) ' "$OUT/bench-k3-slice.log" | tr '\n' ' ')"
+fi
+
+# 4. compute-sanitizer on the op tests (small shapes: the K3-size cases are slow under it).
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 FILTER=${SANITIZE_FILTER:--*K3*:*k3*:*Fixtures*}
 for tool in memcheck racecheck; do
@@ -94,7 +139,7 @@ for tool in memcheck racecheck; do
   fi
 done
 
-# 3. e2e API tests against a GPU server (the harness starts `moonrun serve`; --device auto
+# 5. e2e API tests against a GPU server (the harness starts `moonrun serve`; --device auto
 #    picks cuda here, and the log line "backend=cuda" is checked below).
 NODE=$(command -v node || true)
 if [[ -z $NODE && -n $PREBUILT && -f $PREBUILT/node/node.xz ]]; then
@@ -109,8 +154,6 @@ else
   if [[ ! -d tests/e2e/node_modules && -n $PREBUILT && -f $PREBUILT/node/node_modules.tar.gz ]]; then
     tar -xzf "$PREBUILT/node/node_modules.tar.gz" -C tests/e2e
   fi
-  DEMO=$OUT/demo-model
-  "$EXE" make-demo-model --out "$DEMO" >/dev/null 2>&1
   "$EXE" serve --model-path "$DEMO" --port 30999 >"$OUT/serve-probe.log" 2>&1 &
   probe=$!
   sleep 8

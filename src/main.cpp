@@ -15,7 +15,9 @@ int main(int argc, char** argv) {
   moonrun::cli::add_plan_command(app);
   moonrun::cli::add_verify_command(app);
   moonrun::cli::add_bench_command(app);
+  moonrun::cli::add_bench_model_command(app);
   moonrun::cli::add_make_demo_model_command(app);
+  moonrun::cli::add_make_slice_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -14,5 +14,7 @@ void add_bench_command(CLI::App& app);
 void add_render_command(CLI::App& app);
 void add_parse_command(CLI::App& app);
 void add_make_demo_model_command(CLI::App& app);
+void add_bench_model_command(CLI::App& app);
+void add_make_slice_command(CLI::App& app);
 
 }  // namespace moonrun::cli

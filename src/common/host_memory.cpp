@@ -7,15 +7,11 @@ namespace moonrun {
 
 namespace {
 
-// "Key:   123 kB" lines of a /proc file.
+// The "Key:   123 kB" line of a /proc file (other lines hold words, not numbers).
 int64_t read_kb(const char* path, const std::string& key) {
   std::ifstream in(path);
-  std::string k, unit;
-  long long kb = 0;
-  while (in >> k >> kb) {
-    std::getline(in, unit);
-    if (k == key) return static_cast<int64_t>(kb) * 1024;
-  }
+  for (std::string line; std::getline(in, line);)
+    if (line.compare(0, key.size(), key) == 0) return std::stoll(line.substr(key.size())) * 1024;
   return 0;
 }
 

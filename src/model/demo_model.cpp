@@ -8,6 +8,7 @@
 #include "common/dtype.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/synthetic_weights.h"
 #include "model/weight_spec.h"
 
 namespace moonrun {
@@ -17,72 +18,9 @@ namespace {
 using json = nlohmann::json;
 constexpr uint64_t kDemoSeed = 0x4b33'6d6f'6f6e'7275ull;  // "K3moonru"
 
-// splitmix64: portable and fixed (std:: distributions differ across standard libraries).
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform01() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double uniform() { return 2.0 * uniform01() - 1.0; }                          // [-1, 1)
-};
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// The value of element i of tensor t: shaped by what the tensor does, so activations stay
-// in a sane range through the layers (random, but not degenerate).
-double demo_value(const TensorSpec& t, Rng& rng) {
-  const std::string& n = t.name;
-  if (ends_with(n, "norm.weight") || ends_with(n, "layernorm.weight")) return 1.0 + 0.1 * rng.uniform();
-  if (ends_with(n, "_res_proj.weight")) return 0.5 * rng.uniform();
-  if (ends_with(n, ".A_log")) return std::log(1.0 + 15.0 * rng.uniform01());  // log U(1, 16)
-  if (ends_with(n, ".dt_bias")) return 0.5 * rng.uniform();
-  if (ends_with(n, "conv1d.weight")) return 0.5 * rng.uniform();
-  // Wide correction biases keep routing decisions away from ties (K3_SPEC.md §6).
-  if (ends_with(n, "e_score_correction_bias")) return 0.5 * rng.uniform();
-  if (ends_with(n, "embed_tokens.weight")) return rng.uniform();
-  // A [out, in] projection: uniform with variance 1/in.
-  const double in = static_cast<double>(t.shape.back());
-  return std::sqrt(3.0 / in) * rng.uniform();
-}
-
 TensorToWrite make_tensor(const TensorSpec& t) {
-  Rng rng{kDemoSeed ^ fnv1a(t.name)};
   TensorToWrite out{t.name, t.dtype, t.shape, std::vector<uint8_t>(t.nbytes())};
-  const int64_t n = t.numel();
-  if (t.dtype == DType::U8) {
-    const bool is_scale = ends_with(t.name, "weight_scale") || ends_with(t.name, "weight_scales");
-    if (is_scale) {
-      // E8M0 scales: random E2M1 codes have RMS ~2.93; aim the weights at RMS 1/sqrt(in).
-      const double in = static_cast<double>(t.shape.back()) * 32;
-      const int base = 127 + static_cast<int>(std::lround(-std::log2(2.93 * std::sqrt(in))));
-      for (int64_t i = 0; i < n; ++i) out.bytes[i] = static_cast<uint8_t>(base + static_cast<int>(rng.next() % 3) - 1);
-    } else {
-      for (int64_t i = 0; i < n; ++i) out.bytes[i] = static_cast<uint8_t>(rng.next() & 0xff);
-    }
-  } else if (t.dtype == DType::F32) {
-    for (int64_t i = 0; i < n; ++i) {
-      float v = static_cast<float>(demo_value(t, rng));
-      std::memcpy(&out.bytes[4 * i], &v, 4);
-    }
-  } else {
-    MR_CHECK(t.dtype == DType::BF16) << t.name;
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h = f32_to_bf16(static_cast<float>(demo_value(t, rng)));
-      std::memcpy(&out.bytes[2 * i], &h, 2);
-    }
-  }
+  synthetic_bytes(t, kDemoSeed, 0, t.numel(), out.bytes.data());
   return out;
 }
 

@@ -152,6 +152,13 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     }
     run_state_copies(input.after);
 
+    // The logits as the model made them (a backend's sampler may edit its rows in place).
+    if (input.return_logits) {
+      int n_rows = 0;
+      for (const StepSeq& s : input.seqs) n_rows += s.all_logits ? static_cast<int>(s.new_token_ids.size()) : 1;
+      output.logits.resize(static_cast<size_t>(n_rows) * V);
+      ops_->download(logits.rows_view(0, n_rows), output.logits.data());
+    }
     // Each sampling sequence samples from its last logits row.
     std::vector<int32_t> rows;
     int row = 0;
@@ -170,10 +177,6 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
         ops_->gather_rows(logits, index.as<int32_t>(), to_sample);
       }
       ops_->sample(to_sample, input.sampling, output.samples);
-    }
-    if (input.return_logits) {
-      output.logits.resize(static_cast<size_t>(row) * V);
-      ops_->download(logits.rows_view(0, row), output.logits.data());
     }
     ops_->synchronize();
   } catch (const BackendError& e) {

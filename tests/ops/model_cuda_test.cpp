@@ -1,5 +1,6 @@
-// Every reference fixture (tests/fixtures) through the CUDA model, the GPU counterpart of
-// tests/model/fixtures_test.cpp. The CUDA backend computes with bf16 storage, so it is held
+// Every reference fixture (tests/fixtures) through the CUDA backend, the GPU counterpart of
+// tests/model/fixtures_test.cpp: with --dtype float32 (every op in fp32) held to the fp32
+// contract (greedy ids identical, every logit within the fixture's tolerance); in bf16 held
 // to the fixture's bf16 contract (expected.json "bf16", tests/fixtures/README.md "The bf16
 // tolerance", measured from the reference's own bf16 runs), teacher-forced along the
 // reference's greedy tokens: a row fails when its max |dlogit| exceeds T or its top-1
@@ -19,11 +20,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../support/batch_runs.h"
+#include "../support/host_tensors.h"
 #include "../support/fixture_files.h"
-#include "model/generate.h"
-#include "model/kimi_k3.h"
+#include "../support/runtimes.h"
 #include "op_test_util.h"
-#include "runtime/cuda/cuda_model_runner.h"
+#include "runtime/generate.h"
 
 namespace moonrun {
 namespace {
@@ -56,13 +58,12 @@ TEST_P(CudaFixture, TeacherForcedLogitsAndGreedyIdsWithinTheBf16Tolerance) {
   const float tol = bf.at("tolerance_abs_logit").get<float>();
   const double max_fail_fraction = bf.at("max_rows_over_tolerance_fraction").get<double>();
   const double min_top1 = bf.at("min_top1_agreement").get<double>();
-  WeightLoadOptions load;
-  load.mxfp4_packed = true;
-  auto model = KimiK3Model::load(dir, load);
-  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
-  const int V = (*model)->config().vocab_size;
-  CudaDeviceOptions dev;
-  dev.mem_fraction_static = 0.2;
+  RuntimeOptions ro = testing::test_runtime_options("cuda", 256);
+  ro.mem_fraction_static = 0.2;
+  Runtime rt = testing::make_runtime(dir, ro);
+  ASSERT_TRUE(rt.runner);
+  const int V = rt.config.vocab_size;
+  const int page_size = rt.cache.page_size_tokens;
 
   int case_index = 0, rows_total = 0, rows_failed = 0, rows_top1 = 0;
   double worst = 0;
@@ -79,7 +80,7 @@ TEST_P(CudaFixture, TeacherForcedLogitsAndGreedyIdsWithinTheBf16Tolerance) {
     opt.max_tokens = static_cast<int>(want_ids.size());
     opt.keep_logits = true;
     opt.forced_ids.assign(want_ids.begin(), want_ids.end() - 1);
-    auto forced = generate_cuda(**model, prompt, opt, dev);
+    auto forced = generate(*rt.runner, page_size, prompt, opt);
     ASSERT_TRUE(forced.is_ok()) << forced.status().to_string();
     ASSERT_EQ(forced->logits.size(), want.size());
     double max_err = 0;
@@ -110,7 +111,7 @@ TEST_P(CudaFixture, TeacherForcedLogitsAndGreedyIdsWithinTheBf16Tolerance) {
     // Free-running greedy, compared up to the first step whose reference margin is within T.
     GenerateOptions free_opt;
     free_opt.max_tokens = static_cast<int>(want_ids.size());
-    auto greedy = generate_cuda(**model, prompt, free_opt, dev);
+    auto greedy = generate(*rt.runner, page_size, prompt, free_opt);
     ASSERT_TRUE(greedy.is_ok()) << greedy.status().to_string();
     for (size_t k = 0; k < want_ids.size(); ++k) {
       if (top2_margin(want.data() + k * V, V) <= tol) break;
@@ -124,6 +125,114 @@ TEST_P(CudaFixture, TeacherForcedLogitsAndGreedyIdsWithinTheBf16Tolerance) {
               rows_top1, rows_total, min_top1);
   EXPECT_LE(rows_failed, max_fail_fraction * rows_total) << rows_failed << " of " << rows_total << " rows fail";
   EXPECT_GE(rows_top1, min_top1 * rows_total) << rows_top1 << " of " << rows_total << " rows have the reference top-1";
+}
+
+// --dtype float32: the fp32 contract of tests/model/fixtures_test.cpp, on the GPU.
+TEST_P(CudaFixture, Float32GreedyIdsAndLogitsMatchTheReference) {
+  REQUIRE_GPU();
+  const std::string dir = fixtures_dir() + "/" + GetParam();
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const float tol = expected.at("tolerance_abs_logit").get<float>();
+  RuntimeOptions ro = testing::test_runtime_options("cuda", 256);
+  ro.mem_fraction_static = 0.2;
+  ro.dtype = "float32";
+  Runtime rt = testing::make_runtime(dir, ro);
+  ASSERT_TRUE(rt.runner);
+  const int V = rt.config.vocab_size;
+  int case_index = 0;
+  double worst = 0;
+  for (const auto& c : expected.at("cases")) {
+    SCOPED_TRACE(GetParam() + " case " + std::to_string(case_index++));
+    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+    const auto want_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
+    const auto shape = c.at("logits_shape").get<std::vector<int64_t>>();
+    const auto want = read_f32(dir + "/" + c.at("logits_file").get<std::string>(), shape[0] * shape[1]);
+    GenerateOptions opt;
+    opt.max_tokens = static_cast<int>(want_ids.size());
+    opt.keep_logits = true;
+    auto got = generate(*rt.runner, rt.cache.page_size_tokens, prompt, opt);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(got->token_ids, want_ids);
+    ASSERT_EQ(got->logits.size(), want.size());
+    double case_worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double d = std::fabs(got->logits[i] - want[i]);
+      if (!(d <= case_worst)) case_worst = d;
+    }
+    EXPECT_LE(case_worst, tol) << "prompt of " << prompt.size() << " tokens";
+    worst = std::max(worst, case_worst);
+    (void)V;
+  }
+  std::printf("OPERR model/%s float32 %.3e %.1e %s\n", GetParam().c_str(), worst, tol, worst <= tol ? "ok" : "FAIL");
+}
+
+// Batching on the GPU: each sequence alone and inside batches of 7 and 32 (prefills and
+// decodes mixed in a step) within the fixture's bf16 tolerance, and the same greedy tokens
+// wherever the alone run's top-1 margin exceeds it.
+TEST_P(CudaFixture, Bf16BatchesOf7And32EqualAlone) {
+  REQUIRE_GPU();
+  const std::string dir = fixtures_dir() + "/" + GetParam();
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const float tol = expected.at("bf16").at("tolerance_abs_logit").get<float>();
+  RuntimeOptions ro = testing::test_runtime_options("cuda", 0);
+  ro.mem_fraction_static = 0.2;
+  auto cfg = load_model_config(dir);
+  ASSERT_TRUE(cfg.is_ok());
+  const int V = cfg->vocab_size, n_seqs = 32, max_tokens = 8;
+  const auto alone = testing::run_alone(dir, n_seqs, max_tokens, V, ro);
+  ASSERT_EQ(alone.size(), static_cast<size_t>(n_seqs));
+  for (int batch : {7, 32}) {
+    const auto got = testing::run_batched(dir, n_seqs, max_tokens, batch, V, ro);
+    double worst = 0;
+    int compared = 0, mismatched = 0;
+    for (int i = 0; i < n_seqs; ++i) {
+      ASSERT_EQ(got[i].logits.size(), alone[i].logits.size());
+      for (int k = 0; k < max_tokens; ++k) {
+        const float* a = alone[i].logits.data() + static_cast<size_t>(k) * V;
+        const float* g = got[i].logits.data() + static_cast<size_t>(k) * V;
+        for (int v = 0; v < V; ++v) worst = std::max(worst, static_cast<double>(std::fabs(a[v] - g[v])));
+        if (got[i].tokens[k] != alone[i].tokens[k]) {
+          if (top2_margin(a, V) > tol) ++mismatched;
+          break;  // the sequences diverge from here: later rows see different tokens
+        }
+        ++compared;
+      }
+    }
+    std::printf("OPERR model/%s batched%d %.3e %.1e %s (%d rows, %d tokens differ beyond the margin)\n",
+                GetParam().c_str(), batch, worst, tol, worst <= tol && mismatched == 0 ? "ok" : "FAIL", compared,
+                mismatched);
+    EXPECT_LE(worst, tol) << "batches of " << batch;
+    EXPECT_EQ(mismatched, 0) << "batches of " << batch;
+  }
+}
+
+// A decode step replayed as a CUDA graph computes what the same step computes eagerly.
+TEST_P(CudaFixture, CudaGraphsEqualEagerDecode) {
+  REQUIRE_GPU();
+  const std::string dir = fixtures_dir() + "/" + GetParam();
+  auto cfg = load_model_config(dir);
+  ASSERT_TRUE(cfg.is_ok());
+  const int V = cfg->vocab_size;
+  std::vector<testing::SeqResult> runs[2];
+  int64_t replays[2] = {0, 0};
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    RuntimeOptions ro = testing::test_runtime_options("cuda", 0);
+    ro.mem_fraction_static = 0.2;
+    ro.cuda_graphs = graphs == 1;
+    runs[graphs] = testing::run_batched(dir, 12, 6, 5, V, ro, &replays[graphs]);
+  }
+  double worst = 0;
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(runs[0][i].tokens, runs[1][i].tokens) << "sequence " << i;
+    worst = std::max(worst, testing::max_abs_diff(runs[0][i].logits, runs[1][i].logits));
+  }
+  EXPECT_EQ(replays[0], 0);
+  EXPECT_GT(replays[1], 0) << "no decode step ran as a graph";
+  std::printf("OPERR model/%s graphs-vs-eager %.3e %.1e %s\n", GetParam().c_str(), worst, 1e-5,
+              worst <= 1e-5 ? "ok" : "FAIL");
+  EXPECT_LE(worst, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture, ::testing::ValuesIn(fixture_names()),

@@ -1,4 +1,4 @@
-// sample_rows against the engine's CPU sampler (sample_token in engine/sampler.cpp, no
+// sample_rows against the CPU sampler (cpu::sample_row in backend/cpu/sample.cpp, no
 // penalties, no logprobs): given the same logits, parameters and uniform draw it must pick
 // the same token, row for row. The draw u is the CPU's own: SamplerRng(seed).uniform().
 // Shapes (rows x vocab): K3's 8 x 163840, 64 x 1000, 16 x 7, 4 x 1; each through greedy,
@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "backend/cpu/sample.h"
+#include "runtime/sequence_sampler.h"
 #include "backend/cuda/common/device_buffer.h"
 #include "backend/cuda/sample/sample_ops.h"
 #include "op_test_util.h"
@@ -85,23 +86,25 @@ void check(int n_rows, int vocab, Logits kind, const Config& cfg, uint64_t seed)
     p.top_p = cfg.top_p;
     p.min_p = cfg.min_p;
     const uint64_t rng_seed = seed * 1000 + r;
-    SamplerRng rng(rng_seed);
-    want[r] = static_cast<float>(
-        sample_token(logits.data() + static_cast<size_t>(r) * vocab, vocab, p, {}, {}, rng).token);
-    dparams[r] = DeviceSamplingParams{p.temperature, p.top_k, p.top_p, p.min_p, SamplerRng(rng_seed).uniform()};
+    SamplingBatch b;
+    SequenceSampler(p, rng_seed, {}).add_row(b, 0, {});
+    want[r] = static_cast<float>(cpu::sample_row(logits.data() + static_cast<size_t>(r) * vocab, vocab, b.rows[0], b).token);
+    dparams[r] = DeviceSamplingParams{p.temperature, p.top_k, p.top_p, p.min_p, b.rows[0].u};
   }
   // Two edge draws: u = 0 (the first id with mass) and u just below 1 (the last, or the
   // fallback when rounding leaves u above the total).
   if (n_rows >= 3 && cfg.temperature >= 1e-5f) {
     for (int r : {0, 1}) {
       dparams[r].u = r == 0 ? 0.0 : 1.0 - 0x1.0p-53;
-      SamplingParams p;
-      p.temperature = dparams[r].temperature;
-      p.top_k = dparams[r].top_k;
-      p.top_p = dparams[r].top_p;
-      p.min_p = dparams[r].min_p;
+      SamplingBatch b;
+      SamplingRow row;
+      row.temperature = dparams[r].temperature;
+      row.top_k = dparams[r].top_k;
+      row.top_p = dparams[r].top_p;
+      row.min_p = dparams[r].min_p;
+      b.rows.push_back(row);
       // The CPU path draws from its generator; recover the same token from its distribution.
-      const auto dist = sampling_distribution(logits.data() + static_cast<size_t>(r) * vocab, vocab, p, {}, {});
+      const auto dist = cpu::sampling_distribution(logits.data() + static_cast<size_t>(r) * vocab, vocab, row, b);
       double cumulative = 0;
       int token = -1, last = 0;
       for (int i = 0; i < vocab; ++i) {

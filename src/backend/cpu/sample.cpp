@@ -176,18 +176,20 @@ SampleResult sample_row(const float* raw_logits, int vocab, const SamplingRow& r
     }
     if (result.token < 0) result.token = last_nonzero;
   }
-  if (row.logprobs >= 0) {
-    const std::vector<float> lp = log_softmax(raw_logits, vocab);
-    result.logprob = lp[result.token];
-    const int k = std::min(row.logprobs, vocab);
-    std::vector<int32_t> order(vocab);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
-    });
-    for (int i = 0; i < k; ++i) result.top.push_back({order[i], lp[order[i]]});
-  }
+  if (row.logprobs >= 0) add_logprobs(raw_logits, vocab, row.logprobs, result);
   return result;
+}
+
+void add_logprobs(const float* raw_logits, int vocab, int k_asked, SampleResult& r) {
+  const std::vector<float> lp = log_softmax(raw_logits, vocab);
+  r.logprob = lp[r.token];
+  const int k = std::min(k_asked, vocab);
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
+  r.top.clear();
+  for (int i = 0; i < k; ++i) r.top.push_back({order[i], lp[order[i]]});
 }
 
 }  // namespace moonrun::cpu

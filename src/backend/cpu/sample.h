@@ -27,6 +27,10 @@ std::vector<float> edited_logits(const float* raw_logits, int vocab, const Sampl
 std::vector<double> sampling_distribution(const float* raw_logits, int vocab, const SamplingRow& row,
                                           const SamplingBatch& batch);
 
+// The raw log-probability of r.token and the k most likely tokens (best first, ties by lower
+// id), from the unedited logits: what a row asking for logprobs reports.
+void add_logprobs(const float* raw_logits, int vocab, int k, SampleResult& r);
+
 std::vector<double> softmax(const std::vector<float>& logits);
 std::vector<float> log_softmax(const float* logits, int vocab);
 int32_t argmax(const std::vector<float>& logits);

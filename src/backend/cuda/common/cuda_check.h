@@ -1,8 +1,9 @@
 #pragma once
 // CUDA and cuBLAS call checks (DESIGN.md "three kinds of errors"). A failed call or kernel
-// launch throws CudaError carrying "file:line: call: reason". The CUDA model runner catches
-// it at its forward() boundary and returns an internal-error Status, so the engine fails
-// its pending requests and /health turns 503; no exception leaves the engine thread.
+// launch throws CudaError (a BackendError, backend/ops.h) carrying "file:line: call:
+// reason". The runner catches it at its step() boundary and returns an internal-error
+// Status, so the engine fails its pending requests and /health turns 503; no exception
+// leaves the engine thread.
 // Kernel launches are followed by CUDA_CHECK_LAUNCH(): a bad launch is never ignored.
 #include <cublas_api.h>
 #include <cuda_runtime_api.h>
@@ -10,11 +11,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/ops.h"
+
 namespace moonrun::cuda {
 
-class CudaError : public std::runtime_error {
+class CudaError : public BackendError {
  public:
-  using std::runtime_error::runtime_error;
+  using BackendError::BackendError;
 };
 
 [[noreturn]] void throw_cuda_error(const char* call, const char* file, int line, const std::string& reason);

@@ -1,11 +1,12 @@
 #pragma once
-// Device memory, three ways:
+// Device memory, two ways:
 // - DeviceBuffer<T>: one cudaMalloc, owned (tests, small long-lived buffers).
-// - DeviceArena: one big cudaMalloc carved by a bump pointer; the model's weights, caches
-//   and scratch come from it, sized once from --mem-fraction-static, so a model that does
-//   not fit fails at load with the numbers instead of mid-request.
-// - Scratch: a mark/rewind view of an arena region for per-layer temporaries. Every kernel
-//   runs on one stream in order, so rewinding after a layer is safe without a sync.
+// - DeviceArena: one big cudaMalloc of --mem-fraction-static x the card, carved from both
+//   ends: long-lived allocations (weights, cache pools) from the bottom, per-step scratch
+//   from the top with mark/rewind. A model that does not fit fails at load with the numbers,
+//   not mid-request; and the same sequence of scratch requests gets the same addresses
+//   every step, which a captured CUDA graph relies on. Every kernel runs on one stream in
+//   order, so rewinding after a layer is safe without a sync.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -41,7 +42,9 @@ class DeviceBuffer {
   const T* data() const { return p_; }
   size_t size() const { return n_; }
   void upload(const std::vector<T>& host) {
-    MR_CUDA_SIZE_CHECK(host.size());
+    if (host.size() != n_)
+      throw CudaError("DeviceBuffer::upload: " + std::to_string(host.size()) + " elements into a buffer of " +
+                      std::to_string(n_));
     CUDA_CHECK(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
@@ -54,10 +57,6 @@ class DeviceBuffer {
   }
 
  private:
-  void MR_CUDA_SIZE_CHECK(size_t n) const {
-    if (n != n_) throw CudaError("DeviceBuffer::upload: " + std::to_string(n) + " elements into a buffer of " +
-                                 std::to_string(n_));
-  }
   T* p_ = nullptr;
   size_t n_ = 0;
 };
@@ -70,49 +69,22 @@ class DeviceArena {
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
 
-  // 256-byte aligned; throws CudaError naming the request and what is left when full.
-  void* alloc_bytes(size_t bytes, const char* what = "");
-  template <typename T>
-  T* alloc(size_t n, const char* what = "") {
-    return static_cast<T*>(alloc_bytes(n * sizeof(T), what));
-  }
-  // Uploads host data into a fresh allocation (synchronous: loading is not on a hot path).
-  template <typename T>
-  T* upload(const std::vector<T>& host, const char* what = "") {
-    T* p = alloc<T>(host.size(), what);
-    if (!host.empty()) CUDA_CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-  }
+  // Long-lived, 256-byte aligned; throws CudaError naming `what` and what is left when full.
+  void* alloc_bytes(size_t bytes, const char* what);
+  // Scratch from the top: take, mark, rewind.
+  void* take_scratch(size_t bytes);
+  size_t scratch_mark() const { return scratch_used_; }
+  void rewind_scratch(size_t mark) { scratch_used_ = mark; }
 
   size_t capacity() const { return capacity_; }
-  size_t used() const { return used_; }
-  size_t available() const { return capacity_ - used_; }
-  // Rewinding: everything allocated after mark() is released by rewind(mark).
-  size_t mark() const { return used_; }
-  void rewind(size_t mark) { used_ = mark; }
+  size_t used() const { return used_; }  // long-lived bytes
+  size_t available() const { return capacity_ - used_ - scratch_used_; }
 
  private:
   char* base_ = nullptr;
   size_t capacity_ = 0;
   size_t used_ = 0;
-};
-
-// Per-call temporaries: Scratch s(arena); float* t = s.take<float>(n); freed when s dies.
-class Scratch {
- public:
-  explicit Scratch(DeviceArena& arena) : arena_(arena), mark_(arena.mark()) {}
-  ~Scratch() { arena_.rewind(mark_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* take(size_t n) {
-    return arena_.alloc<T>(n, "scratch");
-  }
-  DeviceArena& arena() { return arena_; }
-
- private:
-  DeviceArena& arena_;
-  size_t mark_;
+  size_t scratch_used_ = 0;
 };
 
 }  // namespace moonrun::cuda

@@ -22,7 +22,8 @@ constexpr int kMixThreads = 256;
 // float, the softmax in float in index order on one thread, and the mix accumulated in
 // index order with explicit roundings (__fmul_rn / __fadd_rn: no FMA, which the CPU's
 // x86-64 baseline code does not form either).
-__global__ void attn_res_mix_kernel(const float* prefix, const float* const* __restrict__ blocks, int n_blocks,
+// blocks: block i's row t at blocks + (i * n_tokens + t) * hidden.
+__global__ void attn_res_mix_kernel(const float* prefix, const float* __restrict__ blocks, int n_blocks, int n_tokens,
                                     int hidden, const float* __restrict__ w_norm, const float* __restrict__ w_proj,
                                     float eps, float* out) {
   extern __shared__ float weight[];  // [n_blocks + 1]
@@ -30,7 +31,7 @@ __global__ void attn_res_mix_kernel(const float* prefix, const float* const* __r
   const int n_v = n_blocks + 1;
   const int64_t off = static_cast<int64_t>(blockIdx.x) * hidden;
   for (int i = 0; i < n_v; ++i) {
-    const float* v = (i < n_blocks ? blocks[i] : prefix) + off;
+    const float* v = i < n_blocks ? blocks + (static_cast<int64_t>(i) * n_tokens) * hidden + off : prefix + off;
     double ss = 0, dot = 0;
     for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
       const double x = v[c];
@@ -57,7 +58,7 @@ __global__ void attn_res_mix_kernel(const float* prefix, const float* const* __r
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
     float mixed = 0;
     for (int i = 0; i < n_v; ++i) {
-      const float* v = (i < n_blocks ? blocks[i] : prefix) + off;
+      const float* v = i < n_blocks ? blocks + (static_cast<int64_t>(i) * n_tokens) * hidden + off : prefix + off;
       mixed = __fadd_rn(mixed, __fmul_rn(weight[i], v[c]));
     }
     out[off + c] = mixed;
@@ -66,7 +67,7 @@ __global__ void attn_res_mix_kernel(const float* prefix, const float* const* __r
 
 }  // namespace
 
-void attn_res_mix(const float* prefix, const float* const* blocks, int n_blocks, int n_tokens, int hidden,
+void attn_res_mix(const float* prefix, const float* blocks, int n_blocks, int n_tokens, int hidden,
                   const float* w_norm, const float* w_proj, float eps, float* out, cudaStream_t stream) {
   if (n_tokens <= 0 || hidden <= 0) return;
   if (n_blocks < 0) throw CudaError("attn_res_mix: n_blocks < 0");
@@ -74,8 +75,8 @@ void attn_res_mix(const float* prefix, const float* const* blocks, int n_blocks,
   // entries ahead of the bound (harmless on the hardware, but compute-sanitizer flags reads
   // past the allocation).
   const size_t shared_bytes = static_cast<size_t>((n_blocks + 1 + 3) / 4 * 4 + 8) * sizeof(float);
-  attn_res_mix_kernel<<<n_tokens, kMixThreads, shared_bytes, stream>>>(prefix, blocks, n_blocks, hidden, w_norm,
-                                                                       w_proj, eps, out);
+  attn_res_mix_kernel<<<n_tokens, kMixThreads, shared_bytes, stream>>>(prefix, blocks, n_blocks, n_tokens, hidden,
+                                                                       w_norm, w_proj, eps, out);
   CUDA_CHECK_LAUNCH();
 }
 

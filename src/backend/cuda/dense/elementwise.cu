@@ -1,5 +1,5 @@
 // Elementwise ops: the gated activations (twins of cpu::situ and cpu::silu_mul in
-// cpu/activations.h), the residual add and the fp32 -> bf16 cast.
+// cpu/activations.h), the residual add, products, sigmoid, the casts and row gathers.
 #include <algorithm>
 #include <cstdint>
 
@@ -26,18 +26,70 @@ __device__ __forceinline__ float situ(float g, float u, float beta, float linear
 }
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-__global__ void situ_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n, float beta,
-                            float linear_beta, bf16* __restrict__ out) {
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// out may alias gate or up (read before written, by the same thread).
+template <typename Out>
+__global__ void situ_kernel(const float* gate, const float* up, int64_t n, float beta, float linear_beta, Out* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(situ(gate[i], up[i], beta, linear_beta));
+    store(out + i, situ(gate[i], up[i], beta, linear_beta));
 }
 
-__global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n,
-                              bf16* __restrict__ out) {
+template <typename Out>
+__global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, Out* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(silu_mul(gate[i], up[i]));
+    store(out + i, silu_mul(gate[i], up[i]));
+}
+
+template <typename Out>
+__global__ void mul_kernel(const float* a, const float* b, int64_t n, Out* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store(y + i, a[i] * b[i]);
+}
+
+// The CPU's expression: 1 / (1 + e^-x).
+__global__ void sigmoid_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+__global__ void to_f32_kernel(const bf16* __restrict__ x, int64_t n, float* __restrict__ y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
+}
+
+// One block per output row, 4-byte words (rows are whole elements of >= 2 bytes; the
+// byte tail is copied bytewise).
+__global__ void gather_rows_kernel(const char* __restrict__ x, size_t row_bytes, const int32_t* __restrict__ rows,
+                                   char* __restrict__ y) {
+  const char* src = x + static_cast<size_t>(rows[blockIdx.x]) * row_bytes;
+  char* dst = y + static_cast<size_t>(blockIdx.x) * row_bytes;
+  for (size_t i = threadIdx.x; i < row_bytes; i += blockDim.x) dst[i] = src[i];
+}
+
+template <typename Out>
+void gated_activation_impl(const float* gate, const float* up, int64_t n, const ActivationParams& act, Out* out,
+                           cudaStream_t stream) {
+  if (n <= 0) return;
+  if (act.situ) {
+    situ_kernel<Out><<<grid_for(n), kThreads, 0, stream>>>(gate, up, n, act.beta, act.linear_beta, out);
+  } else {
+    swiglu_kernel<Out><<<grid_for(n), kThreads, 0, stream>>>(gate, up, n, out);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename Out>
+void mul_impl(const float* a, const float* b, int64_t n, Out* y, cudaStream_t stream) {
+  if (n <= 0) return;
+  mul_kernel<Out><<<grid_for(n), kThreads, 0, stream>>>(a, b, n, y);
+  CUDA_CHECK_LAUNCH();
 }
 
 // y may alias a or b: each element is read before it is written, by the same thread.
@@ -55,14 +107,34 @@ __global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, bf16* __r
 
 }  // namespace
 
-void gated_activation(const float* gate, const float* up, int64_t n, const cpu::ActivationParams& act, bf16* out,
+void gated_activation(const float* gate, const float* up, int64_t n, const ActivationParams& act, bf16* out,
                       cudaStream_t stream) {
+  gated_activation_impl(gate, up, n, act, out, stream);
+}
+void gated_activation(const float* gate, const float* up, int64_t n, const ActivationParams& act, float* out,
+                      cudaStream_t stream) {
+  gated_activation_impl(gate, up, n, act, out, stream);
+}
+
+void mul(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream) { mul_impl(a, b, n, y, stream); }
+void mul(const float* a, const float* b, int64_t n, bf16* y, cudaStream_t stream) { mul_impl(a, b, n, y, stream); }
+
+void sigmoid(float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  if (act.situ) {
-    situ_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, n, act.beta, act.linear_beta, out);
-  } else {
-    swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, n, out);
-  }
+  sigmoid_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void to_f32(const bf16* x, int64_t n, float* y, cudaStream_t stream) {
+  if (n <= 0) return;
+  to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows(const void* x, size_t row_bytes, const int32_t* rows, int n_rows, void* y, cudaStream_t stream) {
+  if (n_rows <= 0 || row_bytes == 0) return;
+  gather_rows_kernel<<<n_rows, kThreads, 0, stream>>>(static_cast<const char*>(x), row_bytes, rows,
+                                                      static_cast<char*>(y));
   CUDA_CHECK_LAUNCH();
 }
 

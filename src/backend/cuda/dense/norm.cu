@@ -11,13 +11,24 @@ namespace {
 
 constexpr int kRowThreads = 256;  // one block per row: 28 values per thread at hidden 7168
 
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(bf16 v) { return __bfloat162float(v); }
+
 // out[t, :] = float(table[ids[t], :]); grid: n_tokens.
-__global__ void embed_kernel(const bf16* __restrict__ table, int hidden, const int32_t* __restrict__ ids,
+template <typename Table>
+__global__ void embed_kernel(const Table* __restrict__ table, int hidden, const int32_t* __restrict__ ids,
                              float* __restrict__ out) {
   const int t = blockIdx.x;
-  const bf16* row = table + static_cast<int64_t>(ids[t]) * hidden;
+  const Table* row = table + static_cast<int64_t>(ids[t]) * hidden;
   float* dst = out + static_cast<int64_t>(t) * hidden;
-  for (int c = threadIdx.x; c < hidden; c += blockDim.x) dst[c] = __bfloat162float(row[c]);
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) dst[c] = widen(row[c]);
+}
+
+template <typename Table>
+void embed_impl(const Table* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream) {
+  if (n_tokens <= 0 || hidden <= 0) return;
+  embed_kernel<Table><<<n_tokens, kRowThreads, 0, stream>>>(table, hidden, ids, out);
+  CUDA_CHECK_LAUNCH();
 }
 
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
@@ -51,9 +62,10 @@ void rmsnorm_impl(const float* x, int n_rows, int dim, const float* weight, floa
 }  // namespace
 
 void embed_tokens(const bf16* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream) {
-  if (n_tokens <= 0 || hidden <= 0) return;
-  embed_kernel<<<n_tokens, kRowThreads, 0, stream>>>(table, hidden, ids, out);
-  CUDA_CHECK_LAUNCH();
+  embed_impl(table, hidden, ids, n_tokens, out, stream);
+}
+void embed_tokens(const float* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream) {
+  embed_impl(table, hidden, ids, n_tokens, out, stream);
 }
 
 void rmsnorm(const float* x, int n_rows, int dim, const float* weight, float eps, bf16* y, cudaStream_t stream) {

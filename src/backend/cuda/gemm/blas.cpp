@@ -1,4 +1,4 @@
-// Dense projections through cuBLASLt; the CPU twin is cpu::matmul_xwT (kernels/cpu/linear.h).
+// Dense projections through cuBLASLt; the CPU twin is cpu::matmul_xwT (backend/cpu/linear.h).
 //
 // Layout. The model keeps everything row-major, cuBLASLt thinks column-major. A row-major
 // [r, c] matrix is the column-major [c, r] one with the same bytes, so
@@ -21,29 +21,6 @@
 #include "backend/cuda/common/cuda_check.h"
 
 namespace moonrun::cuda {
-
-DeviceLinear upload_linear(DeviceArena& arena, const cpu::Linear& lin, const char* what) {
-  DeviceLinear d;
-  d.out_features = lin.out_features;
-  d.in_features = lin.in_features;
-  const size_t n = static_cast<size_t>(lin.out_features) * lin.in_features;
-  if (lin.w.size() != n)
-    throw CudaError(std::string("upload_linear: ") + what + " holds " + std::to_string(lin.w.size()) +
-                    " values, not out*in = " + std::to_string(n));
-  if (n == 0) return d;
-  bf16* w = arena.alloc<bf16>(n, what);
-  // Converted in chunks: a K3 lm_head is 1.2e9 values, and a whole bf16 copy on the host
-  // would double the loader's peak memory for nothing.
-  constexpr size_t kChunk = size_t{1} << 24;
-  std::vector<bf16> staging(std::min(n, kChunk));
-  for (size_t begin = 0; begin < n; begin += kChunk) {
-    const size_t len = std::min(kChunk, n - begin);
-    for (size_t i = 0; i < len; ++i) staging[i] = __float2bfloat16_rn(lin.w[begin + i]);
-    CUDA_CHECK(cudaMemcpy(w + begin, staging.data(), len * sizeof(bf16), cudaMemcpyHostToDevice));
-  }
-  d.w = w;
-  return d;
-}
 
 Blas::Blas(cudaStream_t stream) : stream_(stream) {
   CUBLAS_CHECK(cublasLtCreate(&lt_));

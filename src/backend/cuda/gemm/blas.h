@@ -8,9 +8,7 @@
 #include <map>
 #include <tuple>
 
-#include "backend/cpu/linear.h"
 #include "backend/cuda/common/bf16.h"
-#include "backend/cuda/common/device_buffer.h"
 
 namespace moonrun::cuda {
 
@@ -21,9 +19,6 @@ struct DeviceLinear {
   int in_features = 0;
   bool empty() const { return w == nullptr; }
 };
-
-// The weights rounded to bf16 (exact for checkpoints that store bf16).
-DeviceLinear upload_linear(DeviceArena& arena, const cpu::Linear& lin, const char* what = "linear");
 
 // One cuBLASLt handle and workspace per stream. Every matmul runs with CUBLAS_COMPUTE_32F
 // (no TF32) and only split-K reductions in fp32 (never in the bf16 output type), so the

@@ -20,7 +20,7 @@
 
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/kda/kda_internal.cuh"
-#include "backend/cuda/kda/kda_layer.h"
+#include "backend/cuda/kda/kda_ops.h"
 
 namespace moonrun::cuda {
 
@@ -289,22 +289,6 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
                          stream>>>(sh, n_chunks, b, S, o + off);
     CUDA_CHECK_LAUNCH();
   }
-}
-
-void kda_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, int n_tokens,
-                 int num_heads, int head_dim, float* S, float* o, cudaStream_t stream, int chunk_size) {
-  if (n_tokens <= 0 || num_heads <= 0) return;
-  // The op-test entry point: a stream-ordered workspace of its own (the layer passes Scratch).
-  const size_t bytes = kda_chunked_workspace_floats(n_tokens, num_heads, head_dim, chunk_size) * sizeof(float);
-  void* ws = nullptr;
-  CUDA_CHECK(cudaMallocAsync(&ws, bytes, stream));
-  try {
-    kda_chunked(q, k, v, g, beta, n_tokens, num_heads, head_dim, S, o, static_cast<float*>(ws), stream, chunk_size);
-  } catch (...) {
-    cudaFreeAsync(ws, stream);
-    throw;
-  }
-  CUDA_CHECK(cudaFreeAsync(ws, stream));
 }
 
 }  // namespace moonrun::cuda

@@ -10,7 +10,7 @@
 
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/kda/kda_internal.cuh"
-#include "backend/cuda/kda/kda_layer.h"
+#include "backend/cuda/kda/kda_ops.h"
 
 namespace moonrun::cuda {
 
@@ -20,17 +20,21 @@ using kda_detail::kColsPerBlock;
 using kda_detail::kMaxRowsPerThread;
 using kda_detail::kRowWarps;
 
-// q, k, v, g [T, H, d]; beta [T, H]; S [H, d, d] in/out; o [T, H, d].
-// grid (H, ceil(d / 32)), block (32, kRowWarps).
+// q, k, v, g [T, H, d]; beta [T, H]; o [T, H, d]; sequence z = blockIdx.z: its tokens
+// [token_start, token_start + n_new), its S [H, d, d] at S_base + slot * slot_stride.
+// grid (H, ceil(d / 32), n_seqs), block (32, kRowWarps).
 __global__ void __launch_bounds__(kColsPerBlock* kRowWarps)
     kda_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                         const float* __restrict__ g, const float* __restrict__ beta, int n_tokens, int H, int d,
-                         float* __restrict__ S, float* __restrict__ o) {
+                         const float* __restrict__ g, const float* __restrict__ beta, const BatchSeq* __restrict__ seqs,
+                         int H, int d, float* __restrict__ S_base, int64_t slot_stride, bool only_single_token,
+                         float* __restrict__ o) {
   __shared__ float partial[kRowWarps][kColsPerBlock + 1];
+  const BatchSeq seq = seqs[blockIdx.z];
+  if (only_single_token && seq.n_new != 1) return;  // the whole block leaves together
   const int h = blockIdx.x, lane = threadIdx.x, w = threadIdx.y;
   const int j = blockIdx.y * kColsPerBlock + lane;  // this thread's v-column
   const bool col_ok = j < d;
-  float* Sh = S + static_cast<int64_t>(h) * d * d;
+  float* Sh = S_base + seq.state_slot * slot_stride + static_cast<int64_t>(h) * d * d;
   // Rows i = w + kRowWarps * r of column j.
   float s[kMaxRowsPerThread];
 #pragma unroll
@@ -38,7 +42,7 @@ __global__ void __launch_bounds__(kColsPerBlock* kRowWarps)
     const int i = w + kRowWarps * r;
     s[r] = (i < d && col_ok) ? Sh[static_cast<int64_t>(i) * d + j] : 0.0f;
   }
-  for (int t = 0; t < n_tokens; ++t) {
+  for (int t = seq.token_start; t < seq.token_start + seq.n_new; ++t) {
     const int64_t row = (static_cast<int64_t>(t) * H + h) * d;
     // Decay, then this thread's share of (S^T k)_j.
     float acc = 0.0f;
@@ -86,13 +90,15 @@ __global__ void __launch_bounds__(kColsPerBlock* kRowWarps)
 
 }  // namespace
 
-void kda_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta, int n_tokens,
-                   int num_heads, int head_dim, float* S, float* o, cudaStream_t stream) {
-  if (n_tokens <= 0 || num_heads <= 0) return;
+void kda_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                   const BatchSeq* seqs, int n_seqs, int num_heads, int head_dim, float* S_base, int64_t slot_stride,
+                   bool only_single_token, float* o, cudaStream_t stream) {
+  if (n_seqs <= 0 || num_heads <= 0) return;
   kda_detail::check_head_dim(head_dim, "kda_recurrent");
-  const dim3 grid(num_heads, (head_dim + kColsPerBlock - 1) / kColsPerBlock);
+  const dim3 grid(num_heads, (head_dim + kColsPerBlock - 1) / kColsPerBlock, n_seqs);
   const dim3 block(kColsPerBlock, kRowWarps);
-  kda_recurrent_kernel<<<grid, block, 0, stream>>>(q, k, v, g, beta, n_tokens, num_heads, head_dim, S, o);
+  kda_recurrent_kernel<<<grid, block, 0, stream>>>(q, k, v, g, beta, seqs, num_heads, head_dim, S_base, slot_stride,
+                                                   only_single_token, o);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,31 +1,34 @@
-// Causal softmax attention of MLA on the GPU, both evaluation orders of cpu::mla_forward
-// (kernels/cpu/mla.cpp: attend_plain, attend_absorbed). fp32 scores, softmax and
-// accumulators; keys and values are read as stored (fp32 kv_b output in plain mode, bf16
-// cache rows in absorbed mode).
+// Causal softmax attention of MLA on the GPU, both evaluation orders of the CPU's
+// (backend/cpu/mla.cpp: mla_attend_plain, mla_attend_absorbed). fp32 scores, softmax and
+// accumulators; keys and values are read as stored (fp32 kv_b output in plain mode, cache
+// rows in absorbed mode).
 //
 //   plain     key_h(p) = [k_nope_h(p) | k_pe(p)],  value_h(p) = v_h(p)    (kv = kv_b(latents))
 //   absorbed  key(p)   = row(p) = [c(p) | k_pe(p)], value(p) = c(p)       (one key for all heads)
 //             with the query folded: q_abs_h = [W_uk_h^T q_nope_h | q_pe_h], and the output
 //             unfolded afterwards: o_h = W_uv_h o_lat_h.
 //
-// One kernel, templated on where keys and values come from: one block per (head, query).
-// The visible positions [0, n_past + t] are walked in chunks of kChunk: each warp scores
+// One kernel, templated on where keys and values come from: one block per (token, head,
+// split). The visible positions [0, pos] are walked in chunks of kChunk: each warp scores
 // positions of the chunk (lanes split the dot product), then the block rescales its running
 // softmax (max m, denominator l) and adds the chunk's weighted values, thread j owning output
 // dims j, j + kThreads, ... So any context length works with a fixed amount of shared memory.
 // Decode (few (token, head) pairs) splits the positions over several blocks as well and merges
-// their partial softmaxes in a second kernel: 8 x 96 blocks instead of 96 for a K3 token.
-// (H200, K3 shape, 500 cached positions, whole layer with projections: decode 0.29 ms
-// absorbed, a 4-token chunk 0.31 ms plain, a 512-token prompt 4.2 ms plain.)
+// their partial softmaxes in a second kernel. The absorbed path reads each token's position
+// and page table from the batch's device tables and sizes its splits from the token and
+// head counts only, so one captured graph serves every context length.
+// (H200, K3 shape, 500 cached positions, whole layer with projections, before the batched
+// rewrite: decode 0.29 ms absorbed, a 4-token chunk 0.31 ms plain, a 512-token prompt 4.2 ms.)
 #include <algorithm>
 #include <cmath>
 
 #include "common/check.h"
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/mla/mla_device.cuh"
-#include "backend/cuda/mla/mla_kernels.h"
 
-namespace moonrun::cuda::mla_detail {
+namespace moonrun::cuda {
+
+using namespace mla_detail;
 
 namespace {
 
@@ -34,51 +37,69 @@ constexpr int kMaxOutPerThread = 4;    // output dims per thread: up to 1024 (kv
 // Position splits (decode): aim for this many blocks, no split shorter than this.
 constexpr int kTargetBlocks = 1024;
 constexpr int kMinSplitPositions = 64;
+constexpr int kMaxSplits = 32;
 
-// Plain mode: per-head keys and values expanded by kv_b, k_pe from the cache row.
+// Plain mode (one sequence): per-head keys and values expanded by kv_b, k_pe from the
+// cache row. Token t sees positions [0, n_past + t].
+template <typename Cache>
 struct PlainSource {
   const float* kv;  // [P, H, nope + v]
-  DeviceMlaCache cache;
-  int num_heads, kv_lora, nope, rope, v_dim;
+  PagedRows<Cache> cache;
+  const int32_t* pages;
+  int n_past, num_heads, kv_lora, nope, v_dim;
+  __device__ int bind(int t) { return n_past + t + 1; }
   __device__ const float* key_a(int p, int h) const {
     return kv + (static_cast<int64_t>(p) * num_heads + h) * (nope + v_dim);
   }
-  __device__ const bf16* key_b(int p) const { return cache_row(cache, p, kv_lora + rope) + kv_lora; }
+  __device__ const Cache* key_b(int p) const { return cache.at(pages, p) + kv_lora; }
   __device__ const float* value(int p, int h) const { return key_a(p, h) + nope; }
 };
 
-// Absorbed mode: the cache row itself is the key ([c | k_pe]) and its latent the value.
+// Absorbed mode (the batch): the cache row itself is the key ([c | k_pe]) and its latent the
+// value; token t sees its sequence's positions [0, positions[t]].
+template <typename Cache>
 struct AbsorbedSource {
-  DeviceMlaCache cache;
-  int kv_lora, rope;
-  __device__ const bf16* key_a(int p, int) const { return cache_row(cache, p, kv_lora + rope); }
-  __device__ const bf16* key_b(int p) const { return cache_row(cache, p, kv_lora + rope) + kv_lora; }
-  __device__ const bf16* value(int p, int) const { return cache_row(cache, p, kv_lora + rope); }
+  PagedRows<Cache> cache;
+  BatchTables batch;
+  bool only_single_token;
+  int kv_lora;
+  const int32_t* pages = nullptr;  // set by bind
+  __device__ int bind(int t) {
+    if (!computes(batch, t, only_single_token)) return 0;
+    pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
+    return batch.positions[t] + 1;
+  }
+  __device__ const Cache* key_a(int p, int) const { return cache.at(pages, p); }
+  __device__ const Cache* key_b(int p) const { return cache.at(pages, p) + kv_lora; }
+  __device__ const Cache* value(int p, int) const { return cache.at(pages, p); }
 };
 
 // grid (n_tokens, H, n_splits), kThreads threads, dynamic shared memory (key_a_dim + rope +
-// kChunk) floats. q [n_tokens, H, key_a_dim + rope] fp32. Split s of token t covers positions
-// [s * span, (s + 1) * span) of its visible ones. One split: o [n_tokens, H, out_dim] fp32,
-// normalised. Several: the split's unnormalised sum and its (max, denominator) go to
-// part_acc [n_tokens, H, n_splits, out_dim] and part_ml [n_tokens, H, n_splits, 2] for
-// combine_splits_kernel (an empty split leaves max -inf, denominator 0).
+// kChunk) floats. q [n_tokens, H, key_a_dim + rope] fp32. Split s of a token with `visible`
+// positions covers [s * span, (s + 1) * span), span = ceil(visible / n_splits). One split:
+// o [n_tokens, H, out_dim] fp32, normalised. Several: the split's unnormalised sum and its
+// (max, denominator) go to part_acc [n_tokens, H, n_splits, out_dim] and part_ml
+// [n_tokens, H, n_splits, 2] for combine_splits_kernel (an empty split leaves max -inf,
+// denominator 0). A token the source does not compute (visible 0) writes nothing.
 template <class Source>
-__global__ void attend_kernel(const float* __restrict__ q, Source src, int n_past, int key_a_dim, int rope,
-                              int out_dim, float scale, int span, float* __restrict__ o,
-                              float* __restrict__ part_acc, float* __restrict__ part_ml) {
+__global__ void attend_kernel(const float* __restrict__ q, Source src, int key_a_dim, int rope, int out_dim,
+                              float scale, float* __restrict__ o, float* __restrict__ part_acc,
+                              float* __restrict__ part_ml) {
   extern __shared__ float smem[];
   float* q_s = smem;                         // [key_a_dim + rope]
   float* score = smem + key_a_dim + rope;    // [kChunk]
   __shared__ float red[kWarps];
   const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
   const int split = blockIdx.z, n_splits = gridDim.z;
+  const int visible = src.bind(t);
+  if (visible <= 0) return;  // the whole block leaves together
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q_dim = key_a_dim + rope;
   const float* qt = q + (static_cast<int64_t>(t) * num_heads + h) * q_dim;
   for (int d = threadIdx.x; d < q_dim; d += kThreads) q_s[d] = qt[d];
   __syncthreads();
 
-  const int visible = n_past + t + 1;  // causal: positions 0 .. n_past + t
+  const int span = (visible + n_splits - 1) / n_splits;
   const int begin = split * span, end = min(visible, begin + span);
   float m = -INFINITY, l = 0;
   float acc[kMaxOutPerThread];
@@ -90,7 +111,7 @@ __global__ void attend_kernel(const float* __restrict__ q, Source src, int n_pas
     for (int i = warp; i < n; i += kWarps) {
       const int p = c0 + i;
       const auto* ka = src.key_a(p, h);
-      const bf16* kb = src.key_b(p);
+      const auto* kb = src.key_b(p);
       float s = 0;
       for (int d = lane; d < key_a_dim; d += 32) s += q_s[d] * ld(ka + d);
       for (int d = lane; d < rope; d += 32) s += q_s[key_a_dim + d] * ld(kb + d);
@@ -145,8 +166,11 @@ __global__ void attend_kernel(const float* __restrict__ q, Source src, int n_pas
 
 // grid (n_tokens, H): o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M = max_s m_s
 // (split 0 is never empty, so M is finite and empty splits weigh e^-inf = 0).
-__global__ void combine_splits_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                      int n_splits, int out_dim, float* __restrict__ o) {
+template <class Source>
+__global__ void combine_splits_kernel(Source src, const float* __restrict__ part_acc,
+                                      const float* __restrict__ part_ml, int n_splits, int out_dim,
+                                      float* __restrict__ o) {
+  if (src.bind(blockIdx.x) <= 0) return;
   const int64_t th = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
   const float* ml = part_ml + th * n_splits * 2;
   float M = -INFINITY;
@@ -162,15 +186,12 @@ __global__ void combine_splits_kernel(const float* __restrict__ part_acc, const 
 }
 
 template <class Source>
-void launch_attend(const float* q, const Source& src, int n_tokens, int n_past, int num_heads, int key_a_dim,
-                   int rope, int out_dim, float scale, float* o, float* partials, cudaStream_t stream) {
+void launch_attend(const float* q, const Source& src, int n_tokens, int num_heads, int key_a_dim, int rope,
+                   int out_dim, float scale, int n_splits, float* o, float* partials, cudaStream_t stream) {
   MR_CHECK_LE(out_dim, kThreads * kMaxOutPerThread) << "MLA attention output width";
   if (n_tokens <= 0) return;
   const size_t smem = static_cast<size_t>(key_a_dim + rope + kChunk) * sizeof(float);
   MR_CHECK_LE(smem, 48u * 1024) << "MLA query width";
-  const int n_positions = n_past + n_tokens;
-  const int n_splits = attention_splits(n_tokens, num_heads, n_positions);
-  const int span = (n_positions + n_splits - 1) / n_splits;
   float* part_acc = nullptr;
   float* part_ml = nullptr;
   if (n_splits > 1) {
@@ -178,27 +199,30 @@ void launch_attend(const float* q, const Source& src, int n_tokens, int n_past, 
     part_acc = partials;
     part_ml = partials + static_cast<size_t>(n_tokens) * num_heads * n_splits * out_dim;
   }
-  attend_kernel<<<dim3(n_tokens, num_heads, n_splits), kThreads, smem, stream>>>(
-      q, src, n_past, key_a_dim, rope, out_dim, scale, span, o, part_acc, part_ml);
+  attend_kernel<<<dim3(n_tokens, num_heads, n_splits), kThreads, smem, stream>>>(q, src, key_a_dim, rope, out_dim,
+                                                                                 scale, o, part_acc, part_ml);
   CUDA_CHECK_LAUNCH();
   if (n_splits > 1) {
-    combine_splits_kernel<<<dim3(n_tokens, num_heads), kThreads, 0, stream>>>(part_acc, part_ml, n_splits, out_dim,
-                                                                             o);
+    combine_splits_kernel<<<dim3(n_tokens, num_heads), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
+                                                                             out_dim, o);
     CUDA_CHECK_LAUNCH();
   }
 }
 
 // grid (n_tokens, H); dynamic shared memory nope floats.
 // q_abs[t, h, l] = sum_n q_nope[t, h, n] * W_uk_h[n, l];  q_abs[t, h, kv_lora + d] = q_pe[t, h, d].
-__global__ void absorb_query_kernel(const float* __restrict__ q, const bf16* __restrict__ kv_b, int kv_lora,
-                                    int nope, int rope, int v_dim, float* __restrict__ q_abs) {
+template <typename W>
+__global__ void absorb_query_kernel(const float* __restrict__ q, const W* __restrict__ kv_b, int kv_lora, int nope,
+                                    int rope, int v_dim, BatchTables batch, bool only_single_token,
+                                    float* __restrict__ q_abs) {
   extern __shared__ float q_nope[];  // [nope]
   const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
+  if (!computes(batch, t, only_single_token)) return;
   const float* qt = q + (static_cast<int64_t>(t) * num_heads + h) * (nope + rope);
   float* dst = q_abs + (static_cast<int64_t>(t) * num_heads + h) * (kv_lora + rope);
   for (int n = threadIdx.x; n < nope; n += kThreads) q_nope[n] = qt[n];
   __syncthreads();
-  const bf16* W_uk = kv_b + static_cast<int64_t>(h) * (nope + v_dim) * kv_lora;  // [nope, kv_lora]
+  const W* W_uk = kv_b + static_cast<int64_t>(h) * (nope + v_dim) * kv_lora;  // [nope, kv_lora]
   for (int l = threadIdx.x; l < kv_lora; l += kThreads) {
     float s = 0;
     for (int n = 0; n < nope; ++n) s += q_nope[n] * ld(W_uk + static_cast<int64_t>(n) * kv_lora + l);
@@ -208,18 +232,21 @@ __global__ void absorb_query_kernel(const float* __restrict__ q, const bf16* __r
 }
 
 // grid (n_tokens, H); dynamic shared memory kv_lora floats. o[t, h, j] = W_uv_h[j, :] . o_lat[t, h, :].
-__global__ void expand_output_kernel(const float* __restrict__ o_lat, const bf16* __restrict__ kv_b, int kv_lora,
-                                     int nope, int v_dim, float* __restrict__ o) {
+template <typename W>
+__global__ void expand_output_kernel(const float* __restrict__ o_lat, const W* __restrict__ kv_b, int kv_lora,
+                                     int nope, int v_dim, BatchTables batch, bool only_single_token,
+                                     float* __restrict__ o) {
   extern __shared__ float lat[];  // [kv_lora]
   const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
+  if (!computes(batch, t, only_single_token)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* src = o_lat + (static_cast<int64_t>(t) * num_heads + h) * kv_lora;
   for (int i = threadIdx.x; i < kv_lora; i += kThreads) lat[i] = src[i];
   __syncthreads();
-  const bf16* W_uv = kv_b + (static_cast<int64_t>(h) * (nope + v_dim) + nope) * kv_lora;  // [v, kv_lora]
+  const W* W_uv = kv_b + (static_cast<int64_t>(h) * (nope + v_dim) + nope) * kv_lora;  // [v, kv_lora]
   float* ot = o + (static_cast<int64_t>(t) * num_heads + h) * v_dim;
   for (int j = warp; j < v_dim; j += kWarps) {
-    const bf16* wr = W_uv + static_cast<int64_t>(j) * kv_lora;
+    const W* wr = W_uv + static_cast<int64_t>(j) * kv_lora;
     float s = 0;
     for (int i = lane; i < kv_lora; i += 32) s += ld(wr + i) * lat[i];
     s = warp_sum(s);
@@ -229,51 +256,90 @@ __global__ void expand_output_kernel(const float* __restrict__ o_lat, const bf16
 
 float softmax_scale(int nope, int rope) { return 1.0f / std::sqrt(static_cast<float>(nope + rope)); }
 
-}  // namespace
-
-int attention_splits(int n_tokens, int num_heads, int n_positions) {
-  // Enough blocks to fill the GPU when there are few (token, head) pairs (decode), each split
-  // still kMinSplitPositions long; prefill-sized calls keep one split (no partials).
+int plain_splits(int n_tokens, int num_heads, int n_positions) {
+  // Enough blocks to fill the GPU when there are few (token, head) pairs, each split still
+  // kMinSplitPositions long; prefill-sized calls keep one split (no partials).
   const int by_blocks = std::max(1, kTargetBlocks / std::max(1, n_tokens * num_heads));
   const int by_positions = std::max(1, (n_positions + kMinSplitPositions - 1) / kMinSplitPositions);
   return std::min(by_blocks, by_positions);
 }
 
-size_t attention_partial_floats(int n_tokens, int num_heads, int n_positions, int out_dim) {
-  const int n_splits = attention_splits(n_tokens, num_heads, n_positions);
-  if (n_splits == 1) return 0;
-  return static_cast<size_t>(n_tokens) * num_heads * n_splits * (out_dim + 2);
+int absorbed_splits(int n_tokens, int num_heads) {
+  return std::clamp(kTargetBlocks / std::max(1, n_tokens * num_heads), 1, kMaxSplits);
 }
 
-void attend_plain(const float* q, const float* kv, const DeviceMlaCache& cache, int n_tokens, int n_past,
-                  int num_heads, int kv_lora, int nope, int rope, int v_dim, float* o, float* partials,
-                  cudaStream_t stream) {
-  const PlainSource src{kv, cache, num_heads, kv_lora, nope, rope, v_dim};
-  launch_attend(q, src, n_tokens, n_past, num_heads, nope, rope, v_dim, softmax_scale(nope, rope), o, partials,
-                stream);
+size_t partial_floats(int n_tokens, int num_heads, int n_splits, int out_dim) {
+  return n_splits == 1 ? 0 : static_cast<size_t>(n_tokens) * num_heads * n_splits * (out_dim + 2);
 }
 
-void absorb_query(const float* q, const bf16* kv_b, int n_tokens, int num_heads, int kv_lora, int nope, int rope,
-                  int v_dim, float* q_abs, cudaStream_t stream) {
+}  // namespace
+
+size_t mla_plain_partial_floats(int n_tokens, int num_heads, int n_positions, int v_dim) {
+  return partial_floats(n_tokens, num_heads, plain_splits(n_tokens, num_heads, n_positions), v_dim);
+}
+
+size_t mla_absorbed_partial_floats(int n_tokens, int num_heads, int kv_lora) {
+  return partial_floats(n_tokens, num_heads, absorbed_splits(n_tokens, num_heads), kv_lora);
+}
+
+void mla_attend_plain(const float* q, const float* kv, const KvLayer& cache, const int32_t* pages, int n_tokens,
+                      int n_past, const MlaShape& shape, float* o, float* partials, cudaStream_t stream) {
+  const int H = shape.num_heads, n_splits = plain_splits(n_tokens, H, n_past + n_tokens);
+  const float scale = softmax_scale(shape.nope, shape.rope);
+  if (cache.dtype == DType::BF16) {
+    const PlainSource<bf16> src{kv, paged_rows<bf16>(cache), pages, n_past, H, shape.kv_lora, shape.nope, shape.v_dim};
+    launch_attend(q, src, n_tokens, H, shape.nope, shape.rope, shape.v_dim, scale, n_splits, o, partials, stream);
+  } else {
+    const PlainSource<float> src{kv,         paged_rows<float>(cache), pages, n_past, H, shape.kv_lora, shape.nope,
+                                 shape.v_dim};
+    launch_attend(q, src, n_tokens, H, shape.nope, shape.rope, shape.v_dim, scale, n_splits, o, partials, stream);
+  }
+}
+
+void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaShape& shape, const BatchTables& batch,
+                      bool only_single_token, float* q_abs, cudaStream_t stream) {
   if (n_tokens <= 0) return;
-  absorb_query_kernel<<<dim3(n_tokens, num_heads), kThreads, nope * sizeof(float), stream>>>(q, kv_b, kv_lora, nope,
-                                                                                            rope, v_dim, q_abs);
+  const dim3 grid(n_tokens, shape.num_heads);
+  const size_t smem = shape.nope * sizeof(float);
+  if (kv_b.bf16)
+    absorb_query_kernel<<<grid, kThreads, smem, stream>>>(q, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
+                                                          shape.nope, shape.rope, shape.v_dim, batch,
+                                                          only_single_token, q_abs);
+  else
+    absorb_query_kernel<<<grid, kThreads, smem, stream>>>(q, static_cast<const float*>(kv_b.w), shape.kv_lora,
+                                                          shape.nope, shape.rope, shape.v_dim, batch,
+                                                          only_single_token, q_abs);
   CUDA_CHECK_LAUNCH();
 }
 
-void attend_absorbed(const float* q_abs, const DeviceMlaCache& cache, int n_tokens, int n_past, int num_heads,
-                     int kv_lora, int rope, int nope, float* o_lat, float* partials, cudaStream_t stream) {
-  const AbsorbedSource src{cache, kv_lora, rope};
-  launch_attend(q_abs, src, n_tokens, n_past, num_heads, kv_lora, rope, kv_lora, softmax_scale(nope, rope), o_lat,
-                partials, stream);
+void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
+                         const KvLayer& cache, bool only_single_token, float* o_lat, float* partials,
+                         cudaStream_t stream) {
+  const int H = shape.num_heads, n_splits = absorbed_splits(n_tokens, H);
+  const float scale = softmax_scale(shape.nope, shape.rope);
+  if (cache.dtype == DType::BF16) {
+    const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
+    launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, n_splits, o_lat, partials,
+                  stream);
+  } else {
+    const AbsorbedSource<float> src{paged_rows<float>(cache), batch, only_single_token, shape.kv_lora};
+    launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, n_splits, o_lat, partials,
+                  stream);
+  }
 }
 
-void expand_output(const float* o_lat, const bf16* kv_b, int n_tokens, int num_heads, int kv_lora, int nope,
-                   int v_dim, float* o, cudaStream_t stream) {
+void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const MlaShape& shape,
+                       const BatchTables& batch, bool only_single_token, float* o, cudaStream_t stream) {
   if (n_tokens <= 0) return;
-  expand_output_kernel<<<dim3(n_tokens, num_heads), kThreads, kv_lora * sizeof(float), stream>>>(o_lat, kv_b, kv_lora,
-                                                                                                nope, v_dim, o);
+  const dim3 grid(n_tokens, shape.num_heads);
+  const size_t smem = shape.kv_lora * sizeof(float);
+  if (kv_b.bf16)
+    expand_output_kernel<<<grid, kThreads, smem, stream>>>(o_lat, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
+                                                           shape.nope, shape.v_dim, batch, only_single_token, o);
+  else
+    expand_output_kernel<<<grid, kThreads, smem, stream>>>(o_lat, static_cast<const float*>(kv_b.w), shape.kv_lora,
+                                                           shape.nope, shape.v_dim, batch, only_single_token, o);
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace moonrun::cuda::mla_detail
+}  // namespace moonrun::cuda

@@ -1,12 +1,12 @@
 #pragma once
-// Device-side pieces shared by the MLA kernels (mla_cache.cu, mla_attention.cu,
-// mla_layer.cu): the paged cache row address, loads that widen bf16 to fp32, and block
-// reductions. Internal to src/kernels/cuda/mla.
+// Device-side pieces shared by the MLA kernels (mla_cache.cu, mla_attention.cu): the paged
+// cache row address, loads that widen bf16 to fp32, and block reductions. Internal to
+// src/backend/cuda/mla.
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
-#include "backend/cuda/mla/mla_layer.h"
+#include "backend/cuda/mla/mla_ops.h"
 
 namespace moonrun::cuda::mla_detail {
 
@@ -16,12 +16,24 @@ constexpr int kWarps = kThreads / 32;
 
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-// The cache row of position p: layer_base + (pages[p / page_size] * page_size + p % page_size) * row.
-__device__ __forceinline__ bf16* cache_row(const DeviceMlaCache& cache, int p, int row) {
-  const int page = cache.pages[p / cache.page_size_tokens];
-  const int64_t slot = static_cast<int64_t>(page) * cache.page_size_tokens + p % cache.page_size_tokens;
-  return cache.layer_base + slot * row;
+// One layer of the paged cache with rows of element type Cache.
+template <typename Cache>
+struct PagedRows {
+  Cache* base = nullptr;
+  int page_size = 0;
+  int row = 0;
+  // The row of position p of a sequence whose page table is `pages`.
+  __device__ __forceinline__ Cache* at(const int32_t* pages, int p) const {
+    const int page = pages[p / page_size];
+    return base + (static_cast<int64_t>(page) * page_size + p % page_size) * row;
+  }
+};
+template <typename Cache>
+inline PagedRows<Cache> paged_rows(const KvLayer& c) {
+  return PagedRows<Cache>{static_cast<Cache*>(c.base), c.page_size_tokens, c.row_width};
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -53,6 +65,11 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
   __syncthreads();
   return m;
+}
+
+// Whether token t is one the batched (absorbed) kernels compute.
+__device__ __forceinline__ bool computes(const BatchTables& b, int t, bool only_single_token) {
+  return !only_single_token || b.seqs[b.token_seq[t]].n_new == 1;
 }
 
 }  // namespace moonrun::cuda::mla_detail

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "backend/cuda/common/cuda_check.h"
-#include "backend/cuda/moe/moe_internal.h"
+#include "backend/cuda/moe/moe_ops.h"
 
 namespace moonrun::cuda {
 

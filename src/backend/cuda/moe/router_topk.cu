@@ -1,4 +1,4 @@
-// The MoE router's choice on the GPU: the twin of cpu::route_token (kernels/cpu/router.cpp,
+// The MoE router's choice on the GPU: the twin of cpu::route_token (backend/cpu/router.cpp,
 // K3_SPEC.md §2 "MoE layer"). One warp per token; the biased scores live in shared memory.
 //
 // Selection without sorting: the CPU orders experts by (biased score descending, id
@@ -12,7 +12,7 @@
 #include <cmath>
 
 #include "backend/cuda/common/cuda_check.h"
-#include "backend/cuda/moe/moe_layer.h"
+#include "backend/cuda/moe/moe_ops.h"
 
 namespace moonrun::cuda {
 
@@ -43,7 +43,7 @@ __device__ __forceinline__ Pick warp_best(Pick p) {
 
 // logits [n_tokens, E]; per warp, shared memory holds choice [E] and group_score [G].
 __global__ void router_topk_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int n_tokens,
-                                   cpu::RouterParams p, int32_t* __restrict__ expert_ids,
+                                   RouterParams p, int32_t* __restrict__ expert_ids,
                                    float* __restrict__ weights) {
   extern __shared__ float smem[];
   const int E = p.num_experts;
@@ -128,7 +128,7 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, const float
 
 }  // namespace
 
-void router_topk(const float* logits, const float* bias, int n_tokens, const cpu::RouterParams& p,
+void router_topk(const float* logits, const float* bias, int n_tokens, const RouterParams& p,
                  int32_t* expert_ids, float* weights, cudaStream_t stream) {
   if (n_tokens <= 0) return;
   if (p.num_experts <= 0 || p.top_k <= 0 || p.top_k > p.num_experts)

@@ -1,4 +1,5 @@
-// The sampler on the GPU: the twin of sample_token (engine/sampler.cpp) after the penalties.
+// The sampler on the GPU: the twin of cpu::sample_row (backend/cpu/sample.cpp) after the
+// edits (logit_edits.cu).
 // One block per row; nothing is sorted and no scratch memory is needed:
 //   - each stage's surviving logits are recomputed from the raw row and the thresholds of
 //     the stages before it (max, the min_p threshold, the k-th value, the top-p cut);

@@ -1,10 +1,12 @@
 #pragma once
-// Sampling on the GPU: the twin of the engine's sampler (engine/sampler.h) for the
+// Sampling on the GPU: the twin of the CPU sampler (backend/cpu/sample.h) for the
 // per-row transforms that touch the whole vocabulary. Given the same logits, parameters and
 // uniform draw u, it picks the same token as the CPU sampler.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "backend/sampling.h"
 
 namespace moonrun::cuda {
 
@@ -30,5 +32,22 @@ struct DeviceSamplingParams {
 // logits [n_rows, vocab] fp32 (device); params [n_rows] (device); out_ids [n_rows] (device).
 void sample_rows(const float* logits, int n_rows, int vocab, const DeviceSamplingParams* params, int32_t* out_ids,
                  cudaStream_t stream);
+
+}  // namespace moonrun::cuda
+
+namespace moonrun::cuda {
+
+// The sparse edits of one row before sampling (backend/sampling.h's steps 1-3).
+struct DeviceRowEdits {
+  int32_t history_begin = 0, history_end = 0;  // into `history`
+  int32_t bias_begin = 0, bias_end = 0;        // into `biases`
+  int32_t mask_row = -1;                       // row of `masks`, -1: none
+  float repetition_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
+};
+
+// In place over logits [n_rows, vocab]: the allowed-token mask (disallowed -> -inf), the
+// biases, then the penalties over each row's history, as cpu::edited_logits does them.
+void apply_logit_edits(float* logits, int n_rows, int vocab, const DeviceRowEdits* rows, const TokenCount* history,
+                       const TokenBias* biases, const uint32_t* masks, int mask_words, cudaStream_t stream);
 
 }  // namespace moonrun::cuda

@@ -1,0 +1,485 @@
+// CudaOps: backend/ops.h on one GPU, over the kernels of the folders beside this file. Each
+// op checks its shapes and dtypes, then launches on the backend's one stream. Per-sequence
+// work reads the batch's device tables (BatchView), so a decode step issues the same
+// launches with the same arguments every time and can be captured as a CUDA graph;
+// prefill sequences (several new tokens) take per-sequence paths that are only run eagerly.
+#include "backend/cuda/cuda_ops.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "backend/cpu/sample.h"
+#include "backend/cuda/common/bf16.h"
+#include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/dense/dense_ops.h"
+#include "backend/cuda/gemm/blas.h"
+#include "backend/cuda/kda/kda_ops.h"
+#include "backend/cuda/mla/mla_ops.h"
+#include "backend/cuda/moe/moe_ops.h"
+#include "backend/cuda/sample/sample_ops.h"
+
+namespace moonrun::cuda {
+
+namespace {
+
+// Device memory the arena leaves to the CUDA context, cuBLAS workspaces and graphs.
+constexpr size_t kHeadroomBytes = size_t{1} << 30;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw CudaError(what);
+}
+std::string shape(const Tensor& t) {
+  return std::string(dtype_name(t.dtype)) + " [" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + "]";
+}
+void same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  check(a.rows == b.rows && a.cols == b.cols, std::string(op) + ": " + shape(a) + " vs " + shape(b));
+}
+void is_f32(const Tensor& t, const char* op) { check(t.dtype == DType::F32, std::string(op) + ": needs F32, got " + shape(t)); }
+
+StackedExperts stacked(const ExpertMatrices& m) {
+  StackedExperts s;
+  s.w = m.stacked.w.data;
+  s.out = m.stacked.out;
+  s.in = m.stacked.in;
+  if (m.stacked.mxfp4()) {
+    s.kind = StackedExperts::Kind::mxfp4;
+    s.scales = m.stacked.scales.as<uint8_t>();
+  } else {
+    s.kind = m.stacked.w.dtype == DType::BF16 ? StackedExperts::Kind::bf16 : StackedExperts::Kind::f32;
+  }
+  return s;
+}
+
+BatchTables tables(const BatchView& b) { return BatchTables{b.positions, b.token_seq, b.seqs, b.page_table}; }
+
+}  // namespace
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps(const CudaOpsOptions& o, size_t arena_bytes)
+      : float32_(o.float32), arena_(arena_bytes) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    blas_ = std::make_unique<Blas>(stream_);
+  }
+  ~CudaOps() override {
+    cudaStreamSynchronize(stream_);
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    blas_.reset();
+    if (host_blob_) cudaFreeHost(host_blob_);
+    if (device_blob_) cudaFree(device_blob_);
+    cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  DType act_dtype() const override { return float32_ ? DType::F32 : DType::BF16; }
+  DType weight_dtype() const override { return act_dtype(); }
+
+  // ---- memory ------------------------------------------------------------------------
+  Tensor alloc(int64_t rows, int64_t cols, DType dtype, const char* what) override {
+    Tensor t{nullptr, dtype, rows, cols};
+    t.data = arena_.alloc_bytes(t.nbytes(), what);
+    if (t.nbytes()) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
+    return t;
+  }
+  size_t allocated_bytes() const override { return arena_.used(); }
+  int64_t free_bytes() const override { return static_cast<int64_t>(arena_.available()); }
+  void upload(const Tensor& t, size_t offset_bytes, const void* host, size_t bytes) override {
+    check(offset_bytes + bytes <= t.nbytes(), "upload past the tensor's end");
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(t.data) + offset_bytes, host, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may be reused on return
+  }
+  void download(const Tensor& t, void* host) override {
+    if (!t.nbytes()) return;
+    CUDA_CHECK(cudaMemcpyAsync(host, t.data, t.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void zero(const Tensor& t) override {
+    if (t.nbytes()) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
+  }
+  void copy(const Tensor& src, const Tensor& dst) override {
+    same_shape(src, dst, "copy");
+    if (src.dtype == dst.dtype) {
+      if (src.data != dst.data)
+        CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+    } else if (src.dtype == DType::F32 && dst.dtype == DType::BF16) {
+      to_bf16(src.as<float>(), src.numel(), dst.as<bf16>(), stream_);
+    } else if (src.dtype == DType::BF16 && dst.dtype == DType::F32) {
+      to_f32(src.as<bf16>(), src.numel(), dst.as<float>(), stream_);
+    } else {
+      throw CudaError("copy from " + shape(src) + " to " + shape(dst));
+    }
+  }
+  Tensor scratch(int64_t rows, int64_t cols, DType dtype) override {
+    Tensor t{nullptr, dtype, rows, cols};
+    t.data = arena_.take_scratch(t.nbytes());
+    return t;
+  }
+  size_t scratch_mark() const override { return arena_.scratch_mark(); }
+  void scratch_rewind(size_t mark) override { arena_.rewind_scratch(mark); }
+  void reset_scratch() override { arena_.rewind_scratch(0); }
+
+  // ---- the batch ---------------------------------------------------------------------
+  // One packed int32 blob, one copy: the fixed-size tables first and the page table last,
+  // so that for a given decode batch size every table but the page table keeps its address
+  // (what a captured graph read).
+  BatchView upload_batch(const ForwardBatch& b) override {
+    const size_t n = b.token_ids.size(), ns = b.seqs.size(), nl = b.logit_rows.size();
+    const size_t seq_words = sizeof(BatchSeq) / sizeof(int32_t);
+    const size_t words = 3 * n + nl + ns * seq_words + b.page_table.size();
+    if (words > blob_words_) grow_blob(words);
+    int32_t* h = host_blob_;
+    size_t at = 0;
+    auto put = [&](const void* src, size_t count) {
+      std::memcpy(h + at, src, count * sizeof(int32_t));
+      const int32_t* dev = device_blob_ + at;
+      at += count;
+      return dev;
+    };
+    BatchView v;
+    v.host = &b;
+    v.token_ids = put(b.token_ids.data(), n);
+    v.positions = put(b.positions.data(), n);
+    v.token_seq = put(b.token_seq.data(), n);
+    v.logit_rows = put(b.logit_rows.data(), nl);
+    v.seqs = reinterpret_cast<const BatchSeq*>(put(b.seqs.data(), ns * seq_words));
+    v.page_table = put(b.page_table.data(), b.page_table.size());
+    CUDA_CHECK(cudaMemcpyAsync(device_blob_, host_blob_, at * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    return v;
+  }
+
+  // ---- dense -------------------------------------------------------------------------
+  void embedding(const Tensor& table, const BatchView& batch, Tensor out) override {
+    is_f32(out, "embedding");
+    check(out.rows == batch.n_tokens() && out.cols == table.cols, "embedding: output " + shape(out));
+    if (table.dtype == DType::BF16)
+      embed_tokens(table.as<bf16>(), static_cast<int>(table.cols), batch.token_ids, batch.n_tokens(), out.as<float>(),
+                   stream_);
+    else
+      embed_tokens(table.as<float>(), static_cast<int>(table.cols), batch.token_ids, batch.n_tokens(), out.as<float>(),
+                   stream_);
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) override {
+    is_f32(x, "rmsnorm");
+    same_shape(x, y, "rmsnorm");
+    const int rows = static_cast<int>(x.rows), dim = static_cast<int>(x.cols);
+    if (y.dtype == DType::BF16) cuda::rmsnorm(x.as<float>(), rows, dim, w.as<float>(), eps, y.as<bf16>(), stream_);
+    else cuda::rmsnorm(x.as<float>(), rows, dim, w.as<float>(), eps, y.as<float>(), stream_);
+  }
+  void linear(const Tensor& x, const Matrix& w, Tensor y) override {
+    check(!w.mxfp4(), "linear over an MXFP4 matrix");
+    check(x.cols == w.in && y.cols == w.out && x.rows == y.rows,
+          "linear: x " + shape(x) + " W [" + std::to_string(w.out) + ", " + std::to_string(w.in) + "] y " + shape(y));
+    const int n = static_cast<int>(x.rows);
+    if (x.dtype == DType::BF16 && w.w.dtype == DType::BF16) {
+      const DeviceLinear lin{w.w.as<bf16>(), w.out, w.in};
+      if (y.dtype == DType::BF16) blas_->linear(x.as<bf16>(), n, lin, y.as<bf16>());
+      else blas_->linear(x.as<bf16>(), n, lin, y.as<float>());
+    } else if (x.dtype == DType::F32 && w.w.dtype == DType::F32 && y.dtype == DType::F32) {
+      blas_->linear_f32(x.as<float>(), n, w.w.as<float>(), w.out, w.in, y.as<float>());
+    } else {
+      throw CudaError("linear: x " + shape(x) + " with a " + dtype_name(w.w.dtype) + " weight into " + shape(y));
+    }
+  }
+  void add(const Tensor& a, const Tensor& b, Tensor y) override {
+    same_shape(a, b, "add");
+    same_shape(a, y, "add");
+    cuda::add(a.as<float>(), b.as<float>(), a.numel(), y.as<float>(), stream_);
+  }
+  void mul(const Tensor& a, const Tensor& b, Tensor y) override {
+    same_shape(a, b, "mul");
+    same_shape(a, y, "mul");
+    if (y.dtype == DType::BF16) cuda::mul(a.as<float>(), b.as<float>(), a.numel(), y.as<bf16>(), stream_);
+    else cuda::mul(a.as<float>(), b.as<float>(), a.numel(), y.as<float>(), stream_);
+  }
+  void gated_activation(const Tensor& gate, const Tensor& up, const ActivationParams& act, Tensor y) override {
+    same_shape(gate, up, "gated_activation");
+    same_shape(gate, y, "gated_activation");
+    if (y.dtype == DType::BF16)
+      cuda::gated_activation(gate.as<float>(), up.as<float>(), gate.numel(), act, y.as<bf16>(), stream_);
+    else
+      cuda::gated_activation(gate.as<float>(), up.as<float>(), gate.numel(), act, y.as<float>(), stream_);
+  }
+  void attn_res_mix(const Tensor& prefix, const Tensor& blocks, int n_blocks, const Tensor& w_norm,
+                    const Tensor& w_proj, float eps, Tensor out) override {
+    same_shape(prefix, out, "attn_res_mix");
+    cuda::attn_res_mix(prefix.as<float>(), n_blocks ? blocks.as<float>() : nullptr, n_blocks,
+                       static_cast<int>(prefix.rows), static_cast<int>(prefix.cols), w_norm.as<float>(),
+                       w_proj.as<float>(), eps, out.as<float>(), stream_);
+  }
+  void gather_rows(const Tensor& x, const int32_t* rows, Tensor y) override {
+    check(x.cols == y.cols && x.dtype == y.dtype, "gather_rows: " + shape(x) + " into " + shape(y));
+    cuda::gather_rows(x.data, static_cast<size_t>(x.cols) * dtype_size_bytes(x.dtype), rows, static_cast<int>(y.rows),
+                      y.data, stream_);
+  }
+
+  // ---- KDA ---------------------------------------------------------------------------
+  void short_conv(const Tensor& x, const Tensor& weight, const BatchView& batch, StateLayer window, bool silu,
+                  Tensor y) override {
+    same_shape(x, y, "short_conv");
+    cuda::short_conv(x.as<float>(), static_cast<int>(x.rows), static_cast<int>(x.cols), weight.as<float>(),
+                     static_cast<int>(weight.cols), batch.token_seq, batch.seqs, batch.n_seqs(), window.base,
+                     window.slot_stride_floats, silu, y.as<float>(), stream_);
+  }
+  void l2norm_rows(Tensor x, float scale) override {
+    cuda::l2norm_rows(x.as<float>(), x.rows, static_cast<int>(x.cols), scale, stream_);
+  }
+  void kda_gate(Tensor g, const Tensor& A_log, const Tensor& dt_bias, int head_dim, float lower_bound) override {
+    cuda::kda_gate(g.as<float>(), static_cast<int>(g.rows), static_cast<int>(g.cols / head_dim), head_dim,
+                   A_log.as<float>(), dt_bias.as<float>(), lower_bound, stream_);
+  }
+  void sigmoid(Tensor x) override { cuda::sigmoid(x.as<float>(), x.numel(), stream_); }
+  void kda_recurrence(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      const BatchView& batch, StateLayer state, int num_heads, int head_dim, KdaMode mode,
+                      Tensor o) override {
+    const int64_t D = static_cast<int64_t>(num_heads) * head_dim;
+    check(q.cols == D && beta.cols == num_heads, "kda_recurrence: q " + shape(q) + ", beta " + shape(beta));
+    // Single-token sequences (every one of a decode step) in one launch; longer ones chunked,
+    // one sequence at a time.
+    if (mode != KdaMode::kChunked)
+      kda_recurrent(q.as<float>(), k.as<float>(), v.as<float>(), g.as<float>(), beta.as<float>(), batch.seqs,
+                    batch.n_seqs(), num_heads, head_dim, state.base, state.slot_stride_floats,
+                    /*only_single_token=*/mode == KdaMode::kAuto, o.as<float>(), stream_);
+    if (mode == KdaMode::kRecurrent) return;
+    for (const BatchSeq& s : batch.host->seqs) {
+      if (mode == KdaMode::kAuto && s.n_new == 1) continue;
+      ScratchScope scope(*this);
+      Tensor ws = scratch(kda_chunked_workspace_floats(s.n_new, num_heads, head_dim), 1, DType::F32);
+      const int64_t off = static_cast<int64_t>(s.token_start) * D;
+      kda_chunked(q.as<float>() + off, k.as<float>() + off, v.as<float>() + off, g.as<float>() + off,
+                  beta.as<float>() + static_cast<int64_t>(s.token_start) * num_heads, s.n_new, num_heads, head_dim,
+                  state.slot(s.state_slot), o.as<float>() + off, ws.as<float>(), stream_);
+    }
+  }
+  void gated_rmsnorm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps, Tensor y) override {
+    same_shape(o, gate, "gated_rmsnorm");
+    same_shape(o, y, "gated_rmsnorm");
+    if (y.dtype == DType::BF16)
+      cuda::gated_rmsnorm(o.as<float>(), gate.as<float>(), w.as<float>(), o.rows, static_cast<int>(o.cols), eps,
+                          y.as<bf16>(), stream_);
+    else
+      cuda::gated_rmsnorm(o.as<float>(), gate.as<float>(), w.as<float>(), o.rows, static_cast<int>(o.cols), eps,
+                          y.as<float>(), stream_);
+  }
+
+  // ---- MLA ---------------------------------------------------------------------------
+  void mla_store(const Tensor& ckv, const Tensor& norm_w, float eps, const BatchView& batch, KvLayer cache) override {
+    const int L = static_cast<int>(norm_w.numel()), R = static_cast<int>(ckv.cols) - L;
+    check(R >= 0 && cache.row_width == L + R, "mla_store: row width");
+    cuda::mla_store(ckv.as<float>(), static_cast<int>(ckv.rows), L, R, norm_w.as<float>(), eps, tables(batch), cache,
+                    stream_);
+  }
+  void mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                     const MlaShape& shp, MlaMode mode, Tensor o) override {
+    const int H = shp.num_heads, T = static_cast<int>(q.rows);
+    const int64_t q_width = static_cast<int64_t>(H) * (shp.nope + shp.rope), o_width = static_cast<int64_t>(H) * shp.v_dim;
+    check(q.cols == q_width && o.cols == o_width, "mla_attention: q " + shape(q) + ", o " + shape(o));
+    check(kv_b.out == H * (shp.nope + shp.v_dim) && kv_b.in == shp.kv_lora && !kv_b.mxfp4(), "mla_attention: kv_b");
+    const KvB kvb{kv_b.w.data, kv_b.w.dtype == DType::BF16};
+    // Absorbed: every token (kAbsorbed), or the single-token sequences (kAuto; all of them
+    // in a decode step, which a graph captures).
+    bool any_single = false;
+    for (const BatchSeq& s : batch.host->seqs) any_single = any_single || s.n_new == 1;
+    if (mode == MlaMode::kAbsorbed || (mode == MlaMode::kAuto && any_single)) {
+      ScratchScope scope(*this);
+      const bool only_single = mode == MlaMode::kAuto;
+      Tensor q_abs = scratch(T, static_cast<int64_t>(H) * shp.row_width(), DType::F32);
+      Tensor o_lat = scratch(T, static_cast<int64_t>(H) * shp.kv_lora, DType::F32);
+      Tensor partials = scratch(static_cast<int64_t>(mla_absorbed_partial_floats(T, H, shp.kv_lora)) + 1, 1, DType::F32);
+      mla_absorb_query(q.as<float>(), kvb, T, shp, tables(batch), only_single, q_abs.as<float>(), stream_);
+      mla_attend_absorbed(q_abs.as<float>(), T, shp, tables(batch), cache, only_single, o_lat.as<float>(),
+                          partials.as<float>(), stream_);
+      mla_expand_output(o_lat.as<float>(), kvb, T, shp, tables(batch), only_single, o.as<float>(), stream_);
+    }
+    if (mode == MlaMode::kAbsorbed) return;
+    // Plain: one sequence at a time, kv_b expanded over its visible latents.
+    for (const BatchSeq& s : batch.host->seqs) {
+      if (mode == MlaMode::kAuto && s.n_new == 1) continue;
+      ScratchScope scope(*this);
+      const int P = s.n_past + s.n_new;
+      const int32_t* pages = batch.page_table + s.page_start;
+      Tensor latents = scratch(P, shp.kv_lora, act_dtype());
+      Tensor kv = scratch(P, static_cast<int64_t>(H) * (shp.nope + shp.v_dim), DType::F32);
+      Tensor partials =
+          scratch(static_cast<int64_t>(mla_plain_partial_floats(s.n_new, H, P, shp.v_dim)) + 1, 1, DType::F32);
+      mla_gather_latents(cache, pages, P, shp.kv_lora, act_dtype() == DType::BF16, latents.data, stream_);
+      linear(latents, kv_b, kv);
+      mla_attend_plain(q.as<float>() + s.token_start * q_width, kv.as<float>(), cache, pages, s.n_new, s.n_past, shp,
+                       o.as<float>() + s.token_start * o_width, partials.as<float>(), stream_);
+    }
+  }
+
+  // ---- MoE ---------------------------------------------------------------------------
+  void router_topk(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor ids,
+                   Tensor weights) override {
+    check(logits.cols == p.num_experts && ids.cols == p.top_k && ids.dtype == DType::I32, "router_topk shapes");
+    cuda::router_topk(logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), static_cast<int>(logits.rows), p,
+                      ids.as<int32_t>(), weights.as<float>(), stream_);
+  }
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertMatrices& w1,
+                   const ExpertMatrices& w3, const ExpertMatrices& w2, const ActivationParams& act,
+                   Tensor y) override {
+    const int T = static_cast<int>(x.rows), K = static_cast<int>(ids.cols), E = w1.num_experts;
+    const int inter = w1.stacked.out, D = static_cast<int>(x.cols), n_slots = T * K;
+    check(w1.stacked.in == D && w2.stacked.out == D && w2.stacked.in == inter, "moe_experts shapes");
+    check(w1.first_expert == 0 && E > 0, "moe_experts: expert parallelism needs the dispatch of the parallel backend");
+    if (T == 0) return;
+    ScratchScope scope(*this);
+    ExpertGroups groups;
+    groups.offsets = scratch(E + 1, 1, DType::I32).as<int>();
+    groups.perm = scratch(n_slots, 1, DType::I32).as<int>();
+    groups.active = scratch(E, 1, DType::I32).as<int>();
+    groups.num_active = scratch(1, 1, DType::I32).as<int>();
+    group_by_expert(ids.as<int32_t>(), n_slots, E, groups, stream_);
+    const int max_active = std::min(E, n_slots);
+    const bool x_bf16 = x.dtype == DType::BF16;
+    Tensor g = scratch(n_slots, inter, DType::F32), u = scratch(n_slots, inter, DType::F32);
+    Tensor h = scratch(n_slots, inter, x.dtype);
+    Tensor out = scratch(n_slots, D, DType::F32);
+    grouped_expert_linear(x.data, x_bf16, K, stacked(w1), groups, max_active, g.as<float>(), stream_);
+    grouped_expert_linear(x.data, x_bf16, K, stacked(w3), groups, max_active, u.as<float>(), stream_);
+    gated_activation(g, u, act, h);
+    grouped_expert_linear(h.data, x_bf16, 1, stacked(w2), groups, max_active, out.as<float>(), stream_);
+    combine_experts(out.as<float>(), weights.as<float>(), T, K, D, y.as<float>(), stream_);
+  }
+
+  // ---- sampling ----------------------------------------------------------------------
+  void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) override {
+    const int R = static_cast<int>(rows.rows.size()), V = static_cast<int>(logits.cols);
+    check(logits.rows == R && logits.dtype == DType::F32, "sample: one F32 logits row per rule");
+    out.assign(R, SampleResult{});
+    if (R == 0) return;
+    // Logprobs come from the raw rows: copied out before the edits, only for rows that ask.
+    std::vector<float> raw;
+    for (int r = 0; r < R; ++r) {
+      if (rows.rows[r].logprobs < 0) continue;
+      raw.resize(V);
+      download(logits.rows_view(r, 1), raw.data());
+      out[r].logprob = 0;  // filled below, once the token is known
+      raw_rows_.emplace_back(r, raw);
+    }
+    ScratchScope scope(*this);
+    bool edits = !rows.history.empty() || !rows.biases.empty() || !rows.allowed.empty();
+    if (edits) {
+      std::vector<DeviceRowEdits> e(R);
+      for (int r = 0; r < R; ++r) {
+        const SamplingRow& s = rows.rows[r];
+        e[r] = DeviceRowEdits{s.history_begin, s.history_end, s.bias_begin, s.bias_end, s.mask_row,
+                              s.repetition_penalty, s.frequency_penalty, s.presence_penalty};
+      }
+      auto put = [&](const void* src, size_t bytes) {
+        Tensor t = scratch(static_cast<int64_t>((bytes + 3) / 4) + 1, 1, DType::I32);
+        if (bytes) CUDA_CHECK(cudaMemcpyAsync(t.data, src, bytes, cudaMemcpyHostToDevice, stream_));
+        return t.data;
+      };
+      const void* d_rows = put(e.data(), e.size() * sizeof(DeviceRowEdits));
+      const void* d_hist = put(rows.history.data(), rows.history.size() * sizeof(TokenCount));
+      const void* d_bias = put(rows.biases.data(), rows.biases.size() * sizeof(TokenBias));
+      const void* d_mask = put(rows.allowed.data(), rows.allowed.size() * sizeof(uint32_t));
+      apply_logit_edits(logits.as<float>(), R, V, static_cast<const DeviceRowEdits*>(d_rows),
+                        static_cast<const TokenCount*>(d_hist), static_cast<const TokenBias*>(d_bias),
+                        static_cast<const uint32_t*>(d_mask), rows.mask_words, stream_);
+    }
+    std::vector<DeviceSamplingParams> params(R);
+    for (int r = 0; r < R; ++r) {
+      const SamplingRow& s = rows.rows[r];
+      params[r] = DeviceSamplingParams{s.temperature, s.top_k, s.top_p, s.min_p, s.u};
+    }
+    Tensor d_params = scratch(static_cast<int64_t>(R * sizeof(DeviceSamplingParams) / 4) + 1, 1, DType::I32);
+    CUDA_CHECK(cudaMemcpyAsync(d_params.data, params.data(), R * sizeof(DeviceSamplingParams), cudaMemcpyHostToDevice,
+                               stream_));
+    Tensor ids = scratch(R, 1, DType::I32);
+    sample_rows(logits.as<float>(), R, V, static_cast<const DeviceSamplingParams*>(d_params.data), ids.as<int32_t>(),
+                stream_);
+    std::vector<int32_t> host_ids(R);
+    download(ids, host_ids.data());
+    for (int r = 0; r < R; ++r) out[r].token = host_ids[r];
+    for (auto& [r, row] : raw_rows_) cpu::add_logprobs(row.data(), V, rows.rows[r].logprobs, out[r]);
+    raw_rows_.clear();
+  }
+
+  // ---- execution ---------------------------------------------------------------------
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  bool captures() const override { return true; }
+  void run_captured(uint64_t key, const std::function<void()>& body) override {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        body();
+      } catch (...) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream_, &broken);
+        if (broken) cudaGraphDestroy(broken);
+        throw;
+      }
+      cudaGraph_t graph = nullptr;
+      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      CUDA_CHECK(st);
+      it = graphs_.emplace(key, exec).first;
+    }
+    CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  }
+
+ private:
+  void grow_blob(size_t words) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const size_t cap = std::max<size_t>(words * 2, size_t{1} << 16);
+    if (host_blob_) cudaFreeHost(host_blob_);
+    if (device_blob_) cudaFree(device_blob_);
+    host_blob_ = nullptr;
+    device_blob_ = nullptr;
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_blob_), cap * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_blob_), cap * sizeof(int32_t)));
+    blob_words_ = cap;
+    // The tables moved: graphs recorded with the old addresses are void.
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
+
+  bool float32_;
+  DeviceArena arena_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Blas> blas_;
+  int32_t* host_blob_ = nullptr;    // pinned
+  int32_t* device_blob_ = nullptr;
+  size_t blob_words_ = 0;
+  std::map<uint64_t, cudaGraphExec_t> graphs_;
+  std::vector<std::pair<int, std::vector<float>>> raw_rows_;  // sample(): rows asking for logprobs
+};
+
+Result<std::unique_ptr<Ops>> make_cuda_ops(const CudaOpsOptions& o) {
+  int n_devices = 0;
+  if (cudaGetDeviceCount(&n_devices) != cudaSuccess || n_devices == 0) {
+    (void)cudaGetLastError();
+    return failed_precondition("--device cuda: no CUDA device is visible (driver missing or no GPU); use --device cpu");
+  }
+  if (o.device < 0 || o.device >= n_devices)
+    return invalid_argument("CUDA device " + std::to_string(o.device) + " does not exist (" +
+                            std::to_string(n_devices) + " visible)");
+  if (!(o.mem_fraction_static > 0 && o.mem_fraction_static < 1))
+    return invalid_argument("--mem-fraction-static must be in (0, 1), got " + std::to_string(o.mem_fraction_static));
+  try {
+    CUDA_CHECK(cudaSetDevice(o.device));
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    // SGLang's meaning: the static pools (weights + KV) take this fraction of the card. What
+    // other processes hold is not ours to take, so the arena also stays under what is free.
+    const size_t want = static_cast<size_t>(o.mem_fraction_static * static_cast<double>(total_bytes));
+    const size_t arena = std::min(want, free_bytes > kHeadroomBytes ? free_bytes - kHeadroomBytes : 0);
+    if (arena == 0) return resource_exhausted("no free memory on CUDA device " + std::to_string(o.device));
+    return std::unique_ptr<Ops>(new CudaOps(o, arena));
+  } catch (const CudaError& e) {
+    return resource_exhausted(std::string("setting up CUDA device ") + std::to_string(o.device) + ": " + e.what());
+  }
+}
+
+}  // namespace moonrun::cuda

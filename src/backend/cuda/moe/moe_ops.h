@@ -1,0 +1,56 @@
+#pragma once
+// The routed experts on the GPU (twins of cpu::route_token and cpu::moe_experts): router
+// top-k per token, the (token, k) slots grouped by expert without a host round trip, one
+// GEMM per expert over its slots (W4A16 over the MXFP4 codes, dequantised in registers; or
+// bf16 / fp32 experts), and the weighted combine in k order. Deterministic: the same input
+// gives bit-identical output.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common/bf16.h"
+#include "backend/ops.h"
+
+namespace moonrun::cuda {
+
+// Router top-k for every token: logits [n_tokens, E] fp32 -> expert_ids, weights
+// [n_tokens, top_k] (device), exactly cpu::route_token's choice and order.
+void router_topk(const float* logits, const float* bias, int n_tokens, const RouterParams& p, int32_t* expert_ids,
+                 float* weights, cudaStream_t stream);
+
+// One kind of expert matrix [out, in] for every expert of a layer, stacked: expert e's rows
+// [e * out, (e + 1) * out) (backend/tensor.h ExpertMatrices). MXFP4: `w` the E2M1 codes
+// [E * out, in/2], `scales` E8M0 [E * out, in/32]; dense: `w` bf16 or fp32 [E * out, in].
+struct StackedExperts {
+  enum class Kind { mxfp4, bf16, f32 };
+  const void* w = nullptr;
+  const uint8_t* scales = nullptr;
+  Kind kind = Kind::mxfp4;
+  int out = 0, in = 0;
+};
+
+// The routed slots grouped by expert, on the device. Slot s = t * top_k + k.
+struct ExpertGroups {
+  int* offsets = nullptr;     // [E + 1]: expert e's slots are perm[offsets[e] .. offsets[e+1])
+  int* perm = nullptr;        // [n_slots]: slot ids grouped by expert, ascending within one
+  int* active = nullptr;      // [E]: the experts with at least one slot, ascending
+  int* num_active = nullptr;  // [1]: how many entries of `active` are valid
+};
+
+// ids [n_slots] (device, each < num_experts) -> groups. Deterministic: a stable counting
+// sort (the CPU visits the same slots per expert in the same order).
+void group_by_expert(const int32_t* ids, int n_slots, int num_experts, const ExpertGroups& groups,
+                     cudaStream_t stream);
+
+// For every active expert e and every slot s of e:  y[s, o] = sum_i x[s / x_row_div, i] * W_e[o, i]
+// x: rows of width in, bf16 (x_bf16) or fp32; x_row_div = top_k reads token rows, 1 slot
+// rows; y: [n_slots, out] fp32. max_active bounds the active experts (min(E, n_slots)).
+void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
+                           const ExpertGroups& groups, int max_active, float* y, cudaStream_t stream);
+
+// y[t, c] = sum_k weights[t, k] * expert_out[t * top_k + k, c], k ascending (the CPU's order).
+// expert_out [n_tokens * top_k, dim], weights [n_tokens, top_k], y [n_tokens, dim] fp32.
+void combine_experts(const float* expert_out, const float* weights, int n_tokens, int top_k, int dim, float* y,
+                     cudaStream_t stream);
+
+}  // namespace moonrun::cuda

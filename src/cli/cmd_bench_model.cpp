@@ -1,0 +1,57 @@
+// `moonrun bench-model --model DIR [--batch 1,8,32] [--context N] [--steps N] [--prefill N]
+// [--device cuda] [--dtype ...] [--disable-cuda-graph] [--json-out FILE]`: decode step
+// times per batch size and the prefill rate, through the runner alone (tools/bench_model.h).
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "tools/bench_model.h"
+
+namespace moonrun::cli {
+
+void add_bench_model_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench-model", "Time a model's decode steps per batch size and its prefill on one device");
+  auto c = std::make_shared<tools::ModelBenchConfig>();
+  auto batches = std::make_shared<std::string>("1,8,32");
+  auto json_out = std::make_shared<std::string>();
+  auto no_graphs = std::make_shared<bool>(false);
+  cmd->add_option("--model", c->model, "checkpoint directory or Hugging Face repo id")->required();
+  cmd->add_option("--batch", *batches, "decode batch sizes, comma-separated")->capture_default_str();
+  cmd->add_option("--context", c->context_tokens, "tokens in each sequence's caches before decoding")
+      ->capture_default_str();
+  cmd->add_option("--steps", c->decode_steps, "timed decode steps per batch size")->capture_default_str();
+  cmd->add_option("--warmup", c->warmup_steps, "untimed decode steps first (graph capture)")->capture_default_str();
+  cmd->add_option("--prefill", c->prefill_tokens, "also time one prompt of this many tokens (0: no)")
+      ->capture_default_str();
+  cmd->add_option("--device", c->runtime.device, "cuda | cpu | auto")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--dtype", c->runtime.dtype, "auto | bfloat16 | float32")->capture_default_str();
+  cmd->add_option("--mem-fraction-static", c->runtime.mem_fraction_static, "GPU memory fraction (0: default)");
+  cmd->add_flag("--disable-cuda-graph", *no_graphs, "decode steps eagerly");
+  cmd->add_option("--json-out", *json_out, "also write the figures as JSON here");
+  cmd->callback([c, batches, json_out, no_graphs] {
+    tools::ModelBenchConfig config = *c;
+    config.runtime.cuda_graphs = !*no_graphs;
+    config.batches.clear();
+    std::stringstream ss(*batches);
+    for (std::string item; std::getline(ss, item, ',');) {
+      try {
+        config.batches.push_back(std::stoi(item));
+      } catch (...) {
+        std::fprintf(stderr, "moonrun bench-model: --batch: \"%s\" is not a number\n", item.c_str());
+        throw CLI::RuntimeError(2);
+      }
+    }
+    auto report = tools::run_model_bench(config);
+    if (!report.is_ok()) {
+      std::fprintf(stderr, "moonrun bench-model: %s\n", report.status().message().c_str());
+      throw CLI::RuntimeError(report.status().code() == StatusCode::kInvalidArgument ? 2 : 1);
+    }
+    std::printf("%s", tools::format_model_bench(*report).c_str());
+    if (!json_out->empty()) std::ofstream(*json_out) << tools::model_bench_to_json(*report).dump(2) << "\n";
+  });
+}
+
+}  // namespace moonrun::cli

@@ -1,0 +1,386 @@
+// Every op of backend/ops.h on the CUDA backend against the CPU backend, on the same inputs
+// (llama.cpp's test-backend-ops): CudaOps in fp32 (--dtype float32: every op in fp32, held
+// to fp32 rounding) and in bf16 (inputs rounded to bf16 first, so the comparison measures the
+// kernel, held to bf16 rounding). The KDA and MLA ops run on a mixed batch: a long prefill,
+// a decode token and a short chunk, over state slots and pages out of order, from non-zero
+// caches. Each check prints an OPERR line that scripts/gpu-check.sh tabulates.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../support/host_tensors.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_ops.h"
+#include "model/layers/kda.h"
+#include "op_test_util.h"
+
+namespace moonrun {
+namespace {
+
+using optest::expect_close;
+using optest::expect_exact;
+
+// Both backends, and one input placed on both.
+struct Backends {
+  cpu::CpuOps cpu;
+  std::unique_ptr<Ops> gpu;
+  bool f32 = true;
+  explicit Backends(bool float32) : f32(float32) {
+    auto g = cuda::make_cuda_ops({0, 0.25, float32});
+    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+    if (g.is_ok()) gpu = std::move(g).value();
+  }
+  const char* mode() const { return f32 ? "f32" : "bf16"; }
+  // The threshold for an op: fp32 rounding in f32 mode, the stated bf16 one otherwise.
+  double tol(double bf16_tol) const { return f32 ? 2e-5 : bf16_tol; }
+};
+
+struct Pair {
+  Tensor c, g;
+};
+
+// Host values on both backends: the GPU copy in `gpu_dtype`; the CPU copy rounded the same way.
+Pair put(Backends& b, std::vector<float> v, int64_t rows, int64_t cols, DType gpu_dtype = DType::F32) {
+  if (gpu_dtype == DType::BF16) v = optest::bf16_rounded(v);
+  return {testing::upload(b.cpu, v, rows, cols), testing::upload(*b.gpu, v, rows, cols, gpu_dtype)};
+}
+Pair put_i32(Backends& b, const std::vector<int32_t>& v, int64_t rows, int64_t cols) {
+  Pair p{b.cpu.alloc(rows, cols, DType::I32, "t"), b.gpu->alloc(rows, cols, DType::I32, "t")};
+  b.cpu.upload(p.c, 0, v.data(), v.size() * 4);
+  b.gpu->upload(p.g, 0, v.data(), v.size() * 4);
+  return p;
+}
+// An output on both: F32 on the CPU, `gpu_dtype` on the GPU.
+Pair out(Backends& b, int64_t rows, int64_t cols, DType gpu_dtype = DType::F32) {
+  return {b.cpu.alloc(rows, cols, gpu_dtype == DType::I32 ? DType::I32 : DType::F32, "o"),
+          b.gpu->alloc(rows, cols, gpu_dtype, "o")};
+}
+struct MatrixPair {
+  Matrix c, g;
+};
+MatrixPair put_matrix(Backends& b, const std::vector<float>& w, int out_f, int in_f) {
+  Pair p = put(b, w, out_f, in_f, b.gpu->weight_dtype());
+  return {Matrix{p.c, {}, out_f, in_f}, Matrix{p.g, {}, out_f, in_f}};
+}
+double err(Backends& b, const Pair& p) {
+  return optest::normalised_error(testing::download(*b.gpu, p.g), testing::download(b.cpu, p.c));
+}
+
+class BackendOps : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    b_ = std::make_unique<Backends>(GetParam());
+    ASSERT_TRUE(b_->gpu);
+  }
+  Backends& b() { return *b_; }
+  DType act() const { return b_->gpu->act_dtype(); }
+  std::unique_ptr<Backends> b_;
+};
+
+std::vector<float> normal(size_t n, uint64_t seed, float sd = 1.0f) { return optest::random_normal(n, seed, sd); }
+
+// ---- dense ------------------------------------------------------------------------------
+
+TEST_P(BackendOps, DenseOps) {
+  Backends& B = b();
+  const int T = 37, H = 96, V = 300;
+  // embedding
+  Pair table = put(B, normal(V * H, 1), V, H, B.gpu->weight_dtype());
+  ForwardBatch fb;
+  std::vector<int32_t> ids;
+  for (int t = 0; t < T; ++t) ids.push_back((t * 53 + 7) % V);
+  fb.add_seq(ids.data(), T, 0, 0, nullptr, 0);
+  const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
+  Pair e = out(B, T, H);
+  B.cpu.embedding(table.c, vc, e.c);
+  B.gpu->embedding(table.g, vg, e.g);
+  expect_exact(std::string("embedding_") + B.mode(), "37x96", testing::download(*B.gpu, e.g),
+               testing::download(B.cpu, e.c));
+  // rmsnorm into F32 and into the act dtype
+  Pair x = put(B, normal(T * H, 2, 3.0f), T, H);
+  Pair w = put(B, optest::random_uniform(H, 3, 0.5f, 1.5f), 1, H);
+  Pair y = out(B, T, H), ya = out(B, T, H, act());
+  B.cpu.rmsnorm(x.c, w.c, 1e-6f, y.c);
+  B.gpu->rmsnorm(x.g, w.g, 1e-6f, y.g);
+  B.cpu.rmsnorm(x.c, w.c, 1e-6f, ya.c);
+  B.gpu->rmsnorm(x.g, w.g, 1e-6f, ya.g);
+  expect_close(std::string("rmsnorm_") + B.mode(), "37x96", err(B, y), 2e-6);
+  expect_close(std::string("rmsnorm_act_") + B.mode(), "37x96", err(B, ya), B.tol(4e-3));
+  // linear: act x, weight dtype
+  const int O = 200;
+  Pair xa = put(B, normal(T * H, 4), T, H, act());
+  MatrixPair m = put_matrix(B, normal(O * H, 5, 0.1f), O, H);
+  Pair l = out(B, T, O);
+  B.cpu.linear(xa.c, m.c, l.c);
+  B.gpu->linear(xa.g, m.g, l.g);
+  expect_close(std::string("linear_") + B.mode(), "37x96->200", err(B, l), B.tol(1e-5));
+  // add, mul, sigmoid, gated activations (SiTU and SwiGLU)
+  Pair a = put(B, normal(T * H, 6), T, H), c = put(B, normal(T * H, 7), T, H);
+  Pair s = out(B, T, H), p = out(B, T, H, act());
+  B.cpu.add(a.c, c.c, s.c);
+  B.gpu->add(a.g, c.g, s.g);
+  expect_exact(std::string("add_") + B.mode(), "37x96", testing::download(*B.gpu, s.g), testing::download(B.cpu, s.c));
+  B.cpu.mul(a.c, c.c, p.c);
+  B.gpu->mul(a.g, c.g, p.g);
+  expect_close(std::string("mul_") + B.mode(), "37x96", err(B, p), B.tol(4e-3));
+  B.cpu.sigmoid(a.c);
+  B.gpu->sigmoid(a.g);
+  expect_close(std::string("sigmoid_") + B.mode(), "37x96", err(B, a), 1e-6);
+  for (bool situ : {true, false}) {
+    const ActivationParams ap{situ, 4.0f, situ ? 25.0f : 0.0f};
+    Pair h = out(B, T, H, act());
+    B.cpu.gated_activation(c.c, s.c, ap, h.c);
+    B.gpu->gated_activation(c.g, s.g, ap, h.g);
+    expect_close(std::string(situ ? "situ_" : "swiglu_") + B.mode(), "37x96", err(B, h), B.tol(4e-3));
+  }
+  // AttnRes mix over 0..3 blocks
+  for (int nb : {0, 1, 3}) {
+    Pair blocks = put(B, normal((nb + 1) * T * H, 10 + nb, 2.0f), (nb + 1) * T, H);
+    Pair wn = put(B, optest::random_uniform(H, 20, 0.5f, 1.5f), 1, H), wp = put(B, normal(H, 21), 1, H);
+    Pair mix = out(B, T, H);
+    B.cpu.attn_res_mix(x.c, blocks.c, nb, wn.c, wp.c, 1e-5f, mix.c);
+    B.gpu->attn_res_mix(x.g, blocks.g, nb, wn.g, wp.g, 1e-5f, mix.g);
+    expect_close(std::string("attn_res_mix_") + B.mode(), std::to_string(nb) + "blocks", err(B, mix), 1e-5);
+  }
+  // gather_rows
+  Pair rows = put_i32(B, {5, 0, 36, 5}, 4, 1);
+  Pair gth = out(B, 4, H);
+  B.cpu.gather_rows(x.c, rows.c.as<int32_t>(), gth.c);
+  B.gpu->gather_rows(x.g, rows.g.as<int32_t>(), gth.g);
+  expect_exact(std::string("gather_rows_") + B.mode(), "4of37", testing::download(*B.gpu, gth.g),
+               testing::download(B.cpu, gth.c));
+}
+
+// ---- the mixed batch of the attention tests -------------------------------------------
+
+// A 70-token prefill (a full and a partial KDA chunk) in slot 2, one decode token after 37
+// in slot 0, a 5-token chunk after 12 in slot 1; pages of 16 tokens out of order.
+struct MixedBatch {
+  ForwardBatch fb;
+  std::vector<std::vector<int32_t>> pages = {{3, 9, 1, 7, 5}, {0, 8, 2}, {6, 4}};
+  static constexpr int kPageSize = 16, kPages = 10, kSlots = 3;
+  MixedBatch() {
+    const std::vector<int32_t> ids(70, 1);
+    fb.add_seq(ids.data(), 70, 0, 2, pages[0].data(), 5);
+    fb.add_seq(ids.data(), 1, 37, 0, pages[1].data(), 3);
+    fb.add_seq(ids.data(), 5, 12, 1, pages[2].data(), 2);
+  }
+  int n_tokens() const { return fb.n_tokens(); }
+};
+
+TEST_P(BackendOps, KdaOpsOnAMixedBatch) {
+  Backends& B = b();
+  MixedBatch mb;
+  const int T = mb.n_tokens(), H = 4, d = 32, D = H * d, K = 4;
+  const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
+  KdaShape shape;
+  shape.num_heads = H;
+  shape.head_dim = d;
+  shape.conv_kernel = K;
+  const int64_t slot_floats = kda_state_floats(shape);
+  // State slots with non-zero windows and S (a sequence in the middle of its life).
+  std::vector<float> state = normal(MixedBatch::kSlots * slot_floats, 30, 0.3f);
+  // short conv (+ SiLU) on the three windows of a slot
+  Pair x = put(B, normal(T * D, 31), T, D), w = put(B, normal(D * K, 32, 0.5f), D, K);
+  for (bool silu : {true, false}) {
+    Pair st = put(B, state, MixedBatch::kSlots, slot_floats);
+    Pair y = out(B, T, D);
+    B.cpu.short_conv(x.c, w.c, vc, StateLayer{st.c.as<float>(), slot_floats}, silu, y.c);
+    B.gpu->short_conv(x.g, w.g, vg, StateLayer{st.g.as<float>(), slot_floats}, silu, y.g);
+    expect_close(std::string("short_conv_") + (silu ? "silu_" : "") + B.mode(), "76x128", err(B, y), 1e-6);
+    expect_close(std::string("short_conv_window_") + B.mode(), "3slots", err(B, st), 0.0);
+  }
+  // l2norm, the two decay gates, the gated norm
+  Pair q = put(B, normal(T * D, 33), T, D);
+  B.cpu.l2norm_rows(q.c.reshaped(d), 0.17f);
+  B.gpu->l2norm_rows(q.g.reshaped(d), 0.17f);
+  expect_close(std::string("l2norm_rows_") + B.mode(), "304x32", err(B, q), 1e-6);
+  Pair A_log = put(B, optest::random_uniform(H, 34, 0.0f, 2.7f), 1, H), dt = put(B, normal(D, 35), 1, D);
+  for (float lb : {-5.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    Pair g = put(B, normal(T * D, 36), T, D);
+    B.cpu.kda_gate(g.c, A_log.c, dt.c, d, lb);
+    B.gpu->kda_gate(g.g, A_log.g, dt.g, d, lb);
+    expect_close(std::string(std::isnan(lb) ? "kda_gate_softplus_" : "kda_gate_bounded_") + B.mode(), "76x128",
+                 err(B, g), 1e-6);
+  }
+  Pair o = put(B, normal(T * D, 37), T, D), gate = put(B, normal(T * D, 38), T, D);
+  Pair wn = put(B, optest::random_uniform(d, 39, 0.5f, 1.5f), 1, d);
+  Pair gn = out(B, T, D, act());
+  B.cpu.gated_rmsnorm(o.c.reshaped(d), gate.c.reshaped(d), wn.c, 1e-5f, gn.c.reshaped(d));
+  B.gpu->gated_rmsnorm(o.g.reshaped(d), gate.g.reshaped(d), wn.g, 1e-5f, gn.g.reshaped(d));
+  expect_close(std::string("gated_rmsnorm_") + B.mode(), "304x32", err(B, gn), B.tol(4e-3));
+
+  // The recurrence in its three modes, from non-zero S.
+  auto unit_rows = [&](std::vector<float> v, float scale) {
+    for (int r = 0; r < T * H; ++r) {
+      double ss = 0;
+      for (int i = 0; i < d; ++i) ss += v[r * d + i] * v[r * d + i];
+      for (int i = 0; i < d; ++i) v[r * d + i] = static_cast<float>(v[r * d + i] * scale / std::sqrt(ss));
+    }
+    return v;
+  };
+  Pair qq = put(B, unit_rows(normal(T * D, 40), 1.0f / std::sqrt(32.0f)), T, D);
+  Pair kk = put(B, unit_rows(normal(T * D, 41), 1.0f), T, D);
+  Pair vv = put(B, normal(T * D, 42), T, D);
+  Pair gg = put(B, optest::random_uniform(T * D, 43, -5.0f, 0.0f), T, D);
+  Pair bb = put(B, optest::random_uniform(T * H, 44, 0.0f, 1.0f), T, H);
+  for (KdaMode mode : {KdaMode::kAuto, KdaMode::kRecurrent, KdaMode::kChunked}) {
+    const char* name = mode == KdaMode::kAuto ? "auto" : mode == KdaMode::kRecurrent ? "recurrent" : "chunked";
+    Pair st = put(B, state, MixedBatch::kSlots, slot_floats);
+    Pair oo = out(B, T, D);
+    const int64_t s_off = kda_s_offset(shape);
+    B.cpu.kda_recurrence(qq.c, kk.c, vv.c, gg.c, bb.c, vc, StateLayer{st.c.as<float>() + s_off, slot_floats}, H, d,
+                         mode, oo.c);
+    B.gpu->kda_recurrence(qq.g, kk.g, vv.g, gg.g, bb.g, vg, StateLayer{st.g.as<float>() + s_off, slot_floats}, H, d,
+                          mode, oo.g);
+    expect_close(std::string("kda_recurrence_") + name + "_" + B.mode(), "3seqs", err(B, oo), 2e-5);
+    expect_close(std::string("kda_state_") + name + "_" + B.mode(), "3slots", err(B, st), 2e-5);
+  }
+}
+
+TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
+  Backends& B = b();
+  MixedBatch mb;
+  const int T = mb.n_tokens();
+  MlaShape shp{4, 32, 16, 8, 24};  // heads, kv_lora, nope, rope, v
+  const int row = shp.row_width(), P = MixedBatch::kPages * MixedBatch::kPageSize;
+  const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
+  const DType kv_dtype = act();
+  // A pool already holding rows of the past positions.
+  const std::vector<float> pool = normal(static_cast<size_t>(P) * row, 50);
+  Pair ckv = put(B, normal(T * row, 51, 2.0f), T, row);
+  Pair nw = put(B, optest::random_uniform(shp.kv_lora, 52, 0.5f, 1.5f), 1, shp.kv_lora);
+  Pair q = put(B, normal(T * shp.num_heads * (shp.nope + shp.rope), 53), T, shp.num_heads * (shp.nope + shp.rope));
+  MatrixPair kv_b = put_matrix(B, normal(shp.num_heads * (shp.nope + shp.v_dim) * shp.kv_lora, 54, 0.2f),
+                               shp.num_heads * (shp.nope + shp.v_dim), shp.kv_lora);
+  for (MlaMode mode : {MlaMode::kAuto, MlaMode::kPlain, MlaMode::kAbsorbed}) {
+    const char* name = mode == MlaMode::kAuto ? "auto" : mode == MlaMode::kPlain ? "plain" : "absorbed";
+    Pair cache = put(B, pool, P, row, kv_dtype);
+    const KvLayer kc{cache.c.data, DType::F32, MixedBatch::kPageSize, row};
+    const KvLayer kg{cache.g.data, kv_dtype, MixedBatch::kPageSize, row};
+    B.cpu.mla_store(ckv.c, nw.c, 1e-6f, vc, kc);
+    B.gpu->mla_store(ckv.g, nw.g, 1e-6f, vg, kg);
+    expect_close(std::string("mla_store_") + name + "_" + B.mode(), "76rows", err(B, cache), B.tol(4e-3));
+    Pair o = out(B, T, shp.num_heads * shp.v_dim);
+    B.cpu.mla_attention(q.c, kv_b.c, vc, kc, shp, mode, o.c);
+    B.gpu->mla_attention(q.g, kv_b.g, vg, kg, shp, mode, o.g);
+    expect_close(std::string("mla_attention_") + name + "_" + B.mode(), "3seqs", err(B, o), B.tol(2e-2));
+  }
+}
+
+// ---- MoE --------------------------------------------------------------------------------
+
+TEST_P(BackendOps, RouterAndExperts) {
+  Backends& B = b();
+  const int T = 21, E = 16, K = 4, Dm = 64, I = 96;
+  // router: grouped and plain, ids exact
+  for (const RouterParams& p : {RouterParams{E, K, 4, 2, true, 2.5f}, RouterParams{E, K, 1, 1, false, 1.0f}}) {
+    Pair logits = put(B, normal(T * E, 60, 2.0f), T, E), bias = put(B, normal(E, 61, 0.5f), 1, E);
+    Pair ids = out(B, T, K, DType::I32), w = out(B, T, K);
+    B.cpu.router_topk(logits.c, bias.c, p, ids.c, w.c);
+    B.gpu->router_topk(logits.g, bias.g, p, ids.g, w.g);
+    expect_exact(std::string("router_ids_") + B.mode(), p.num_expert_group > 1 ? "grouped" : "plain",
+                 testing::download(*B.gpu, ids.g), testing::download(B.cpu, ids.c));
+    expect_close(std::string("router_weights_") + B.mode(), "21x16", err(B, w), 1e-6);
+  }
+  // experts: MXFP4 (the same codes on both) and dense
+  std::vector<int32_t> ids;
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) ids.push_back((t * 5 + k * 3) % (E - 3));  // not every expert
+  Pair id = put_i32(B, ids, T, K);
+  Pair wt = put(B, optest::random_uniform(T * K, 62, 0.0f, 1.0f), T, K);
+  Pair x = put(B, normal(T * Dm, 63), T, Dm, act());
+  for (bool mxfp4 : {true, false}) {
+    auto experts = [&](int out_f, int in_f, uint64_t seed) {
+      ExpertMatrices c, g;
+      c.num_experts = g.num_experts = E;
+      c.stacked.out = g.stacked.out = out_f;
+      c.stacked.in = g.stacked.in = in_f;
+      if (mxfp4) {
+        std::vector<uint8_t> codes(static_cast<size_t>(E) * out_f * in_f / 2), scales(static_cast<size_t>(E) * out_f * in_f / 32);
+        testing::Rng r(seed);
+        for (auto& v : codes) v = static_cast<uint8_t>(r.bits());
+        for (auto& v : scales) v = static_cast<uint8_t>(120 + r.bits() % 5);
+        for (Ops* ops : {static_cast<Ops*>(&B.cpu), B.gpu.get()}) {
+          ExpertMatrices& m = ops == &B.cpu ? c : g;
+          m.stacked.w = ops->alloc(static_cast<int64_t>(E) * out_f, in_f / 2, DType::U8, "codes");
+          m.stacked.scales = ops->alloc(static_cast<int64_t>(E) * out_f, in_f / 32, DType::U8, "scales");
+          ops->upload(m.stacked.w, 0, codes.data(), codes.size());
+          ops->upload(m.stacked.scales, 0, scales.data(), scales.size());
+        }
+      } else {
+        Pair w = put(B, normal(static_cast<size_t>(E) * out_f * in_f, seed, 0.1f), static_cast<int64_t>(E) * out_f,
+                     in_f, B.gpu->weight_dtype());
+        c.stacked.w = w.c;
+        g.stacked.w = w.g;
+      }
+      return std::pair{c, g};
+    };
+    auto [w1c, w1g] = experts(I, Dm, 70);
+    auto [w3c, w3g] = experts(I, Dm, 71);
+    auto [w2c, w2g] = experts(Dm, I, 72);
+    Pair y = out(B, T, Dm);
+    const ActivationParams ap{true, 4.0f, 25.0f};
+    B.cpu.moe_experts(x.c, id.c, wt.c, w1c, w3c, w2c, ap, y.c);
+    B.gpu->moe_experts(x.g, id.g, wt.g, w1g, w3g, w2g, ap, y.g);
+    expect_close(std::string("moe_experts_") + (mxfp4 ? "mxfp4_" : "dense_") + B.mode(), "21x64", err(B, y),
+                 B.tol(2e-2));
+  }
+}
+
+// ---- sampling -----------------------------------------------------------------------------
+
+TEST_P(BackendOps, SamplingWithEdits) {
+  Backends& B = b();
+  const int R = 6, V = 5000;
+  Pair logits_c_g = put(B, normal(R * V, 80, 3.0f), R, V);
+  SamplingBatch sb;
+  sb.mask_words = (V + 31) / 32;
+  for (int r = 0; r < R; ++r) {
+    SamplingRow row;
+    row.temperature = r % 3 == 0 ? 0.0f : 0.8f + 0.2f * r;
+    row.top_k = r == 2 ? 40 : 0;
+    row.top_p = r == 4 ? 0.7f : 1.0f;
+    row.u = 0.1 + 0.13 * r;
+    row.logprobs = r == 1 ? 3 : -1;
+    row.repetition_penalty = r >= 3 ? 1.3f : 1.0f;
+    row.frequency_penalty = r >= 3 ? 0.5f : 0.0f;
+    row.history_begin = static_cast<int32_t>(sb.history.size());
+    if (r >= 3)
+      for (int j = 0; j < 50; ++j) sb.history.push_back({(j * 97 + r) % V, j % 3});
+    row.history_end = static_cast<int32_t>(sb.history.size());
+    row.bias_begin = static_cast<int32_t>(sb.biases.size());
+    sb.biases.push_back({(r * 31) % V, 3.0f});
+    sb.biases.push_back({(r * 31 + 1) % V, -std::numeric_limits<float>::infinity()});
+    row.bias_end = static_cast<int32_t>(sb.biases.size());
+    if (r == 5) {
+      row.mask_row = 0;
+      sb.allowed.assign(sb.mask_words, 0);
+      for (int t = 0; t < V; t += 7) sb.allowed[t / 32] |= 1u << (t % 32);
+    }
+    sb.rows.push_back(row);
+  }
+  std::vector<SampleResult> want, got;
+  B.cpu.sample(logits_c_g.c, sb, want);
+  B.gpu->sample(logits_c_g.g, sb, got);
+  std::vector<float> wt, gt;
+  for (int r = 0; r < R; ++r) {
+    wt.push_back(static_cast<float>(want[r].token));
+    gt.push_back(static_cast<float>(got[r].token));
+  }
+  expect_exact(std::string("sample_") + B.mode(), "6x5000", gt, wt);
+  ASSERT_EQ(got[1].top.size(), 3u);
+  EXPECT_NEAR(got[1].logprob, want[1].logprob, 1e-4);
+  EXPECT_EQ(got[5].token % 7, 0);  // the mask holds
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, BackendOps, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Float32" : "Bfloat16"; });
+
+}  // namespace
+}  // namespace moonrun
