@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "engine/logits_processing.h"
 
 namespace moonrun {
 
@@ -83,6 +84,7 @@ Status Engine::add_request(uint64_t request_id, std::vector<int32_t> prompt_ids,
     req->max_output_tokens =
         params.max_tokens > 0 ? params.max_tokens : config_.max_model_len - req->num_prompt_tokens();
     req->text = OutputText(detokenize_, params.stop);
+    if (params.make_constraint) req->constraint = params.make_constraint();
     const Status st = scheduler_.add(req.get());
     MR_CHECK(st.is_ok()) << st.message();  // room was checked above
     totals_.prompt_tokens_total += req->num_prompt_tokens();
@@ -169,15 +171,20 @@ Status Engine::forward(const ForwardBatch& batch, std::vector<float>& logits) {
 }
 
 std::vector<std::optional<SampleResult>> Engine::sample(const SchedulerOutput& scheduled,
-                                                        const std::vector<float>& logits) {
+                                                        std::vector<float>& logits) {
   const int vocab = runner_.vocab();
   std::vector<std::optional<SampleResult>> samples(scheduled.seqs.size());
+  std::vector<uint32_t> mask_words;
   for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
     const ScheduledSeq& s = scheduled.seqs[i];
     if (!s.samples) continue;  // a prefill chunk short of the prompt's end: logits unused
     Request* req = s.req;
-    samples[i] = sample_token(logits.data() + i * vocab, vocab, req->params, req->prompt_ids, req->output_ids,
-                              req->rng);
+    float* row = logits.data() + i * vocab;
+    process_request_logits(*req, std::span<float>(row, vocab), config_.eos_token_ids, mask_words);
+    samples[i] = sample_token(row, vocab, req->params, req->prompt_ids, req->output_ids, req->rng);
+    if (req->constraint && !req->constraint->accept(samples[i]->token))
+      MR_LOG(WARNING) << "request " << req->group_id << ": sampled token " << samples[i]->token
+                      << " outside its constraint";
   }
   return samples;
 }

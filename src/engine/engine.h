@@ -99,8 +99,9 @@ class Engine {
   SchedulerOutput schedule();
   ForwardBatch prepare_inputs(const SchedulerOutput& scheduled);
   Status forward(const ForwardBatch& batch, std::vector<float>& logits);
+  // Applies each request's logit processing (logits_processing.h) to its row in place.
   std::vector<std::optional<SampleResult>> sample(const SchedulerOutput& scheduled,
-                                                  const std::vector<float>& logits);
+                                                  std::vector<float>& logits);
   void postprocess(const SchedulerOutput& scheduled,
                    const std::vector<std::optional<SampleResult>>& samples,
                    std::vector<RequestOutput>& outputs);
