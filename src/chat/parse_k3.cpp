@@ -177,10 +177,22 @@ class K3Parser final : public MarkerDrivenParser {
   void end_reasoning() {
     held_space_.clear();  // white space alone is not reasoning
   }
+  // Content that is only white space so far is held: vLLM gives no content when that is all
+  // there is beside tool calls, and the white space is the content otherwise.
   void emit_content(std::string_view s) {
     if (s.empty()) return;
+    if (!content_seen_) {
+      held_content_ += s;
+      if (trim(held_content_).empty()) return;
+      s = held_content_;
+      content_seen_ = true;
+    }
     out_->content += s;
-    response_has_text_ = true;
+    held_content_.clear();
+  }
+  void flush_held_content() {
+    if (num_calls_ == 0) out_->content += held_content_;
+    held_content_.clear();
   }
 
   // Text between channels. vLLM's content is the response channel's body when there is
@@ -215,7 +227,6 @@ class K3Parser final : public MarkerDrivenParser {
     if (s == State::kResponse) {
       response_seen_ = true;
       top_text_.clear();  // the response channel's body is the content
-      response_has_text_ = false;
     }
     state_ = s;
   }
@@ -223,6 +234,7 @@ class K3Parser final : public MarkerDrivenParser {
   void end_message() {
     if (state_ == State::kReasoning) end_reasoning();
     if (state_ == State::kTop) release_top_text();
+    if (state_ != State::kDone) flush_held_content();
     state_ = State::kDone;
   }
 
@@ -350,7 +362,8 @@ class K3Parser final : public MarkerDrivenParser {
   std::string tag_header_;
 
   bool reasoning_seen_ = false;
-  bool response_has_text_ = false;
+  bool content_seen_ = false;
+  std::string held_content_;
   std::string held_space_;
   std::string top_text_;
 

@@ -1,8 +1,8 @@
-// Completions the peers' own tests assert on (tests/fixtures/chat/parse/peer_cases.json:
-// vLLM's kimi_k2 / kimi_k3 tool and reasoning parser tests, each case naming the test it
-// comes from), parsed whole and streamed in every chunk size up to 9 bytes: the message
-// must be the one the peer test expects, and no control marker may reach reasoning or
-// content in any of them.
+// Completions with what the peers give for them, parsed whole and streamed in every chunk
+// size up to 9 bytes: the message must be the peer's, and no control marker may reach
+// reasoning or content. peer_cases.json: the cases vLLM's kimi_k2 / kimi_k3 tool and
+// reasoning parser tests assert on (each names its test); vllm_k3_cases.json: vLLM's
+// kimi_k3 parsers run on a corpus of K3 completions (outputs only).
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,11 +15,10 @@
 namespace moonrun::chat {
 namespace {
 
-const std::filesystem::path kCases =
-    std::filesystem::path(MOONRUN_SOURCE_DIR) / "tests/fixtures/chat/parse/peer_cases.json";
+const std::filesystem::path kParseFixtures = std::filesystem::path(MOONRUN_SOURCE_DIR) / "tests/fixtures/chat/parse";
 
-Json load_cases() {
-  std::ifstream in(kCases);
+Json load_cases(const char* file) {
+  std::ifstream in(kParseFixtures / file);
   std::stringstream ss;
   ss << in.rdbuf();
   return Json::parse(ss.str());
@@ -61,9 +60,7 @@ void expect_no_markers(const ParsedMessage& m) {
   }
 }
 
-TEST(ParsePeerCases, AsThePeerTestsAssert) {
-  const Json cases = load_cases()["cases"];
-  ASSERT_GE(cases.size(), 20u);
+void check_cases(const Json& cases) {
   for (const Json& c : cases) {
     SCOPED_TRACE(c["name"].get<std::string>() + " (" + c["source"].get<std::string>() + ")");
     const ChatFormat format = *chat_format_from_name(c["format"].get<std::string>());
@@ -89,6 +86,20 @@ TEST(ParsePeerCases, AsThePeerTestsAssert) {
       expect_no_markers(streamed);
     }
   }
+}
+
+TEST(ParsePeerCases, AsThePeerTestsAssert) {
+  const Json cases = load_cases("peer_cases.json")["cases"];
+  ASSERT_GE(cases.size(), 20u);
+  check_cases(cases);
+}
+
+// 93 K3 completions (well-formed, every argument type, escapes, missing closes, stray
+// layout, tool_choice none, thinking on and off) with what vLLM's kimi_k3 parsers give.
+TEST(ParsePeerCases, AsVllmKimiK3Parses) {
+  const Json cases = load_cases("vllm_k3_cases.json")["cases"];
+  ASSERT_GE(cases.size(), 90u);
+  check_cases(cases);
 }
 
 }  // namespace
