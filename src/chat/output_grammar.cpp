@@ -250,7 +250,8 @@ class FormatGrammar {
 
   Result<Frag> k2(const Need& need) {
     std::vector<Frag> parts;
-    if (request_.thinking) parts.push_back(b_.seq({text(), marker("</think>")}));
+    // K2-Thinking opens its reasoning with <think> itself (the prompt does not).
+    if (request_.thinking) parts.push_back(b_.seq({b_.opt(marker("<think>")), text(), marker("</think>")}));
     parts.push_back(need.json ? MR_TRY(response_json()) : text());
     if (need.calls) {
       auto one = [&](const Json* tool) -> Result<Frag> {
