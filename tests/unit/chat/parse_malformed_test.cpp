@@ -301,6 +301,18 @@ TEST(ParseToolChoice, NoCallsWhenNoneOrNoTools) {
   ParseOptions autos = with_tools(tools);
   autos.thinking = true;
   EXPECT_EQ(parse(ChatFormat::kKimiK3, text, autos).tool_calls.size(), 1u);
+  // K2 alike: the section is parsed and dropped.
+  const std::string k2text = "<think>r</think>hi<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+                             "<|tool_call_argument_begin|>{\"n\": 123456789012345678901234567890}<|tool_call_end|>"
+                             "<|tool_calls_section_end|><|im_end|>";
+  m = parse(ChatFormat::kKimiK2, k2text, none);
+  EXPECT_EQ(m.tool_calls.size(), 0u);
+  EXPECT_EQ(m.content, "hi");
+  m = parse(ChatFormat::kKimiK2, k2text, parse_options_for(*req));
+  EXPECT_EQ(m.tool_calls.size(), 0u);
+  m = parse(ChatFormat::kKimiK2, k2text, autos);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments, "{\"n\": 123456789012345678901234567890}");  // K2 arguments travel as text
 }
 
 TEST(ParseToolChoice, ParallelFalseKeepsTheFirstCall) {
