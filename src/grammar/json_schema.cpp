@@ -13,7 +13,7 @@ using Frag = Builder::Frag;
 
 constexpr int kMaxDepth = 64;            // nested schemas without $ref
 constexpr int kMaxUnrolled = 1024;       // minItems/maxItems/minLength/maxLength spelled out
-constexpr size_t kMaxNodes = 2'000'000;  // a schema this large is refused, not built
+constexpr size_t kMaxNodes = 400'000;  // a schema this large is refused, not built
 constexpr int kMaxWhitespace = 20;       // a run of layout white space
 constexpr int kMaxDigits = 16;           // integer digits of an unbounded number
 
@@ -494,6 +494,13 @@ namespace {
 // digit ranges: the usual range-to-regex split on the first differing digit.
 Frag same_length_range(Builder& b, const std::string& lo, const std::string& hi) {
   if (lo.empty()) return b.empty();
+  // Every string of this length: plain digits (without this the split below recurses into
+  // both of its ends and grows exponentially with the length).
+  if (lo.find_first_not_of('0') == std::string::npos && hi.find_first_not_of('9') == std::string::npos) {
+    std::vector<Frag> digits;
+    for (size_t k = 0; k < lo.size(); ++k) digits.push_back(b.byte_range('0', '9'));
+    return b.seq(std::move(digits));
+  }
   if (lo.size() == 1) return b.byte_range(static_cast<uint8_t>(lo[0]), static_cast<uint8_t>(hi[0]));
   if (lo[0] == hi[0]) return b.seq({b.literal(lo.substr(0, 1)), same_length_range(b, lo.substr(1), hi.substr(1))});
   const size_t rest = lo.size() - 1;

@@ -416,8 +416,26 @@ Builder::Frag char_frag(Builder& b, const CharSet& set, StringMode mode) {
   return b.alt(std::move(options));
 }
 
+// How many character positions the regex spells out once repetitions are unrolled: a
+// pattern like (a{1000}){1000} would build a million copies, so it is refused up front.
+double unrolled_size(const Re& r) {
+  switch (r.kind) {
+    case Re::Kind::kSet: return 1;
+    case Re::Kind::kCat:
+    case Re::Kind::kAlt: {
+      double n = 1;
+      for (const Re& k : r.kids) n += unrolled_size(k);
+      return n;
+    }
+    case Re::Kind::kRep: return unrolled_size(r.kids[0]) * std::max(1, r.max < 0 ? r.min + 1 : r.max);
+  }
+  return 1;
+}
+
 Result<Builder::Frag> pattern_frag(Builder& b, std::string_view pattern, StringMode mode, const std::string& path) {
   Re re = MR_TRY(Parser(pattern, path).parse());
+  if (unrolled_size(re) > 20000)
+    return invalid_argument(path + ": the pattern's repetitions spell out more than 20000 characters, which is not supported");
   // Unanchored sides may hold any text (JSON Schema patterns match anywhere).
   const bool anchored_start = !pattern.empty() && pattern.front() == '^';
   const bool anchored_end = !pattern.empty() && pattern.back() == '$' && (pattern.size() < 2 || pattern[pattern.size() - 2] != '\\');

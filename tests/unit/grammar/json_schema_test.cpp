@@ -196,6 +196,11 @@ TEST(JsonSchema, UnsupportedPartsAreNamed) {
   EXPECT_NE(compile_error(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
   EXPECT_NE(compile_error(R"({"type":"integer","minimum":5,"maximum":1})").find("no integer"), std::string::npos);
   EXPECT_NE(compile_error(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})").find("infinite"), std::string::npos);
+  // Hostile sizes are refused before they are built.
+  EXPECT_NE(compile_error(R"({"type":"string","pattern":"^(a{1000}){1000}$"})").find("more than 20000"), std::string::npos);
+  Json many = {{"type", "object"}, {"properties", Json::object()}};
+  for (int i = 0; i < 400; ++i) many["properties"]["p" + std::to_string(i)] = {{"type", "string"}, {"maxLength", 1000}};
+  EXPECT_NE(compile_error(many.dump()).find("too large"), std::string::npos);
 }
 
 // Random walks under the masks always end in JSON the schema accepts, within the budget,
