@@ -243,8 +243,12 @@ Status get_number(const Json& body, const char* key, std::optional<T>& out) {
   return Status::ok();
 }
 
+// The reference order (vLLM's _apply_k3_thinking_kwargs over the chat template kwargs):
+// thinking / enable_thinking first, reasoning_effort "none" only when neither is set; the
+// effort from chat_template_kwargs.thinking_effort, else reasoning_effort.
 Status parse_thinking(const Json& body, ChatRequest& req) {
   std::optional<bool> thinking;
+  std::optional<std::string> effort;
   auto kw = body.find("chat_template_kwargs");
   if (kw != body.end() && !kw->is_null()) {
     MR_RETURN_IF_ERROR(expect_type(*kw, "chat_template_kwargs", kw->is_object(), "an object"));
@@ -254,19 +258,29 @@ Status parse_thinking(const Json& body, ChatRequest& req) {
       MR_RETURN_IF_ERROR(expect_type(*it, std::string("chat_template_kwargs.") + key, it->is_boolean(), "a boolean"));
       if (!thinking) thinking = it->get<bool>();
     }
-  }
-  auto effort = body.find("reasoning_effort");
-  if (effort != body.end() && !effort->is_null()) {
-    MR_RETURN_IF_ERROR(expect_type(*effort, "reasoning_effort", effort->is_string(), "a string"));
-    const std::string e = effort->get<std::string>();
-    if (e == "none") {
-      if (!thinking) thinking = false;
-    } else if (e == "low" || e == "high" || e == "max") {
-      req.thinking_effort = e;
-    } else {
-      req.warnings.push_back("Kimi K3 supports thinking_effort low/high/max; ignoring reasoning_effort='" + e + "'.");
+    if (auto it = kw->find("thinking_effort"); it != kw->end() && !it->is_null()) {
+      MR_RETURN_IF_ERROR(expect_type(*it, "chat_template_kwargs.thinking_effort", it->is_string(), "a string"));
+      effort = it->get<std::string>();
+      req.thinking_effort_field = "chat_template_kwargs.thinking_effort";
+    }
+    if (auto it = kw->find("add_generation_prompt"); it != kw->end() && !it->is_null()) {
+      MR_RETURN_IF_ERROR(
+          expect_type(*it, "chat_template_kwargs.add_generation_prompt", it->is_boolean(), "a boolean"));
+      req.add_generation_prompt = it->get<bool>();
     }
   }
+  auto re = body.find("reasoning_effort");
+  if (re != body.end() && !re->is_null()) {
+    MR_RETURN_IF_ERROR(expect_type(*re, "reasoning_effort", re->is_string(), "a string"));
+    const std::string e = re->get<std::string>();
+    if (e == "none") {
+      if (!thinking) thinking = false;
+    } else if (!effort) {
+      effort = e;
+      req.thinking_effort_field = "reasoning_effort";
+    }
+  }
+  if (effort) req.thinking_effort = *effort;
   req.thinking = thinking.value_or(true);
   return Status::ok();
 }
@@ -316,6 +330,12 @@ Result<ChatRequest> parse_chat_request(const Json& body) {
       found |= t["function"]["name"] == req.tool_choice.function_name;
     if (!found)
       return field_error("tool_choice.function.name", "'" + req.tool_choice.function_name + "' is not one of the request's tools");
+  }
+  if (req.tool_choice.kind == ToolChoice::Kind::kRequired && !(req.tools.is_array() && !req.tools.empty()))
+    return field_error("tool_choice", "'required' needs at least one tool in `tools`");
+  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
+    MR_RETURN_IF_ERROR(expect_type(*it, "parallel_tool_calls", it->is_boolean(), "a boolean"));
+    req.parallel_tool_calls = it->get<bool>();
   }
   if (auto it = body.find("response_format"); it != body.end()) req.response_format = MR_TRY(parse_response_format(*it));
   MR_RETURN_IF_ERROR(parse_thinking(body, req));

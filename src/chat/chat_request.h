@@ -80,11 +80,18 @@ struct ChatRequest {
   ToolChoice tool_choice;
   ResponseFormat response_format;
 
-  // Thinking: on unless `reasoning_effort: "none"` or chat_template_kwargs
-  // {"thinking": false} / {"enable_thinking": false}. Effort low|high|max, default max (the
-  // K3 tokenizer's default); other values are ignored with a warning, as deployed.
+  // Thinking: on unless chat_template_kwargs {"thinking": false} / {"enable_thinking":
+  // false}, or `reasoning_effort: "none"` (the kwargs win, as in vLLM's K3 renderer).
+  // Effort: chat_template_kwargs.thinking_effort, else reasoning_effort, else "max" (the
+  // K3 tokenizer's default). The K3 encoder accepts only low|high|max and rejects anything
+  // else (render_k3 returns the 400, naming thinking_effort_field); K2 has no effort.
   bool thinking = true;
   std::string thinking_effort = "max";
+  std::string thinking_effort_field = "reasoning_effort";  // where the value came from
+  // chat_template_kwargs.add_generation_prompt (default true): false ends the prompt after
+  // the last message, as the reference renderers do.
+  bool add_generation_prompt = true;
+  bool parallel_tool_calls = true;    // false: at most one tool call per reply
   std::vector<std::string> warnings;  // for the server's log
 
   // Sampling and transport.

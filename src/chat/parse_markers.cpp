@@ -48,7 +48,10 @@ void MarkerLexer::feed(std::string_view chunk, std::vector<MarkerPiece>& out) {
 }
 
 void MarkerLexer::finish(std::vector<MarkerPiece>& out) {
-  emit_text(pending_, out);
+  // A held tail is a proper prefix of some marker. One that already reads "<|" is a
+  // special token cut off by the end of the stream: it is dropped, never passed on as
+  // text. A shorter one ("<", "<th") is ordinary text after all.
+  if (pending_.compare(0, 2, "<|") != 0) emit_text(pending_, out);
   pending_.clear();
 }
 

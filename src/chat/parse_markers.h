@@ -20,7 +20,8 @@ class MarkerLexer {
  public:
   explicit MarkerLexer(std::vector<std::string> markers);
   void feed(std::string_view chunk, std::vector<MarkerPiece>& out);
-  void finish(std::vector<MarkerPiece>& out);  // a held-back tail is literal text after all
+  // The stream ended: a held-back tail is literal text after all, unless it reads "<|".
+  void finish(std::vector<MarkerPiece>& out);
 
  private:
   void emit_text(std::string_view text, std::vector<MarkerPiece>& out);

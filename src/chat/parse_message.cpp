@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "chat/chat_request.h"
 #include "chat/parse_k2.h"
 #include "chat/parse_k3.h"
 
@@ -40,6 +41,25 @@ std::string ToolCallIds::next() {
   std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(rng_()),
                 static_cast<unsigned long long>(rng_()));
   return std::string("chatcmpl-tool-") + hex;
+}
+
+ParseOptions parse_options_for(const ChatRequest& request) {
+  ParseOptions o;
+  o.thinking = request.thinking;
+  const bool declared = request.tools.is_array() && !request.tools.empty();
+  o.tool_calls_allowed = declared && request.tool_choice.kind != ToolChoice::Kind::kNone;
+  o.parallel_tool_calls = request.parallel_tool_calls;
+  if (!declared) return o;
+  for (const Json& t : request.tools) {
+    const Json& fn = t["function"];  // checked by parse_chat_request
+    DeclaredTool d;
+    d.name = fn["name"].get<std::string>();
+    if (fn.contains("parameters") && fn["parameters"].is_object() && fn["parameters"].contains("properties") &&
+        fn["parameters"]["properties"].is_object())
+      for (const auto& [key, _] : fn["parameters"]["properties"].items()) d.properties.push_back(key);
+    o.tools.push_back(std::move(d));
+  }
+  return o;
 }
 
 std::unique_ptr<CompletionParser> make_completion_parser(ChatFormat format, const ParseOptions& options) {

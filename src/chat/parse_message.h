@@ -9,10 +9,12 @@
 // out whole when its closing marker arrives, and text that may still turn out to be a
 // marker is held back so no piece of a marker ever reaches content.
 //
-// Malformed output never fails and never loses text: a marker that does not fit where it
-// appears stays literal text of the channel it is in; a tool call that never closes, or
-// has no name, goes to content verbatim; a typed argument that is not valid JSON keeps its
-// raw text as a string; text after the end marker is content.
+// Malformed output never fails and never leaks markup, as the peers (vLLM, SGLang,
+// llama.cpp) parse it: a marker or tag that does not fit where it appears is dropped, and
+// so is a half-written one at the end of a cut-off stream; a tool call that never closes,
+// or has no name, is dropped; text the format puts nowhere (between calls, after the tool
+// section, after the end marker) is dropped; a typed argument that is not valid JSON keeps
+// its raw text as a string.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -61,10 +63,28 @@ class ToolCallIds {
   std::mt19937_64 rng_;
 };
 
+// A tool the request declared, as far as the parsers need it: K2 calls whose id does not
+// name the function (a bare counter "0", a client's id "call_3") are matched to a declared
+// tool by their argument keys.
+struct DeclaredTool {
+  std::string name;
+  std::vector<std::string> properties;  // parameters.properties keys
+};
+
 struct ParseOptions {
   bool thinking = true;             // the generation prompt opened the think channel
   std::optional<uint64_t> id_seed;  // unset: random ids
+  // The request's tool settings: no calls when it declared no tools or said
+  // tool_choice "none" (the tool channel is still parsed, and dropped); at most one call
+  // with parallel_tool_calls false. Without a request (moonrun parse alone): all calls.
+  bool tool_calls_allowed = true;
+  bool parallel_tool_calls = true;
+  std::vector<DeclaredTool> tools;  // empty: unknown (K2 calls without a name are dropped)
 };
+
+// The parse options a chat request implies (thinking, tools, tool_choice, parallel calls).
+struct ChatRequest;
+ParseOptions parse_options_for(const ChatRequest& request);
 
 class CompletionParser {
  public:

@@ -8,9 +8,8 @@
 #include <vector>
 
 namespace moonrun::chat {
-namespace {
 
-void append_py_string(std::string& out, const std::string& s) {
+void append_py_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
   for (unsigned char c : s) {
     switch (c) {
@@ -34,6 +33,8 @@ void append_py_string(std::string& out, const std::string& s) {
   out.push_back('"');
 }
 
+namespace {
+
 void append_value(std::string& out, const Json& v, JsonSeparators seps) {
   const char* item_sep = seps == JsonSeparators::kCompact ? "," : ", ";
   const char* key_sep = seps == JsonSeparators::kCompact ? ":" : ": ";
@@ -43,7 +44,7 @@ void append_value(std::string& out, const Json& v, JsonSeparators seps) {
     case Json::value_t::number_integer: out += std::to_string(v.get<int64_t>()); break;
     case Json::value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); break;
     case Json::value_t::number_float: out += py_float_repr(v.get<double>()); break;
-    case Json::value_t::string: append_py_string(out, v.get_ref<const std::string&>()); break;
+    case Json::value_t::string: append_py_json_string(out, v.get_ref<const std::string&>()); break;
     case Json::value_t::array: {
       out.push_back('[');
       bool first = true;
@@ -61,7 +62,7 @@ void append_value(std::string& out, const Json& v, JsonSeparators seps) {
       for (const auto& [key, item] : v.items()) {
         if (!first) out += item_sep;
         first = false;
-        append_py_string(out, key);
+        append_py_json_string(out, key);
         out += key_sep;
         append_value(out, item, seps);
       }

@@ -24,6 +24,9 @@ enum class JsonSeparators {
 
 std::string py_json_dumps(const Json& value, JsonSeparators separators);
 
+// A JSON string literal as json.dumps(ensure_ascii=False) writes it, appended to out.
+void append_py_json_string(std::string& out, std::string_view s);
+
 // Python's repr() of a float as json.dumps writes it ("NaN", "Infinity" for non-finite).
 std::string py_float_repr(double value);
 

@@ -76,8 +76,9 @@ Result<std::vector<Segment>> render_k2(const ChatRequest& request, const RenderO
     w.text(py_json_dumps(request.tools, JsonSeparators::kPythonDefault));
     w.special("<|im_end|>");
   }
-  auto is_system = [](const Message& m) { return m.role == Role::kSystem || m.role == Role::kDeveloper; };
-  if (messages.empty() || !is_system(messages[0])) {
+  // Only a leading `system` message replaces the default one; a `developer` message is a
+  // system-token message named "developer" (the template prints message['role']).
+  if (messages.empty() || messages[0].role != Role::kSystem) {
     w.special("<|im_system|>");
     w.text("system");
     w.special("<|im_middle|>");
@@ -88,7 +89,7 @@ Result<std::vector<Segment>> render_k2(const ChatRequest& request, const RenderO
   int synthesized_ids = 0;  // calls without an id get functions.NAME:N
   for (size_t i = 0; i < messages.size(); ++i) {
     const Message& m = messages[i];
-    const std::string role = is_system(m) ? "system" : role_name(m.role);
+    const std::string role = role_name(m.role);
     w.special(role_token(m.role));
     w.text(m.name && !m.name->empty() ? *m.name : role);
     w.special("<|im_middle|>");
@@ -118,7 +119,7 @@ Result<std::vector<Segment>> render_k2(const ChatRequest& request, const RenderO
     }
     w.special("<|im_end|>");
   }
-  if (options.add_generation_prompt) {
+  if (options.add_generation_prompt && request.add_generation_prompt) {
     w.special("<|im_assistant|>");
     w.text("assistant");
     w.special("<|im_middle|>");

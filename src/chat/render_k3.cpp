@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <map>
 
+#include "chat/py_json.h"
+
 namespace moonrun::chat {
 namespace {
 
@@ -27,22 +29,6 @@ std::string escape_attr_value(const std::string& value) {
     else out.push_back(c);
   }
   return out;
-}
-
-// The XTML type of an argument value, and its body text (strings raw, the rest JSON with
-// Python's default separators).
-const char* xtml_type(const Json& v) {
-  if (v.is_boolean()) return "boolean";
-  if (v.is_null()) return "null";
-  if (v.is_number()) return "number";
-  if (v.is_string()) return "string";
-  if (v.is_object()) return "object";
-  return "array";
-}
-
-std::string xtml_value(const Json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  return py_json_dumps(v, JsonSeparators::kPythonDefault);
 }
 
 class K3Writer {
@@ -208,9 +194,11 @@ std::vector<Indexed> order_tool_results(const std::vector<Message>& messages) {
 
 // Tool-call arguments as the reference normalises them: an object renders one argument tag
 // per key; null or a blank string is no arguments; a string that is not JSON is kept
-// verbatim in a <json type="object"> block; any other JSON is an error.
+// verbatim in a <json type="object"> block; any other JSON is an error. Strings are read
+// as Python's json.loads reads them (exact big integers, NaN), since every value is dumped
+// back into the prompt.
 struct CallArguments {
-  Json object = Json::object();
+  PyJson object{PyJson::Kind::kObject};
   std::optional<std::string> json_block;
 };
 
@@ -218,20 +206,19 @@ Result<CallArguments> normalize_arguments(const Json& args, const std::string& p
   CallArguments out;
   if (args.is_null()) return out;
   if (args.is_object()) {
-    out.object = args;
+    out.object = py_json_from(args);
     return out;
   }
   const std::string& s = args.get_ref<const std::string&>();
   if (py_is_blank(s)) return out;
-  Json parsed;
-  try {
-    parsed = Json::parse(s);
-  } catch (const nlohmann::json::exception&) {
+  std::optional<PyJson> parsed = py_json_loads(s);
+  if (!parsed) {
     out.json_block = s;
     return out;
   }
-  if (!parsed.is_object()) return invalid_argument(path + ": Kimi K3 tool call arguments must be a JSON object");
-  out.object = std::move(parsed);
+  if (parsed->kind != PyJson::Kind::kObject)
+    return invalid_argument(path + ": Kimi K3 tool call arguments must be a JSON object");
+  out.object = std::move(*parsed);
   return out;
 }
 
@@ -257,9 +244,10 @@ Status render_assistant(K3Writer& w, const Message& m, bool thinking, const std:
       MR_RETURN_IF_ERROR(w.body_text(*args.json_block));
       w.close_tag("json");
     } else {
-      for (const auto& [key, value] : args.object.items()) {
-        w.open_tag("argument", {{"key", key}, {"type", xtml_type(value)}});
-        MR_RETURN_IF_ERROR(w.body_text(xtml_value(value)));
+      for (const auto& [key, value] : args.object.members) {
+        w.open_tag("argument", {{"key", key}, {"type", py_json_xtml_type(value)}});
+        const bool raw = value.kind == PyJson::Kind::kString;  // strings raw, the rest JSON
+        MR_RETURN_IF_ERROR(w.body_text(raw ? value.text : py_json_dumps(value, JsonSeparators::kPythonDefault)));
         w.close_tag("argument");
       }
     }
@@ -287,8 +275,13 @@ Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderO
 
   if (request.tools.is_array() && !request.tools.empty()) w.tool_declare(request.tools, /*dynamic=*/false);
 
+  // With thinking on, the encoder asserts on any other effort (the message text itself
+  // lists `medium`, but the encoder does not accept it); with thinking off it is unused.
   const std::string& effort = request.thinking_effort;
-  if (thinking && (effort == "low" || effort == "high" || effort == "max")) {
+  if (thinking && effort != "low" && effort != "high" && effort != "max")
+    return invalid_argument(request.thinking_effort_field + ": Kimi K3 supports thinking_effort values low, high, max; got '" +
+                            effort + "'");
+  if (thinking) {
     w.internal_system_message(
         "thinking-effort",
         "`thinking_effort` guides on how much to think in your thinking channel (not including the "
@@ -302,10 +295,13 @@ Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderO
     const Message& m = item.msg;
     const std::string path = "messages[" + std::to_string(item.index) + "]";
     switch (m.role) {
+      case Role::kDeveloper:
+        // The reference encoder renders user, system, tool and assistant messages only; a
+        // developer message leaves no trace in the prompt (vLLM passes it through as is).
+        break;
       case Role::kUser:
-      case Role::kSystem:
-      case Role::kDeveloper: {  // developer is OpenAI's newer name for system
-        if (m.role != Role::kUser && m.tools.is_array() && !m.tools.empty()) {
+      case Role::kSystem: {
+        if (m.role == Role::kSystem && m.tools.is_array() && !m.tools.empty()) {
           w.tool_declare(m.tools, /*dynamic=*/true);
           break;
         }
@@ -367,7 +363,7 @@ Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderO
                                   "\nThe JSON data must match the following schema:\n```json\n" + schema + "\n```");
   }
 
-  if (options.add_generation_prompt) {
+  if (options.add_generation_prompt && request.add_generation_prompt) {
     w.open_tag("message", {{"role", "assistant"}});
     w.open_tag(thinking ? "think" : "response");
   }

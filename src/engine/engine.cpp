@@ -96,6 +96,7 @@ Status Engine::add_request(uint64_t request_id, std::vector<int32_t> prompt_ids,
     req->max_output_tokens =
         params.max_tokens > 0 ? params.max_tokens : config_.max_model_len - req->num_prompt_tokens();
     req->text = OutputText(detokenize_, params.stop);
+    if (params.make_constraint) req->constraint = params.make_constraint();
     const Status st = scheduler_.add(req.get());
     MR_CHECK(st.is_ok()) << st.message();  // room was checked above
     totals_.prompt_tokens_total += req->num_prompt_tokens();
@@ -169,18 +170,41 @@ void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) 
     seq.state_slot = cache_.state_slot(req->seq_id);
     seq.pages = cache_.page_table(req->seq_id);
     seq.sample = s.samples;
-    if (s.samples) {
-      // EOS and stop tokens may not come before min_tokens.
-      banned_.clear();
-      if (!req->params.ignore_eos) banned_ = config_.eos_token_ids;
-      banned_.insert(banned_.end(), req->params.stop_token_ids.begin(), req->params.stop_token_ids.end());
-      req->sampler.add_row(input.sampling, req->num_output_tokens(), banned_);
-    }
+    if (s.samples) add_sampling_row(*req, input.sampling);
     input.seqs.push_back(seq);
   }
   // The state slots' commands: zero a fresh slot or restore a cached prefix's snapshot
   // before the forward, snapshot a prefix after it.
   cache_.take_state_copies(input.before, input.after);
+}
+
+void Engine::add_sampling_row(Request& req, SamplingBatch& sampling) {
+  // EOS and stop tokens may not come before min_tokens.
+  banned_.clear();
+  if (!req.params.ignore_eos) banned_ = config_.eos_token_ids;
+  banned_.insert(banned_.end(), req.params.stop_token_ids.begin(), req.params.stop_token_ids.end());
+  if (!req.constraint) {
+    req.sampler.add_row(sampling, req.num_output_tokens(), banned_);
+    return;
+  }
+  // Structured output: the constraint's mask of allowed tokens. When it allows nothing the
+  // bans leave (it is done, or min_tokens hides what it wants), the sequence ends: EOS.
+  const int vocab = runner_.vocab();
+  mask_.assign(static_cast<size_t>((vocab + 31) / 32), 0u);
+  if (!req.constraint->finished()) req.constraint->fill_allowed(mask_);
+  bool any = false;
+  for (size_t w = 0; w < mask_.size() && !any; ++w) {
+    uint32_t bits = mask_[w];
+    for (int32_t t : banned_)
+      if (t >= 0 && static_cast<size_t>(t / 32) == w) bits &= ~(1u << (t % 32));
+    any = bits != 0;
+  }
+  if (!any) {
+    banned_.clear();
+    for (int32_t t : config_.eos_token_ids)
+      if (t >= 0 && t < vocab) mask_[t / 32] |= 1u << (t % 32);
+  }
+  req.sampler.add_row(sampling, req.num_output_tokens(), banned_, mask_);
 }
 
 Status Engine::forward(const StepInput& input, StepOutput& output) {
@@ -203,6 +227,8 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
     const SampleResult& sample = result.samples[next_sample++];
     const int32_t token = sample.token;
     req->sampler.accept(token);
+    if (req->constraint && !req->constraint->accept(token))
+      MR_LOG(WARNING) << "request " << req->group_id << ": sampled token " << token << " outside its constraint";
     req->output_ids.push_back(token);
     ++totals_.generation_tokens_total;
 

@@ -99,6 +99,8 @@ class Engine {
  private:
   SchedulerOutput schedule();
   void prepare_inputs(const SchedulerOutput& scheduled, StepInput& input);
+  // The request's sampling row: its params, min_tokens bans, structured-output mask.
+  void add_sampling_row(Request& req, SamplingBatch& sampling);
   Status forward(const StepInput& input, StepOutput& output);
   void postprocess(const SchedulerOutput& scheduled, const StepOutput& result, std::vector<RequestOutput>& outputs);
 
@@ -116,6 +118,7 @@ class Engine {
   std::unordered_map<uint64_t, std::vector<int64_t>> groups_;       // request_id -> seq ids
   EngineStats totals_;
   std::vector<int32_t> banned_;                    // EOS and stop tokens (min_tokens), per row
+  std::vector<uint32_t> mask_;                     // a constraint's allowed tokens, per row
   std::vector<std::vector<int32_t>> step_tokens_;  // each scheduled sequence's new tokens this step
 };
 

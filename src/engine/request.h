@@ -6,6 +6,7 @@
 // A preempted request loses its caches and starts over at num_computed_tokens = 0 with its
 // generated tokens kept: recomputing them is the same as if they had been in the prompt.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "engine/output_text.h"
 #include "runtime/sampling_params.h"
 #include "runtime/sequence_sampler.h"
+#include "runtime/token_constraint.h"
 
 namespace moonrun {
 
@@ -47,6 +49,7 @@ struct Request {
 
   SequenceSampler sampler;
   OutputText text;
+  std::unique_ptr<TokenConstraint> constraint;  // params.make_constraint(), or none
 
   int num_prompt_tokens() const { return static_cast<int>(prompt_ids.size()); }
   int num_output_tokens() const { return static_cast<int>(output_ids.size()); }

@@ -3,12 +3,15 @@
 // OpenAI's (and vLLM's for the extensions: top_k, min_p, repetition_penalty, ignore_eos,
 // stop_token_ids); validate() gives the one-line error the server returns as HTTP 400.
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/status.h"
+#include "runtime/token_constraint.h"
 
 namespace moonrun {
 
@@ -28,8 +31,12 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;   // stop tokens (in the ids, not in the text)
   int logprobs = -1;                // -1: none; k >= 0: the chosen token's + the top k
   bool skip_special_tokens = true;  // special tokens add no text (EngineConfig::is_special_token)
-  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits (OpenAI logit_bias)
-  int min_tokens = 0;               // EOS and stop_token_ids are banned until this many tokens came
+  // Added to the raw logits before the penalties (vLLM's order); OpenAI's logit_bias.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // EOS and stop_token_ids are masked until this many tokens were generated (vLLM's).
+  int min_tokens = 0;
+  // Structured output: makes one constraint per sequence (so n > 1 works); empty: none.
+  std::function<std::unique_ptr<TokenConstraint>()> make_constraint;
 
   bool greedy() const { return temperature < 1e-5f; }
   bool has_penalties() const {
@@ -59,6 +66,13 @@ struct SamplingParams {
                    std::to_string(token));
     if (n < 1 || n > 128) return bad("n must be in [1, 128], got " + std::to_string(n));
     if (logprobs < -1 || logprobs > 20) return bad("logprobs must be in [0, 20], got " + std::to_string(logprobs));
+    if (min_tokens < 0) return bad("min_tokens must be >= 0, got " + std::to_string(min_tokens));
+    if (max_tokens != -1 && min_tokens > max_tokens)
+      return bad("min_tokens (" + std::to_string(min_tokens) + ") must not exceed max_tokens (" +
+                 std::to_string(max_tokens) + ")");
+    for (const auto& [token, bias] : logit_bias)
+      if (!(bias >= -100.0f && bias <= 100.0f))
+        return bad("logit_bias: the bias of token " + std::to_string(token) + " must be in [-100, 100]");
     for (const auto& s : stop)
       if (s.empty()) return bad("stop strings must not be empty");
     return Status::ok();

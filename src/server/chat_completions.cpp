@@ -1,13 +1,11 @@
 // POST /v1/chat/completions: render the conversation in the checkpoint's chat format, run
-// it, and parse the completion back into reasoning_content, content and tool_calls.
+// it (constrained when the request asks for structured output or a tool call), and parse
+// the completion back into reasoning_content, content and tool_calls.
 #include <httplib.h>
 
-#include "chat/chat_request.h"
 #include "common/log.h"
-#include "server/chat_output.h"
-#include "server/generation.h"
+#include "server/chat_pipeline.h"
 #include "server/handlers.h"
-#include "server/sampling_request.h"
 #include "server/stream_writer.h"
 
 namespace moonrun::server {
@@ -54,81 +52,43 @@ json chat_logprobs(const ServingContext& ctx, const std::vector<SampleResult>& l
   return {{"content", content}};
 }
 
-const char* finish_name(FinishReason reason, bool had_tool_calls) {
-  if (reason == FinishReason::kStop && had_tool_calls) return "tool_calls";
-  return finish_reason_name(reason);
-}
-
 }  // namespace
 
 void handle_chat_completions(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res) {
   json body;
   if (!parse_body(ctx, req, res, body)) return;
   // The chat layer keeps the client's key order (it is rendered back byte for byte).
-  auto request = chat::parse_chat_request(chat::Json::parse(req.body, nullptr, false));
-  if (!request.is_ok()) return send_error(res, from_status(request.status()));
-  for (const auto& w : request->warnings) MR_LOG(WARNING) << w;
-  for (const auto& m : request->messages)
-    if (m.content.num_images() > 0)
-      return send_error(res, bad_request("Image inputs are not supported by this server's model yet.",
-                                         "messages", "unsupported_content"));
+  auto prepared = prepare_chat(ctx, chat::Json::parse(req.body, nullptr, false));
+  if (!prepared.is_ok()) return send_error(res, from_status(prepared.status()));
+  for (const auto& w : prepared->request.warnings) MR_LOG(WARNING) << w;
+  auto chat = std::make_shared<PreparedChat>(std::move(prepared).value());
 
-  auto segments = chat::render_chat(ctx.chat_format, *request);
-  if (!segments.is_ok()) return send_error(res, from_status(segments.status()));
-  std::vector<int32_t> prompt_ids;
-  {
-    std::vector<uint32_t> ids;
-    for (const auto& s : *segments) ctx.tokenizer->encode_append(s.text, s.allow_special, ids);
-    prompt_ids.assign(ids.begin(), ids.end());
-  }
-
-  auto params = sampling_params_from_json(body, Endpoint::kChat);
-  if (!params.is_ok()) return send_error(res, from_status(params.status()));
-  // Kimi's markers are special tokens: the parser must see them in the text.
-  params->skip_special_tokens = false;
-  int max_tokens = params->max_tokens;
-  Status fit = fit_context(ctx, prompt_ids.size(), max_tokens);
-  if (!fit.is_ok()) return send_error(res, from_status(fit));
-  params->max_tokens = max_tokens;
-
-  const bool thinking = request->thinking;
   const chat::ChatFormat format = ctx.chat_format;
-  auto gen = Generation::start(*ctx.engine, *ctx.metrics, std::move(prompt_ids), *params);
+  auto gen = Generation::start(*ctx.engine, *ctx.metrics, chat->prompt_ids, chat->params);
   if (!gen.is_ok()) return send_error(res, from_status(gen.status()));
   const std::string id = new_response_id("chatcmpl");
   const int64_t created = unix_time_s();
   const std::string model = ctx.served_model_name;
-  const bool want_logprobs = params->logprobs >= 0;
-  const int n = params->n;
+  const bool want_logprobs = chat->params.logprobs >= 0;
+  const int n = chat->params.n;
 
-  if (!request->stream) {
+  if (!chat->request.stream) {
     auto samples = (*gen)->collect(client_gone_check(req));
     if (!samples.is_ok()) return send_collect_error(res, samples.status(), (*gen)->client_gone_seen());
     json choices = json::array();
     int reasoning_tokens = 0;
     for (int i = 0; i < n; ++i) {
       const SampleOutcome& s = (*samples)[i];
-      auto parser = make_chat_output_parser(format, thinking);
-      ParsedDelta all;
-      for (size_t k = 0; k < s.text_pieces.size(); ++k) {
-        if (parser->in_reasoning()) reasoning_tokens += s.piece_tokens[k];
-        ParsedDelta d = parser->feed(s.text_pieces[k]);
-        all.reasoning += d.reasoning;
-        all.content += d.content;
-        all.tool_calls.insert(all.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
-      }
-      ParsedDelta d = parser->finish();
-      all.reasoning += d.reasoning;
-      all.content += d.content;
-      all.tool_calls.insert(all.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+      const ChoiceMessage m = parse_sample(*chat, format, s);
+      reasoning_tokens += m.reasoning_tokens;
       json message = {{"role", "assistant"}};
-      message["content"] = all.content.empty() && !all.tool_calls.empty() ? json(nullptr) : json(all.content);
-      message["reasoning_content"] = all.reasoning.empty() ? json(nullptr) : json(all.reasoning);
+      message["content"] = m.content.empty() && !m.tool_calls.empty() ? json(nullptr) : json(m.content);
+      message["reasoning_content"] = m.reasoning.empty() ? json(nullptr) : json(m.reasoning);
       message["reasoning"] = message["reasoning_content"];
-      if (!all.tool_calls.empty()) message["tool_calls"] = tool_calls_json(all.tool_calls, 0, false);
+      if (!m.tool_calls.empty()) message["tool_calls"] = tool_calls_json(m.tool_calls, 0, false);
       json choice = {{"index", i}, {"message", message},
                      {"logprobs", want_logprobs ? chat_logprobs(ctx, s.logprobs) : json(nullptr)},
-                     {"finish_reason", finish_name(s.finish_reason, !all.tool_calls.empty())}};
+                     {"finish_reason", chat_finish_reason(s.finish_reason, !m.tool_calls.empty())}};
       if (!s.stop_reason.empty()) choice["stop_reason"] = s.stop_reason;
       choices.push_back(choice);
     }
@@ -144,7 +104,7 @@ void handle_chat_completions(const ServingContext& ctx, const httplib::Request& 
     int tool_calls = 0;
   };
   auto choices = std::make_shared<std::vector<ChoiceState>>(n);
-  for (auto& c : *choices) c.parser = make_chat_output_parser(format, thinking);
+  for (auto& c : *choices) c.parser = make_chat_output_parser(format, chat->parse_options);
   auto reasoning_tokens = std::make_shared<int>(0);
   std::shared_ptr<Generation> g(std::move(gen).value());
   auto chunk = [id, created, model](json choice_list) {
@@ -188,13 +148,13 @@ void handle_chat_completions(const ServingContext& ctx, const httplib::Request& 
     }
     if (out.finished) {
       json fin = {{"index", out.index}, {"delta", json::object()}, {"logprobs", nullptr},
-                  {"finish_reason", finish_name(out.finish_reason, c.tool_calls > 0)}};
+                  {"finish_reason", chat_finish_reason(out.finish_reason, c.tool_calls > 0)}};
       if (!out.stop_reason.empty()) fin["stop_reason"] = out.stop_reason;
       sse += sse_data(chunk(json::array({fin})));
     }
     return sse;
   };
-  const bool include_usage = request->include_usage;
+  const bool include_usage = chat->request.include_usage;
   h.on_done = [chunk, g, include_usage, reasoning_tokens]() {
     if (!include_usage) return std::string();
     json c = chunk(json::array());

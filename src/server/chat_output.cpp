@@ -1,23 +1,15 @@
 #include "server/chat_output.h"
 
-#if __has_include("chat/parse_message.h")
-#include "chat/parse_message.h"
-#define MOONRUN_HAVE_CHAT_PARSERS 1
-#endif
-
-
 namespace moonrun::server {
 namespace {
 
-#ifdef MOONRUN_HAVE_CHAT_PARSERS
 // Wraps the chat layer's streaming parser and tracks which channel the generation is in,
 // so the handler can count reasoning tokens: every token up to the first content or tool
 // call of a thinking generation is reasoning (the closing markers included).
 class Adapter final : public ChatOutputParser {
  public:
-  Adapter(chat::ChatFormat format, bool thinking)
-      : parser_(chat::make_completion_parser(format, chat::ParseOptions{thinking, std::nullopt})),
-        in_reasoning_(thinking) {}
+  Adapter(chat::ChatFormat format, const chat::ParseOptions& options)
+      : parser_(chat::make_completion_parser(format, options)), in_reasoning_(options.thinking) {}
 
   ParsedDelta feed(std::string_view text) override { return convert(parser_->feed(text)); }
   ParsedDelta finish() override { return convert(parser_->finish()); }
@@ -35,21 +27,11 @@ class Adapter final : public ChatOutputParser {
   std::unique_ptr<chat::CompletionParser> parser_;
   bool in_reasoning_;
 };
-#else
-// Until the chat layer's parsers land: everything is content.
-class Adapter final : public ChatOutputParser {
- public:
-  Adapter(chat::ChatFormat, bool) {}
-  ParsedDelta feed(std::string_view text) override { return ParsedDelta{"", std::string(text), {}}; }
-  ParsedDelta finish() override { return {}; }
-  bool in_reasoning() const override { return false; }
-};
-#endif
 
 }  // namespace
 
-std::unique_ptr<ChatOutputParser> make_chat_output_parser(chat::ChatFormat format, bool thinking) {
-  return std::make_unique<Adapter>(format, thinking);
+std::unique_ptr<ChatOutputParser> make_chat_output_parser(chat::ChatFormat format, const chat::ParseOptions& options) {
+  return std::make_unique<Adapter>(format, options);
 }
 
 }  // namespace moonrun::server

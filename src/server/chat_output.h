@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chat/parse_message.h"
 #include "chat/render_chat.h"
 
 namespace moonrun::server {
@@ -32,7 +33,9 @@ class ChatOutputParser {
   virtual bool in_reasoning() const = 0;  // the next text would count as reasoning
 };
 
-// thinking: the generation prompt opened the think channel (else the response channel).
-std::unique_ptr<ChatOutputParser> make_chat_output_parser(chat::ChatFormat format, bool thinking);
+// options: what the request implies (chat::parse_options_for): thinking (the generation
+// prompt opened the think channel, else the response channel), tools, tool_choice.
+std::unique_ptr<ChatOutputParser> make_chat_output_parser(chat::ChatFormat format,
+                                                          const chat::ParseOptions& options);
 
 }  // namespace moonrun::server

@@ -26,6 +26,9 @@ void handle_chat_completions(const ServingContext& ctx, const httplib::Request& 
                              httplib::Response& res);
 void handle_completions(const ServingContext& ctx, const httplib::Request& req,
                         httplib::Response& res);
+// The OpenAI Responses API and the Anthropic Messages API on the chat pipeline.
+void handle_responses(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res);
+void handle_messages(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res);
 
 // A liveness check of the client behind req (see client_connection.h) for a non-streaming
 // Generation::collect (streams notice through their writes); nullptr when its connection

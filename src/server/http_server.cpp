@@ -262,6 +262,12 @@ void HttpServer::install_routes() {
   http.Post("/v1/completions", [&ctx, generation_guard](const httplib::Request& req, httplib::Response& res) {
     if (generation_guard(res)) handle_completions(ctx, req, res);
   });
+  http.Post("/v1/responses", [&ctx, generation_guard](const httplib::Request& req, httplib::Response& res) {
+    if (generation_guard(res)) handle_responses(ctx, req, res);
+  });
+  http.Post("/v1/messages", [&ctx, generation_guard](const httplib::Request& req, httplib::Response& res) {
+    if (generation_guard(res)) handle_messages(ctx, req, res);
+  });
 }
 
 }  // namespace moonrun::server

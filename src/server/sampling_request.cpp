@@ -1,5 +1,8 @@
 #include "server/sampling_request.h"
 
+#include <cerrno>
+#include <cstdlib>
+
 namespace moonrun::server {
 namespace {
 
@@ -88,8 +91,32 @@ Result<SamplingParams> sampling_params_from_json(const json& body, Endpoint endp
     if (!it->is_array()) return invalid_argument("stop_token_ids: expected an array of integers");
     for (const auto& t : *it) {
       if (!t.is_number_integer()) return invalid_argument("stop_token_ids: expected an array of integers");
+      if (t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        return invalid_argument("stop_token_ids: " + t.dump() + " is not a token id");
       p.stop_token_ids.push_back(t.get<int32_t>());
     }
+  }
+
+  // logit_bias: {"token id": bias in [-100, 100]}, as OpenAI spells it.
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return invalid_argument("logit_bias: expected an object mapping token ids to biases");
+    for (const auto& [key, value] : it->items()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id > INT32_MAX)
+        return invalid_argument("logit_bias: key '" + key + "' is not a token id");
+      if (!value.is_number()) return invalid_argument("logit_bias[" + key + "]: expected a number, got " + value.type_name());
+      const double bias = value.get<double>();
+      if (!(bias >= -100.0 && bias <= 100.0))
+        return invalid_argument("logit_bias[" + key + "]: must be in [-100, 100]");
+      p.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+    }
+  }
+  MR_RETURN_IF_ERROR(integer(body, "min_tokens", v, present));
+  if (present) {
+    if (v < 0) return invalid_argument("min_tokens: must be >= 0, got " + std::to_string(v));
+    p.min_tokens = static_cast<int>(std::min<int64_t>(v, INT32_MAX));
   }
 
   if (endpoint == Endpoint::kChat) {
@@ -106,9 +133,24 @@ Result<SamplingParams> sampling_params_from_json(const json& body, Endpoint endp
       p.logprobs = static_cast<int>(v);
     }
   }
+  if (p.max_tokens > 0 && p.min_tokens > p.max_tokens)
+    return invalid_argument("min_tokens: must not exceed max_tokens (" + std::to_string(p.min_tokens) + " > " +
+                            std::to_string(p.max_tokens) + ")");
   Status st = p.validate();
   if (!st.is_ok()) return st;
   return p;
+}
+
+Status check_token_ids(const SamplingParams& params, int64_t vocab) {
+  for (const auto& [token, _] : params.logit_bias)
+    if (token >= vocab)
+      return invalid_argument("logit_bias: token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
+  for (int32_t token : params.stop_token_ids)
+    if (token >= vocab)
+      return invalid_argument("stop_token_ids: token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
+  return Status::ok();
 }
 
 }  // namespace moonrun::server

@@ -37,7 +37,7 @@ void stream_generation(httplib::Response& res, std::shared_ptr<Generation> gener
         while (got) {
           if (out.finished && !out.error.is_ok()) {
             write(state->h.on_error(out.error));
-            write("data: [DONE]\n\n");
+            if (state->h.done_marker) write("data: [DONE]\n\n");
             state->finished = true;
             sink.done();
             return true;
@@ -51,7 +51,7 @@ void stream_generation(httplib::Response& res, std::shared_ptr<Generation> gener
         }
         if (state->gen->done()) {
           write(state->h.on_done());
-          write("data: [DONE]\n\n");
+          if (state->h.done_marker) write("data: [DONE]\n\n");
           state->finished = true;
           sink.done();
           return true;

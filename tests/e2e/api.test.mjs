@@ -121,8 +121,12 @@ test('tools and tool_choice reach the prompt; the tool loop request shapes are a
   const withTools = await post(srv.base, '/tokenize', { model: 'moonrun-demo', messages, tools: TOOLS });
   assert.ok(withTools.json.count > plain.json.count + 20, 'the tool declarations are rendered');
   for (const tool_choice of ['auto', 'required', 'none', { type: 'function', function: { name: 'calculate' } }]) {
-    const r = await client.chat.completions.create({ model: 'moonrun-demo', messages, tools: TOOLS, tool_choice, max_tokens: 4 });
+    // required / named are enforced (a whole call must fit): they get room for one.
+    const max_tokens = typeof tool_choice === 'string' && tool_choice !== 'required' ? 4 : 200;
+    const r = await client.chat.completions.create({ model: 'moonrun-demo', messages, tools: TOOLS, tool_choice, max_tokens });
     assert.ok(r.choices[0].finish_reason);
+    if (max_tokens === 200) assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    if (tool_choice === 'none') assert.equal(r.choices[0].message.tool_calls, undefined);
   }
   // The seed's tool loop: the assistant turn goes back with reasoning and tool_calls, then tool results.
   const loop = [...messages,
@@ -157,12 +161,20 @@ test('preserved reasoning round trip: reasoning_content sent back is rendered', 
   assert.ok(text3.includes('kept as well'));
 });
 
-test("the seed's helper post(): reasoning_effort low/high and an unknown value", async () => {
-  for (const effort of ['low', 'high', 'max', 'no_think']) {
+test("the seed's helper post(): reasoning_effort low/high/max, and an effort K3 does not know", async () => {
+  for (const effort of ['low', 'high', 'max']) {
     const r = await post(srv.base, '/v1/chat/completions', {
       model: 'moonrun-demo', max_tokens: 6, temperature: 0.8, top_p: 1.0, reasoning_effort: effort,
       messages: [{ role: 'user', content: 'Three friends split a bill.' }] }, { Authorization: 'Bearer EMPTY' });
     assert.equal(r.status, 200, r.text);
     assert.ok(Number.isInteger(r.json.usage.reasoning_tokens));
+  }
+  // K3's encoder refuses any other effort (issue 14: no more silent "max"); vLLM answers 400.
+  for (const effort of ['no_think', 'medium']) {
+    const r = await post(srv.base, '/v1/chat/completions', {
+      model: 'moonrun-demo', max_tokens: 6, reasoning_effort: effort,
+      messages: [{ role: 'user', content: 'Three friends split a bill.' }] }, { Authorization: 'Bearer EMPTY' });
+    assert.equal(r.status, 400, r.text);
+    assert.match(r.json.error.message, /^reasoning_effort: Kimi K3 supports thinking_effort values low, high, max/);
   }
 });

@@ -47,14 +47,27 @@ TEST(ChatRequest, ThinkingAndEffort) {
   EXPECT_EQ(r->thinking_effort, "low");
   r = parse_chat_request_text(R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":"none"})");
   EXPECT_FALSE(r->thinking);
-  r = parse_chat_request_text(R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":"no_think"})");
+  // Any other effort is kept as given: the K3 encoder refuses it (render_k3's 400, which
+  // names the field it came from; see the render fixtures), K2 has no effort at all.
+  r = parse_chat_request_text(R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":"medium"})");
   ASSERT_TRUE(r.is_ok());
   EXPECT_TRUE(r->thinking);
-  EXPECT_EQ(r->thinking_effort, "max");
-  ASSERT_EQ(r->warnings.size(), 1u);
-  EXPECT_EQ(r->warnings[0], "Kimi K3 supports thinking_effort low/high/max; ignoring reasoning_effort='no_think'.");
+  EXPECT_EQ(r->thinking_effort, "medium");
+  EXPECT_EQ(r->thinking_effort_field, "reasoning_effort");
   r = parse_chat_request_text(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false}})");
   EXPECT_FALSE(r->thinking);
+  // chat_template_kwargs: thinking_effort wins over reasoning_effort, thinking over "none";
+  // add_generation_prompt is read.
+  r = parse_chat_request_text(R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":"none",
+      "chat_template_kwargs":{"thinking":true,"thinking_effort":"low","add_generation_prompt":false}})");
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_TRUE(r->thinking);
+  EXPECT_EQ(r->thinking_effort, "low");
+  EXPECT_EQ(r->thinking_effort_field, "chat_template_kwargs.thinking_effort");
+  EXPECT_FALSE(r->add_generation_prompt);
+  EXPECT_EQ(parse_chat_request_text(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"add_generation_prompt":1}})")
+                .status().message(),
+            "chat_template_kwargs.add_generation_prompt: expected a boolean, got a number");
 }
 
 TEST(ChatRequest, TypedPieces) {

@@ -144,5 +144,46 @@ TEST(CliParse, StreamEqualsOneShot) {
   std::filesystem::remove(path);
 }
 
+
+TEST(CliParse, RequestGivesToolsAndToolChoice) {
+  // As the server parses: the request's tools name K2 calls whose id names no function,
+  // tool_choice "none" (or no tools at all) means no calls, reasoning_effort none means no
+  // think channel.
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto completion = dir / "moonrun_cli_k2_completion.txt";
+  const auto with_tools = dir / "moonrun_cli_request_tools.json";
+  const auto choice_none = dir / "moonrun_cli_request_none.json";
+  std::ofstream(completion) << "<think>hm</think>Sure.<|tool_calls_section_begin|><|tool_call_begin|>call_3"
+                               "<|tool_call_argument_begin|>{\"city\": \"Oslo\"}<|tool_call_end|>"
+                               "<|tool_calls_section_end|><|im_end|>";
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}},)"
+      R"({"type":"function","function":{"name":"read_file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}])";
+  std::ofstream(with_tools) << R"({"messages":[{"role":"user","content":"x"}],)" << tools << "}";
+  std::ofstream(choice_none) << R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none",)" << tools << "}";
+
+  CliRun bare = run("parse --format kimi_k2 --text " + completion.string());
+  ASSERT_EQ(bare.exit_code, 0) << bare.out;
+  EXPECT_EQ(Json::parse(bare.out)["tool_calls"].size(), 0u);  // no tools known: "call_3" names nothing
+
+  CliRun named = run("parse --format kimi_k2 --request " + with_tools.string() + " --text " + completion.string());
+  ASSERT_EQ(named.exit_code, 0) << named.out;
+  const Json m = Json::parse(named.out);
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(m["tool_calls"][0]["id"], "call_3");
+  EXPECT_EQ(m["content"], "Sure.");
+  EXPECT_EQ(m["reasoning_content"], "hm");
+
+  CliRun none = run("parse --format kimi_k2 --stream --request " + choice_none.string() + " --text " + completion.string());
+  ASSERT_EQ(none.exit_code, 0) << none.out;
+  EXPECT_EQ(Json::parse(none.out)["tool_calls"].size(), 0u);
+  EXPECT_EQ(Json::parse(none.out)["content"], "Sure.");
+
+  CliRun bad = run("parse --format kimi_k2 --request " + completion.string() + " --text " + completion.string());
+  EXPECT_EQ(bad.exit_code, 2);
+  for (const auto& p : {completion, with_tools, choice_none}) std::filesystem::remove(p);
+}
+
 }  // namespace
 }  // namespace moonrun::chat

@@ -11,6 +11,7 @@
 
 #include "chat/chat_request.h"
 #include "chat/parse_message.h"
+#include "chat/py_json.h"
 #include "chat/render_chat.h"
 
 namespace moonrun::chat {
@@ -25,6 +26,19 @@ std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
+// Text that spells a marker cannot come back from a completion: whether the model wrote
+// the special token or the same characters, the parser sees the marker and drops it (no
+// marker ever reaches a client). Such messages are left out of the round trip.
+bool spells_a_marker(const Message& m) {
+  std::string text = m.reasoning.value_or("");
+  text += m.content.kind == Content::Kind::kText ? m.content.text : "";
+  for (const auto& p : m.content.parts) text += p.text;
+  for (const char* mk : {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "<think>", "</think>", "<|im_",
+                         "<|tool_call"})
+    if (text.find(mk) != std::string::npos) return true;
+  return false;
+}
+
 std::vector<Message> fixture_assistant_messages() {
   std::vector<Message> out;
   std::vector<std::filesystem::path> paths;
@@ -34,7 +48,7 @@ std::vector<Message> fixture_assistant_messages() {
     auto req = parse_chat_request_text(read_file(p));
     if (!req.is_ok()) continue;
     for (const auto& m : req->messages)
-      if (m.role == Role::kAssistant) out.push_back(m);
+      if (m.role == Role::kAssistant && !spells_a_marker(m)) out.push_back(m);
   }
   return out;
 }
@@ -98,15 +112,13 @@ void expect_arguments(const ToolCall& sent, const std::string& got, ChatFormat f
       EXPECT_EQ(got, "{}");
       return;
     }
-    Json parsed;
-    try {
-      parsed = Json::parse(s);
-    } catch (const nlohmann::json::exception&) {
+    // The encoder json.loads the string; the parser json.dumps what it reads back.
+    const std::optional<PyJson> parsed = py_json_loads(s);
+    if (!parsed) {
       EXPECT_EQ(got, s);  // rendered as a <json> block, returned verbatim
       return;
     }
-    EXPECT_EQ(Json::parse(got), parsed);  // same keys, same order, same values
-    if (py_json_dumps(parsed, JsonSeparators::kPythonDefault) == s) EXPECT_EQ(got, s);
+    EXPECT_EQ(got, py_json_dumps(*parsed, JsonSeparators::kPythonDefault));
     return;
   }
   EXPECT_EQ(Json::parse(got), sent.arguments.is_null() ? Json::object() : sent.arguments);

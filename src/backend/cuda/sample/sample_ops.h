@@ -21,7 +21,7 @@ struct DeviceSamplingParams {
   double u = 0.0;
 };
 
-// The pipeline per row, as sample_token (engine/sampler.cpp) runs it after the penalties:
+// The pipeline per row, as cpu::sample_row (backend/cpu/sample.cpp) runs it after the edits:
 //   temperature < 1e-5: argmax, the lowest id on ties;
 //   else x = logit / temperature; min_p; top-k (ties at the k-th value all stay); top-p (in
 //   order of probability, ties by lower id, keep until the mass above a token reaches top_p);

@@ -1,0 +1,57 @@
+#include "server/chat_pipeline.h"
+
+#include "chat/render_chat.h"
+#include "server/handlers.h"
+#include "server/output_constraint.h"
+#include "server/sampling_request.h"
+
+namespace moonrun::server {
+
+Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body) {
+  PreparedChat out;
+  out.request = MR_TRY(chat::parse_chat_request(body));
+  for (const auto& m : out.request.messages)
+    if (m.content.num_images() > 0)
+      return unimplemented("messages: image inputs are not supported by this server's model yet");
+
+  auto segments = MR_TRY(chat::render_chat(ctx.chat_format, out.request));
+  std::vector<uint32_t> ids;
+  for (const auto& s : segments) ctx.tokenizer->encode_append(s.text, s.allow_special, ids);
+  out.prompt_ids.assign(ids.begin(), ids.end());
+
+  // The sampling fields read the same body (unordered is fine for them).
+  const nlohmann::json plain = nlohmann::json::parse(body.dump(-1, ' ', false, chat::Json::error_handler_t::replace));
+  out.params = MR_TRY(sampling_params_from_json(plain, Endpoint::kChat));
+  MR_RETURN_IF_ERROR(check_token_ids(out.params, ctx.engine ? ctx.engine->vocab() : ctx.tokenizer->vocab_size()));
+  // Kimi's markers are special tokens: the parser must see them in the text.
+  out.params.skip_special_tokens = false;
+  int max_tokens = out.params.max_tokens;
+  MR_RETURN_IF_ERROR(fit_context(ctx, out.prompt_ids.size(), max_tokens));
+  out.params.max_tokens = max_tokens;
+  out.params.make_constraint = MR_TRY(output_constraint(ctx, out.request, max_tokens));
+  out.parse_options = chat::parse_options_for(out.request);
+  return out;
+}
+
+ChoiceMessage parse_sample(const PreparedChat& chat, chat::ChatFormat format, const SampleOutcome& s) {
+  auto parser = make_chat_output_parser(format, chat.parse_options);
+  ChoiceMessage m;
+  auto add = [&m](ParsedDelta d) {
+    m.reasoning += d.reasoning;
+    m.content += d.content;
+    for (auto& c : d.tool_calls) m.tool_calls.push_back(std::move(c));
+  };
+  for (size_t k = 0; k < s.text_pieces.size(); ++k) {
+    if (parser->in_reasoning()) m.reasoning_tokens += s.piece_tokens[k];
+    add(parser->feed(s.text_pieces[k]));
+  }
+  add(parser->finish());
+  return m;
+}
+
+const char* chat_finish_reason(FinishReason reason, bool had_tool_calls) {
+  if (reason == FinishReason::kStop && had_tool_calls) return "tool_calls";
+  return finish_reason_name(reason);
+}
+
+}  // namespace moonrun::server

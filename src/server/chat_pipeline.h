@@ -1,0 +1,45 @@
+#pragma once
+// The steps every chat-shaped endpoint shares (/v1/chat/completions, /v1/responses,
+// /v1/messages): an OpenAI chat body -> the prompt in the checkpoint's chat format, the
+// sampling parameters with the structured-output constraint, the parse options; and each
+// finished sample -> reasoning, content and tool calls. The Responses and Messages
+// handlers translate their bodies into a chat body first, so all three APIs render, sample
+// and parse exactly alike.
+#include <string>
+#include <vector>
+
+#include "chat/chat_request.h"
+#include "chat/parse_message.h"
+#include "common/status.h"
+#include "runtime/sampling_params.h"
+#include "server/chat_output.h"
+#include "server/generation.h"
+#include "server/serving_context.h"
+
+namespace moonrun::server {
+
+struct PreparedChat {
+  chat::ChatRequest request;
+  SamplingParams params;         // max_tokens filled in, constraint attached
+  std::vector<int32_t> prompt_ids;
+  chat::ParseOptions parse_options;
+};
+
+// body: the chat body as parsed (object key order kept; the chat format prints parts of it
+// back byte for byte). Errors are request errors (400s) naming the field.
+Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body);
+
+struct ChoiceMessage {
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCallOut> tool_calls;
+  int reasoning_tokens = 0;
+};
+
+// One finished sample parsed the way the stream would have been (piece by piece).
+ChoiceMessage parse_sample(const PreparedChat& chat, chat::ChatFormat format, const SampleOutcome& sample);
+
+// "tool_calls" when a finished sample called tools, else the engine's reason.
+const char* chat_finish_reason(FinishReason reason, bool had_tool_calls);
+
+}  // namespace moonrun::server

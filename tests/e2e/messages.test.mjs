@@ -1,0 +1,120 @@
+// The Anthropic Messages API (POST /v1/messages) through the official @anthropic-ai/sdk
+// client: messages.create streamed and not, the client's stream accumulator
+// (messages.stream().finalMessage()), thinking blocks, and a tool_use / tool_result round
+// trip whose input validates against the tool's input_schema (ajv).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import Anthropic from '@anthropic-ai/sdk';
+import Ajv from 'ajv';
+import { startServer, post } from './harness.mjs';
+
+let srv, client;
+before(async () => {
+  srv = await startServer();
+  client = new Anthropic({ baseURL: srv.base, apiKey: 'EMPTY', maxRetries: 0, timeout: 120000 });
+});
+after(async () => { await srv?.stop(); });
+
+function checkMessage(m, maxTokens) {
+  assert.equal(m.type, 'message');
+  assert.equal(m.role, 'assistant');
+  assert.match(m.id, /^msg-/);
+  assert.ok(['end_turn', 'max_tokens', 'stop_sequence', 'tool_use'].includes(m.stop_reason), m.stop_reason);
+  assert.ok(Number.isInteger(m.usage.input_tokens) && m.usage.input_tokens > 0);
+  assert.ok(m.usage.output_tokens > 0 && m.usage.output_tokens <= maxTokens);
+  for (const b of m.content) assert.ok(['thinking', 'text', 'tool_use'].includes(b.type), b.type);
+}
+
+test('messages.create, not streamed: thinking and text blocks, usage', async () => {
+  const m = await client.messages.create({
+    model: 'moonrun-demo', max_tokens: 24, temperature: 0, system: 'Be brief.',
+    messages: [{ role: 'user', content: 'Who are you?' }],
+  });
+  checkMessage(m, 24);
+  const kinds = m.content.map((b) => b.type);
+  assert.ok(kinds.includes('text'), JSON.stringify(kinds));
+  const thinking = m.content.find((b) => b.type === 'thinking');
+  if (thinking) assert.equal(typeof thinking.thinking, 'string');
+  const off = await client.messages.create({
+    model: 'moonrun-demo', max_tokens: 8, temperature: 0, thinking: { type: 'disabled' },
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'Hi' }] }],
+  });
+  assert.ok(!off.content.some((b) => b.type === 'thinking'), JSON.stringify(off.content));
+});
+
+test('messages.create, streamed: Anthropic events in order; the stream accumulator agrees', async () => {
+  const params = { model: 'moonrun-demo', max_tokens: 20, temperature: 0,
+                   messages: [{ role: 'user', content: 'Explain attention.' }] };
+  const events = [];
+  for await (const e of await client.messages.create({ ...params, stream: true })) events.push(e);
+  assert.equal(events[0].type, 'message_start');
+  assert.equal(events.at(-1).type, 'message_stop');
+  assert.equal(events.at(-2).type, 'message_delta');
+  // Blocks start, take deltas and stop in index order, never interleaved.
+  let open = -1;
+  for (const e of events) {
+    if (e.type === 'content_block_start') { assert.equal(e.index, open + 1); open = e.index; }
+    if (e.type === 'content_block_delta') assert.equal(e.index, open);
+    if (e.type === 'content_block_stop') assert.equal(e.index, open);
+  }
+  const final = await client.messages.stream(params).finalMessage();
+  const whole = await client.messages.create(params);
+  checkMessage(final, 20);
+  assert.deepEqual(final.content, whole.content);  // greedy: streamed == whole
+  assert.equal(final.stop_reason, whole.stop_reason);
+});
+
+const WEATHER = {
+  name: 'get_weather', description: 'Weather for a city',
+  input_schema: { type: 'object', properties: { city: { type: 'string', maxLength: 16 }, days: { type: 'integer', minimum: 1, maximum: 5 } },
+                  required: ['city', 'days'], additionalProperties: false },
+};
+const validateInput = new Ajv({ strict: true }).compile(WEATHER.input_schema);
+
+test('tool_use / tool_result round trip, streamed and not', async () => {
+  for (const stream of [false, true]) {
+    const messages = [{ role: 'user', content: 'Weather in Oslo for 2 days?' }];
+    const params = { model: 'moonrun-demo', max_tokens: 200, temperature: 1, tools: [WEATHER],
+                     tool_choice: { type: 'tool', name: 'get_weather' }, messages };
+    const first = stream ? await client.messages.stream(params).finalMessage() : await client.messages.create(params);
+    checkMessage(first, 200);
+    assert.equal(first.stop_reason, 'tool_use');
+    const uses = first.content.filter((b) => b.type === 'tool_use');
+    assert.equal(uses.length, 1, JSON.stringify(first.content));
+    assert.equal(uses[0].name, 'get_weather');
+    assert.ok(validateInput(uses[0].input), JSON.stringify(uses[0].input));
+    const second = await client.messages.create({
+      model: 'moonrun-demo', max_tokens: 16, temperature: 0, tools: [WEATHER],
+      messages: [...messages, { role: 'assistant', content: first.content },
+                 { role: 'user', content: [{ type: 'tool_result', tool_use_id: uses[0].id, content: '4 degrees' }] }],
+    });
+    checkMessage(second, 16);
+  }
+});
+
+test('tool_choice any with several tools; disable_parallel_tool_use gives one call', async () => {
+  const TIME = { name: 'get_time', input_schema: { type: 'object', properties: { tz: { type: 'string' } }, required: ['tz'] } };
+  const m = await client.messages.create({
+    model: 'moonrun-demo', max_tokens: 200, temperature: 1, tools: [WEATHER, TIME],
+    tool_choice: { type: 'any', disable_parallel_tool_use: true },
+    messages: [{ role: 'user', content: 'Anything.' }],
+  });
+  assert.equal(m.stop_reason, 'tool_use');
+  assert.equal(m.content.filter((b) => b.type === 'tool_use').length, 1);
+});
+
+test('bad requests are Anthropic-shaped 400s and the server keeps serving', async () => {
+  await assert.rejects(
+    client.messages.create({ model: 'moonrun-demo', messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e.status === 400 && /max_tokens/.test(e.message));
+  const r = await post(srv.base, '/v1/messages', {
+    model: 'moonrun-demo', max_tokens: 4,
+    messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: '' } }] }],
+  });
+  assert.equal(r.status, 400);
+  assert.equal(r.json.type, 'error');
+  assert.equal(r.json.error.type, 'invalid_request_error');
+  assert.match(r.json.error.message, /^messages\[0\]\.content\[0\]: image blocks are not supported/);
+  const ok = await client.messages.create({ model: 'moonrun-demo', max_tokens: 2, messages: [{ role: 'user', content: 'x' }] });
+  checkMessage(ok, 2);
+});

@@ -1,0 +1,141 @@
+// The OpenAI Responses API (POST /v1/responses) through the official openai client:
+// responses.create streamed and not, the client's own stream accumulator
+// (responses.stream().finalResponse()), a function-call round trip, structured output.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import Ajv from 'ajv';
+import { startServer, post } from './harness.mjs';
+
+let srv, client;
+before(async () => {
+  srv = await startServer();
+  client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'EMPTY', maxRetries: 0, timeout: 120000 });
+});
+after(async () => { await srv?.stop(); });
+
+function checkUsage(u) {
+  assert.ok(Number.isInteger(u.input_tokens) && u.input_tokens > 0);
+  assert.ok(Number.isInteger(u.output_tokens) && u.output_tokens > 0);
+  assert.equal(u.total_tokens, u.input_tokens + u.output_tokens);
+  assert.ok(u.output_tokens_details.reasoning_tokens <= u.output_tokens);
+}
+
+test('responses.create, not streamed: reasoning item, message, output_text, usage', async () => {
+  const r = await client.responses.create({
+    model: 'moonrun-demo', input: 'Who are you?', instructions: 'Be brief.', max_output_tokens: 24, temperature: 0,
+  });
+  assert.equal(r.object, 'response');
+  assert.match(r.id, /^resp-/);
+  assert.ok(['completed', 'incomplete'].includes(r.status));
+  if (r.status === 'incomplete') assert.equal(r.incomplete_details.reason, 'max_output_tokens');
+  assert.equal(r.instructions, 'Be brief.');
+  const kinds = r.output.map((o) => o.type);
+  assert.ok(kinds.includes('message'), JSON.stringify(kinds));
+  const msg = r.output.find((o) => o.type === 'message');
+  assert.equal(msg.role, 'assistant');
+  assert.equal(msg.content[0].type, 'output_text');
+  assert.equal(r.output_text, msg.content[0].text);  // the client's own convenience field
+  const reasoning = r.output.find((o) => o.type === 'reasoning');
+  if (reasoning) assert.equal(reasoning.content[0].type, 'reasoning_text');
+  checkUsage(r.usage);
+  assert.ok(r.usage.output_tokens <= 24);
+});
+
+test('responses.create, streamed: the event sequence a client accumulates', async () => {
+  const stream = await client.responses.create({
+    model: 'moonrun-demo', stream: true, max_output_tokens: 20, temperature: 0.8,
+    input: [{ role: 'user', content: [{ type: 'input_text', text: 'Tell me about MoE.' }] }],
+  });
+  const events = [];
+  for await (const e of stream) events.push(e);
+  assert.equal(events[0].type, 'response.created');
+  assert.equal(events[1].type, 'response.in_progress');
+  const last = events.at(-1);
+  assert.ok(['response.completed', 'response.incomplete'].includes(last.type), last.type);
+  events.forEach((e, i) => assert.equal(e.sequence_number, i));
+  // Deltas add up to the final items.
+  let reasoning = '', text = '';
+  for (const e of events) {
+    if (e.type === 'response.reasoning_text.delta') reasoning += e.delta;
+    if (e.type === 'response.output_text.delta') text += e.delta;
+  }
+  const final = last.response;
+  assert.equal(final.output.find((o) => o.type === 'message').content[0].text, text);
+  const r = final.output.find((o) => o.type === 'reasoning');
+  assert.equal(r ? r.content[0].text : '', reasoning);
+  checkUsage(final.usage);
+  // Items open and close in order.
+  const added = events.filter((e) => e.type === 'response.output_item.added').map((e) => e.output_index);
+  const done = events.filter((e) => e.type === 'response.output_item.done').map((e) => e.output_index);
+  assert.deepEqual(added, done);
+  assert.deepEqual(added, [...added.keys()]);
+});
+
+test('responses.stream() accumulates to the same response the events describe', async () => {
+  const runner = client.responses.stream({
+    model: 'moonrun-demo', input: 'Hello there', max_output_tokens: 16, temperature: 0,
+  });
+  const final = await runner.finalResponse();
+  const direct = await client.responses.create({
+    model: 'moonrun-demo', input: 'Hello there', max_output_tokens: 16, temperature: 0,
+  });
+  assert.equal(final.output_text, direct.output_text);  // greedy: streamed == whole
+  assert.deepEqual(final.output.map((o) => o.type), direct.output.map((o) => o.type));
+});
+
+const TOOLS = [{
+  type: 'function', name: 'get_weather', description: 'Weather for a city',
+  parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 16 }, unit: { enum: ['c', 'f'] } },
+                required: ['city', 'unit'], additionalProperties: false },
+}];
+const ajv = new Ajv({ strict: true });
+const validateArgs = ajv.compile(TOOLS[0].parameters);
+
+test('function-call round trip, streamed and not', async () => {
+  for (const stream of [false, true]) {
+    const input = [{ role: 'user', content: 'Weather in Oslo?' }];
+    const params = { model: 'moonrun-demo', input, tools: TOOLS, max_output_tokens: 200, temperature: 1,
+                     tool_choice: { type: 'function', name: 'get_weather' } };
+    const first = stream ? await client.responses.stream(params).finalResponse() : await client.responses.create(params);
+    const calls = first.output.filter((o) => o.type === 'function_call');
+    assert.equal(calls.length, 1, JSON.stringify(first.output));
+    assert.equal(calls[0].name, 'get_weather');
+    assert.ok(validateArgs(JSON.parse(calls[0].arguments)), calls[0].arguments);
+    // Hand the items back with the tool's output, as agent loops do.
+    const second = await client.responses.create({
+      model: 'moonrun-demo', tools: TOOLS, max_output_tokens: 16, temperature: 0,
+      input: [...input, ...first.output, { type: 'function_call_output', call_id: calls[0].call_id, output: '{"temp": 4}' }],
+    });
+    assert.ok(['completed', 'incomplete'].includes(second.status));
+    assert.ok(second.output.some((o) => o.type === 'message'));
+  }
+});
+
+test('text.format json_schema gives JSON that validates', async () => {
+  const schema = { type: 'object', properties: { ok: { type: 'boolean' }, n: { type: 'integer', minimum: 1, maximum: 9 } },
+                   required: ['ok', 'n'], additionalProperties: false };
+  const validate = ajv.compile(schema);
+  for (let i = 0; i < 5; ++i) {
+    const r = await client.responses.create({
+      model: 'moonrun-demo', input: 'json please', max_output_tokens: 120, temperature: 1,
+      text: { format: { type: 'json_schema', name: 'out', schema, strict: true } },
+    });
+    const v = JSON.parse(r.output_text);
+    assert.ok(validate(v), r.output_text);
+  }
+});
+
+test('unsupported parts are 400s naming the field', async () => {
+  for (const [body, field] of [
+    [{ input: 'x', previous_response_id: 'resp_1' }, 'previous_response_id'],
+    [{ input: 'x', tools: [{ type: 'web_search' }] }, 'tools[0].type'],
+    [{ input: [{ type: 'item_reference', id: 'x' }] }, 'input[0].type'],
+    [{}, 'input'],
+    [{ input: 'x', reasoning: { effort: 'medium' } }, 'reasoning_effort'],
+  ]) {
+    const r = await post(srv.base, '/v1/responses', { model: 'moonrun-demo', max_output_tokens: 4, ...body });
+    assert.equal(r.status, 400, JSON.stringify(body));
+    assert.ok(r.json.error.message.startsWith(field), r.json.error.message);
+  }
+});
