@@ -4,6 +4,14 @@
 // Exit codes: 0 ok, 1 the check failed / the run failed, 2 usage or input error.
 #include <CLI/CLI.hpp>
 
+#include <string>
+
+#include "common/status.h"
+
+#ifndef MOONRUN_GIT_COMMIT
+#define MOONRUN_GIT_COMMIT "unknown"
+#endif
+
 namespace moonrun::cli {
 
 void add_generate_command(CLI::App& app);
@@ -14,6 +22,12 @@ void add_bench_command(CLI::App& app);
 void add_render_command(CLI::App& app);
 void add_parse_command(CLI::App& app);
 void add_make_demo_model_command(CLI::App& app);
+
+inline constexpr const char* kMoonrunVersion = "0.1.0";
+inline constexpr const char* kMoonrunCommit = MOONRUN_GIT_COMMIT;  // at configure time
+
+// Writes the demo checkpoint (random weights, fixed seed, its tokenizer) into dir.
+Status write_demo_checkpoint(const std::string& dir);
 
 // The backend a --device value selects in this build: "cpu", "cuda", or "error: <why>".
 std::string resolve_device(const std::string& requested);

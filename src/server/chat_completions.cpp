@@ -1,6 +1,5 @@
 // POST /v1/chat/completions: render the conversation in the checkpoint's chat format, run
 // it, and parse the completion back into reasoning_content, content and tool_calls.
-#include <httplib.h>
 
 #include "chat/chat_request.h"
 #include "common/log.h"
@@ -61,7 +60,7 @@ const char* finish_name(FinishReason reason, bool had_tool_calls) {
 
 }  // namespace
 
-void handle_chat_completions(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_chat_completions(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res) {
   json body;
   if (!parse_body(ctx, req, res, body)) return;
   // The chat layer keeps the client's key order (it is rendered back byte for byte).

@@ -1,5 +1,4 @@
 // POST /v1/completions: a raw prompt (text or token ids), no chat format, no parsers.
-#include <httplib.h>
 
 #include "common/log.h"
 #include "server/generation.h"
@@ -39,7 +38,7 @@ json usage_json(const Usage& u) {
 
 }  // namespace
 
-void handle_completions(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_completions(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res) {
   json body;
   if (!parse_body(ctx, req, res, body)) return;
 
@@ -79,9 +78,15 @@ void handle_completions(const ServingContext& ctx, const httplib::Request& req, 
     stream = s->get<bool>();
   }
   bool include_usage = false;
-  if (auto so = body.find("stream_options"); so != body.end() && so->is_object())
-    include_usage = so->value("include_usage", false);
-  const bool echo = body.value("echo", false);
+  if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
+    if (!so->is_object()) return send_error(res, bad_request("stream_options: expected an object", "stream_options"));
+    auto u = json_bool(*so, "include_usage", false, "stream_options.");
+    if (!u.is_ok()) return send_error(res, bad_request(u.status().message(), "stream_options"));
+    include_usage = *u;
+  }
+  auto echo_flag = json_bool(body, "echo", false);
+  if (!echo_flag.is_ok()) return send_error(res, bad_request(echo_flag.status().message(), "echo"));
+  const bool echo = *echo_flag;
   const std::string prompt_text = echo ? ctx.tokenizer->decode(std::vector<uint32_t>(prompt_ids.begin(), prompt_ids.end())) : "";
 
   auto gen = Generation::start(*ctx.engine, *ctx.metrics, std::move(prompt_ids), *params);
