@@ -1,5 +1,6 @@
 #include "server/http_server.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <boost/asio.hpp>
@@ -76,8 +77,10 @@ class StreamSink : public ChunkSink {
     frame.reserve(data.size() + n + 2);
     frame.append(head, n).append(data).append("\r\n");
     ok_ = conn_.write_all(frame, deadline());
+    bytes_ += data.size();
     return ok_;
   }
+  size_t bytes() const { return bytes_; }
   bool is_writable() override { return ok_ && !conn_.gone(); }
   bool finish() { return ok_ && (ok_ = conn_.write_all("0\r\n\r\n", deadline())); }
   bool ok() const { return ok_; }
@@ -89,6 +92,7 @@ class StreamSink : public ChunkSink {
   Connection& conn_;
   double timeout_;
   bool ok_ = true;
+  size_t bytes_ = 0;
 };
 
 }  // namespace
@@ -216,6 +220,7 @@ struct HttpServer::Impl : ConnectionOwner {
     }
     int status = 0;
     bool written = false;
+    size_t bytes_out = 0;
     {
       HttpResponse res;
       {
@@ -232,7 +237,8 @@ struct HttpServer::Impl : ConnectionOwner {
         }
         if (draining_flag) keep_alive = false;
         status = res.status;
-        written = write_response(*conn, req, res, keep_alive);
+        bytes_out = res.body.size();
+        written = write_response(*conn, req, res, keep_alive, bytes_out);
       }
     }  // the response (and any Generation it holds) dies before the record
     {
@@ -241,11 +247,16 @@ struct HttpServer::Impl : ConnectionOwner {
     }
     if (ctx.metrics) ctx.metrics->response_sent(status);
     log_request(req, record, status, written);
+    // A large answer (a long completion with logprobs is tens of MB of JSON while it is
+    // built) leaves freed memory in this thread's malloc arena, which glibc keeps: without
+    // this, RSS ratchets up by the largest answer each worker thread ever built.
+    if (bytes_out > (1u << 20) || req.body.size() > (1u << 20)) malloc_trim(0);
     if (written && keep_alive && !draining_flag) conn->resume();
     else conn->close();
   }
 
-  bool write_response(Connection& conn, const HttpRequest& req, HttpResponse& res, bool keep_alive) {
+  bool write_response(Connection& conn, const HttpRequest& req, HttpResponse& res, bool keep_alive,
+                      size_t& bytes_out) {
     std::string head = "HTTP/1.1 " + std::to_string(res.status) + " " + http_reason_phrase(res.status) + "\r\n";
     if (!res.body.empty() || res.stream) head += "Content-Type: " + res.content_type + "\r\n";
     for (const auto& [k, v] : res.headers) head += k + ": " + v + "\r\n";
@@ -268,6 +279,7 @@ struct HttpServer::Impl : ConnectionOwner {
     if (!conn.write_all(head, Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout))))
       return false;
     res.stream(sink);
+    bytes_out = sink.bytes();
     return sink.finish();
   }
 

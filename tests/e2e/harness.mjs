@@ -65,10 +65,23 @@ export function sseEvents(text) {
   return events;
 }
 
+// One sample of /metrics. `name` may carry labels to match ('vllm:request_success_total{finished_reason="abort"}');
+// the sample may have more labels (model_name) than asked for.
 export async function metric(base, name, headers = {}) {
   const text = await (await fetch(base + '/metrics', { headers })).text();
-  const line = text.split('\n').find((l) => l.startsWith(name + ' '));
-  return line === undefined ? undefined : Number(line.split(' ')[1]);
+  return metricIn(text, name);
+}
+
+export function metricIn(text, name) {
+  const labels = (s) => Object.fromEntries([...(s ?? '').matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((m) => [m[1], m[2]]));
+  const want = name.match(/^([^{]+)(\{.*\})?$/);
+  for (const line of text.split('\n')) {
+    const m = line.match(/^([^{ ]+)(\{.*\})? (\S+)$/);
+    if (!m || m[1] !== want[1]) continue;
+    const have = labels(m[2]);
+    if (Object.entries(labels(want[2])).every(([k, v]) => have[k] === v)) return Number(m[3]);
+  }
+  return undefined;
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
