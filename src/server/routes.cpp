@@ -28,11 +28,7 @@ void send_collect_error(HttpResponse& res, const Status& status, bool client_gon
     return send_error(res, ApiError{499, "The client closed the connection before the response was "
                                          "ready; the request was aborted.",
                                     "invalid_request_error", "", "client_closed_request"});
-  if (status.code() == StatusCode::kUnavailable) {
-    ApiError e = from_status(status);
-    e.code = "server_shutting_down";
-    return send_error(res, e);
-  }
+  if (status.code() == StatusCode::kUnavailable) return send_error(res, shutting_down(status.message()));
   send_error(res, internal(status.message()));
 }
 
@@ -244,9 +240,7 @@ void detokenize(const ServingContext& ctx, const HttpRequest& req, HttpResponse&
 
 bool generation_ready(const ServingContext& ctx, HttpResponse& res, bool draining) {
   if (draining) {
-    ApiError e = overloaded("The server is shutting down and accepts no new requests.");
-    e.code = "server_shutting_down";
-    send_error(res, e);
+    send_error(res, shutting_down("The server is shutting down and accepts no new requests."));
     return false;
   }
   if (!ctx.engine || !ctx.engine->alive()) {

@@ -14,7 +14,9 @@ void stream_generation(HttpResponse& res, std::shared_ptr<Generation> generation
     auto write = [&](const std::string& s) { return s.empty() || sink.write(s); };
     auto end_with_error = [&](const Status& st) {
       // The cut of a shutdown is the server's doing, not an engine failure: its own code.
-      write(gen->was_cut() ? sse_data(from_status(st).to_json()) : h.on_error ? h.on_error(st) : sse_data(from_status(st).to_json()));
+      write(gen->was_cut() ? sse_data(shutting_down(st.message()).to_json())
+            : h.on_error   ? h.on_error(st)
+                           : sse_data(from_status(st).to_json()));
       write("data: [DONE]\n\n");
     };
     if (!write(h.first)) return gen->abort();

@@ -5,10 +5,10 @@ export const EXE = process.env.MOONRUN_EXE;
 export const DEMO = process.env.MOONRUN_DEMO_MODEL;
 if (!EXE || !DEMO) throw new Error('set MOONRUN_EXE and MOONRUN_DEMO_MODEL (CTest does)');
 
-export async function startServer(extraArgs = [], { timeoutMs = 120000 } = {}) {
+export async function startServer(extraArgs = [], { timeoutMs = 120000, env = process.env } = {}) {
   const args = ['serve', '--model-path', DEMO, '--served-model-name', 'moonrun-demo',
                 '--host', '127.0.0.1', '--port', '0', ...extraArgs];
-  const proc = spawn(EXE, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(EXE, args, { stdio: ['ignore', 'pipe', 'pipe'], env });
   let log = '';
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), timeoutMs);
