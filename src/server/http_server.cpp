@@ -105,6 +105,13 @@ struct HttpServer::Impl : ConnectionOwner {
     limits.header_timeout_s = o.header_timeout_s;
     limits.body_timeout_s = o.body_timeout_s;
     limits.write_timeout_s = o.write_timeout_s;
+    // Memory per request stays bounded: blocks of 1 MiB and more (an answer's JSON text,
+    // logprob arrays) are mmap'ed and go back to the OS when freed; glibc would otherwise
+    // raise this threshold after the first large free and keep such blocks in its arenas.
+    // Fewer arenas than glibc's 8 per core keep what the worker threads' small blocks
+    // fragment to a few, without measurable contention (the engine thread does the work).
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    mallopt(M_ARENA_MAX, 4);
     const int fd_limit = raise_fd_limit();
     max_connections = std::max(8, std::min(o.max_connections, fd_limit - 64));
     if (max_connections < o.max_connections)
