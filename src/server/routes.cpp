@@ -69,9 +69,12 @@ Status fit_context(const ServingContext& ctx, size_t prompt_tokens, int& max_tok
 }
 
 bool model_name_matches(const ServingContext& ctx, const std::string& name) {
-  if (name.empty() || name == ctx.served_model_name) return true;
+  // A path may come with or without its trailing slash.
+  std::string trimmed = name;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  if (name.empty() || name == ctx.served_model_name || trimmed == ctx.served_model_name) return true;
   for (const auto& n : ctx.model_names)
-    if (n == name) return true;
+    if (n == name || n == trimmed) return true;
   return false;
 }
 
