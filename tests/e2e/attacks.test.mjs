@@ -31,9 +31,9 @@ async function stillServing() {
 
 test('item 1: 20,000-level nested JSON anywhere in the body is a 400, and the server lives', async () => {
   const bodies = [
+    `{"model":"moonrun-demo","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":${'{"a":'.repeat(12000)}1${'}'.repeat(12000)}}}]}`,
     `{"model":"moonrun-demo","messages":[{"role":"user","content":"hi"}],"tools":${deep(20000)}}`,
     `{"model":"moonrun-demo","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":${deep(20000)}}}}`,
-    `{"model":"moonrun-demo","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":${'{"a":'.repeat(12000)}1${'}'.repeat(12000)}}}]}`,
     `{"model":"moonrun-demo","messages":[{"role":"user","content":${deep(20000)}}]}`,
   ];
   for (const b of bodies) {
