@@ -231,3 +231,21 @@ test('--log-level warning and error silence info; --log-format json is one JSON 
     await srv.stop();
   }
 });
+
+test('every metric the Grafana dashboard queries is one /metrics exposes, with a model_name label', async () => {
+  const dash = readFileSync(new URL('../../docs/grafana/moonrun.json', import.meta.url), 'utf8');
+  const names = new Set([...dash.matchAll(/(vllm|moonrun):[a-z0-9_]+/g)].map((m) => m[0].replace(/_(bucket|sum|count)$/, '')));
+  assert.ok(names.size >= 10, [...names].join(' '));
+  const srv = await startServer([]);
+  try {
+    await post(srv.base, '/v1/completions', { model: 'moonrun-demo', prompt: 'hi', max_tokens: 2 });
+    await post(srv.base, '/v1/completions', { model: 'not-this-one', prompt: 'hi' });  // a refusal
+    const text = await (await fetch(srv.base + '/metrics')).text();
+    for (const n of names) {
+      assert.match(text, new RegExp(`^# TYPE ${n} `, 'm'), `${n} is not exposed`);
+      assert.match(text, new RegExp(`^${n}(_bucket|_sum|_count)?\\{model_name="moonrun-demo"`, 'm'), `${n} has no model_name label`);
+    }
+  } finally {
+    await srv.stop();
+  }
+});
