@@ -82,10 +82,10 @@ void Connection::start() {
   net::dispatch(impl_->stream.get_executor(), [self = shared_from_this()] { self->read_request(); });
 }
 
-void Connection::resume() {
-  net::post(impl_->stream.get_executor(), [self = shared_from_this()] {
+void Connection::release(bool keep_alive) {
+  net::post(impl_->stream.get_executor(), [self = shared_from_this(), keep_alive] {
     if (self->state_ == State::kClosed) return;
-    if (self->owner_.draining()) return self->close();
+    if (!keep_alive || self->owner_.draining()) return self->close_now();
     self->read_request();
   });
 }
@@ -93,11 +93,16 @@ void Connection::resume() {
 void Connection::close() {
   net::post(impl_->stream.get_executor(), [self = shared_from_this()] {
     if (self->state_ == State::kClosed) return;
-    self->set_state(State::kClosed);
-    boost::system::error_code ec;
-    self->impl_->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-    self->impl_->stream.close();
+    if (self->state_ == State::kProcessing) return self->shutdown_socket();
+    self->close_now();
   });
+}
+
+void Connection::close_now() {
+  set_state(State::kClosed);
+  boost::system::error_code ec;
+  impl_->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+  impl_->stream.close();
 }
 
 void Connection::shutdown_socket() {

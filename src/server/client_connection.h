@@ -44,7 +44,7 @@ class ConnectionOwner {
  public:
   virtual ~ConnectionOwner() = default;
   // A whole request arrived; the connection now belongs to the callee until it calls
-  // Connection::resume() or Connection::close().
+  // Connection::release().
   virtual void on_request(std::shared_ptr<Connection> conn, HttpRequest request, bool keep_alive) = 0;
   // The event loop answered by itself (a malformed or over-limit request, a timeout).
   virtual void on_rejected(const std::string& remote, int status, const std::string& why) = 0;
@@ -67,8 +67,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ~Connection();
 
   void start();   // reads the first request (call once, from any thread)
-  void resume();  // the answer went out: read the next request (worker thread)
-  void close();   // from any thread; the socket is closed on its strand
+  // The worker is done with the connection: read the next request (keep_alive) or close.
+  void release(bool keep_alive);
+  // From any thread (eviction, shutdown): closes an idle or reading connection on its strand.
+  // One a worker owns is only shut down (its descriptor stays open until release(), so the
+  // number cannot be reused under the worker's send()).
+  void close();
   // From any thread: makes blocked and future writes fail at once (shutdown(SHUT_RDWR));
   // the descriptor stays open until close(), so it cannot be reused under a writer.
   void shutdown_socket();
@@ -96,6 +100,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void read_body();
   void on_body();
   void fail(int status, const std::string& why);
+  void close_now();  // on the strand
 
   std::unique_ptr<Impl> impl_;
   HttpLimits limits_;

@@ -258,8 +258,7 @@ struct HttpServer::Impl : ConnectionOwner {
     // built) leaves freed memory in this thread's malloc arena, which glibc keeps: without
     // this, RSS ratchets up by the largest answer each worker thread ever built.
     if (bytes_out > (1u << 20) || req.body.size() > (1u << 20)) malloc_trim(0);
-    if (written && keep_alive && !draining_flag) conn->resume();
-    else conn->close();
+    conn->release(written && keep_alive && !draining_flag);
   }
 
   bool write_response(Connection& conn, const HttpRequest& req, HttpResponse& res, bool keep_alive,
