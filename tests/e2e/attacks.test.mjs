@@ -31,9 +31,10 @@ async function stillServing() {
 
 test('item 1: 20,000-level nested JSON anywhere in the body is a 400, and the server lives', async () => {
   const bodies = [
+    // The shape that killed the process before (SIGSEGV in a recursive copy), first.
+    `{"model":"moonrun-demo","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":${deep(20000)}}}}`,
     `{"model":"moonrun-demo","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":${'{"a":'.repeat(12000)}1${'}'.repeat(12000)}}}]}`,
     `{"model":"moonrun-demo","messages":[{"role":"user","content":"hi"}],"tools":${deep(20000)}}`,
-    `{"model":"moonrun-demo","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":${deep(20000)}}}}`,
     `{"model":"moonrun-demo","messages":[{"role":"user","content":${deep(20000)}}]}`,
   ];
   for (const b of bodies) {
@@ -172,6 +173,18 @@ test('item 7: a wrong type for any boolean field is a 400 naming it, never a 500
     ['/tokenize', { model: 'moonrun-demo', prompt: 'hi', add_special_tokens: 'yes' }, 'add_special_tokens'],
     ['/tokenize', { model: 'moonrun-demo', messages: [{ role: 'user', content: 'hi' }], add_generation_prompt: 'no' }, 'add_generation_prompt'],
   ];
+  // Wrong types deeper in the body, read by the chat layer: 400 too, never a library message.
+  const nested = [
+    chat({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 5 } }] }] }),
+    chat({ tools: [{ type: 'function', function: { name: 7 } }] }),
+    chat({ messages: [{ role: 'user', content: [{ type: 'text', text: ['a'] }] }] }),
+    chat({ chat_template_kwargs: { thinking: 'yes' } }),
+  ];
+  for (const body of nested) {
+    const r = await post(srv.base, '/v1/chat/completions', body);
+    assert.equal(r.status, 400, JSON.stringify(body) + ': ' + r.text);
+    assert.doesNotMatch(r.json.error.message, /json\.exception/);
+  }
   for (const [path, body, field] of cases) {
     const r = await post(srv.base, path, body);
     assert.equal(r.status, 400, `${path} ${field}: ${r.text}`);
