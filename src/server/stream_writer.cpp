@@ -17,7 +17,7 @@ void stream_generation(HttpResponse& res, std::shared_ptr<Generation> generation
       write(gen->was_cut() ? sse_data(shutting_down(st.message()).to_json())
             : h.on_error   ? h.on_error(st)
                            : sse_data(from_status(st).to_json()));
-      write("data: [DONE]\n\n");
+      if (h.done_marker) write("data: [DONE]\n\n");
     };
     if (!write(h.first)) return gen->abort();
     RequestOutput out;
@@ -37,7 +37,7 @@ void stream_generation(HttpResponse& res, std::shared_ptr<Generation> generation
       if (gen->done()) {
         if (gen->was_cut()) return end_with_error(shutdown_cut_status());
         write(h.on_done ? h.on_done() : std::string());
-        write("data: [DONE]\n\n");
+        if (h.done_marker) write("data: [DONE]\n\n");
         return;
       }
       if (!sink.is_writable()) {

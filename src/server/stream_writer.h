@@ -21,6 +21,9 @@ struct StreamHandlers {
   // An engine error after the stream started: an SSE error event, then [DONE].
   std::function<std::string(const Status&)> on_error;
   std::string first;  // sent before any output (e.g. the role chunk)
+  // End with OpenAI's "data: [DONE]" (chat, completions); the Responses and Anthropic
+  // Messages streams end with their own final event instead.
+  bool done_marker = true;
 };
 
 void stream_generation(HttpResponse& res, std::shared_ptr<Generation> generation, StreamHandlers handlers);
