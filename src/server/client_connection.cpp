@@ -32,8 +32,13 @@ bool socket_peer_gone(int fd) {
 }
 
 struct Connection::Impl {
-  explicit Impl(tcp::socket&& s) : stream(std::move(s)) {}
+  explicit Impl(tcp::socket&& s) : stream(std::move(s)), timer(stream.get_executor()) {}
   beast::tcp_stream stream;
+  // The header and body deadlines. Not tcp_stream's own expiry: that closes the socket,
+  // and a client that ran out of time should still read why (408).
+  net::steady_timer timer;
+  uint64_t timer_generation = 0;  // a fired timer whose wait was superseded does nothing
+  bool timed_out = false;
   beast::flat_buffer buffer;
   std::optional<http::request_parser<http::string_body>> parser;
   std::string canned;  // a reject() answer being written
@@ -100,6 +105,7 @@ void Connection::close() {
 
 void Connection::close_now() {
   set_state(State::kClosed);
+  disarm_deadline();
   boost::system::error_code ec;
   impl_->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
   impl_->stream.close();
@@ -110,6 +116,24 @@ void Connection::shutdown_socket() {
 }
 
 // ---- reading (all on the strand) ---------------------------------------------------
+
+void Connection::arm_deadline(double seconds_from_now) {
+  impl_->stream.expires_never();
+  impl_->timed_out = false;
+  const uint64_t generation = ++impl_->timer_generation;
+  impl_->timer.expires_after(seconds(seconds_from_now));
+  impl_->timer.async_wait([self = shared_from_this(), generation](boost::system::error_code ec) {
+    if (ec || generation != self->impl_->timer_generation) return;
+    self->impl_->timed_out = true;
+    boost::system::error_code ignored;
+    self->impl_->stream.socket().cancel(ignored);  // the pending read ends with operation_aborted
+  });
+}
+
+void Connection::disarm_deadline() {
+  ++impl_->timer_generation;
+  impl_->timer.cancel();
+}
 
 void Connection::read_request() {
   if (state_ == State::kClosed) return;
@@ -138,11 +162,12 @@ void Connection::read_header() {
   // compression does not make JSON larger. Chunked bodies count their decoded payload.
   impl_->parser->body_limit(limits_.max_body_bytes);
   // One deadline for the whole header block, however the bytes trickle in.
-  impl_->stream.expires_after(seconds(limits_.header_timeout_s));
+  arm_deadline(limits_.header_timeout_s);
   http::async_read_header(impl_->stream, impl_->buffer, *impl_->parser,
                           [self = shared_from_this()](beast::error_code ec, size_t) {
+                            self->disarm_deadline();
                             if (!ec) return self->on_header();
-                            if (ec == beast::error::timeout)
+                            if (self->impl_->timed_out)
                               return self->fail(408, "the request headers did not arrive within " +
                                                          std::to_string(self->limits_.header_timeout_s) + " s");
                             if (ec == http::error::header_limit)
@@ -204,10 +229,11 @@ void Connection::on_header() {
 
 void Connection::read_body() {
   set_state(State::kBody);
-  impl_->stream.expires_after(seconds(limits_.body_timeout_s));
+  arm_deadline(limits_.body_timeout_s);
   http::async_read(impl_->stream, impl_->buffer, *impl_->parser, [self = shared_from_this()](beast::error_code ec, size_t) {
+    self->disarm_deadline();
     if (!ec) return self->on_body();
-    if (ec == beast::error::timeout)
+    if (self->impl_->timed_out)
       return self->fail(408, "the request body did not arrive within " + std::to_string(self->limits_.body_timeout_s) + " s");
     if (ec == http::error::body_limit)
       return self->fail(413, "the request body is larger than the server's limit of " +

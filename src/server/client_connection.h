@@ -101,6 +101,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_body();
   void fail(int status, const std::string& why);
   void close_now();  // on the strand
+  void arm_deadline(double seconds_from_now);
+  void disarm_deadline();
 
   std::unique_ptr<Impl> impl_;
   HttpLimits limits_;

@@ -63,10 +63,12 @@ test('item 2: 130 clients trickling one byte at a time neither starve others nor
     await sleep(4500);
     const open = slow.filter((s) => s.closedAt === null).length;
     assert.equal(open, 0, `${open} slow-header connections still open after the deadline`);
+    assert.ok(slow.every((s) => s.received.startsWith('HTTP/1.1 408')), 'each was told why: ' + slow[0].received.slice(0, 80));
     // Headers at once, then the body at 5 bytes/s: 8 s for 40 bytes, past the 4 s body
     // deadline, which does not restart per byte either.
     await sleep(1000);
     assert.equal(slowBody.filter((s) => s.closedAt === null).length, 0);
+    assert.ok(slowBody.every((s) => s.received.startsWith('HTTP/1.1 408')), slowBody[0].received.slice(0, 80));
   } finally {
     for (const s of [...slow, ...slowBody]) s.stop();
   }
