@@ -347,9 +347,16 @@ void HttpServer::set_draining(bool draining) { impl_->draining_flag = draining; 
 Status HttpServer::bind() {
   const ServeOptions& o = impl_->ctx.options;
   boost::system::error_code ec;
-  auto addr = net::ip::make_address(o.host == "localhost" ? "127.0.0.1" : o.host, ec);
-  if (ec) return invalid_argument("--host " + o.host + ": not an IP address (" + ec.message() + ")");
-  const tcp::endpoint ep(addr, static_cast<unsigned short>(o.port));
+  tcp::endpoint ep;
+  auto addr = net::ip::make_address(o.host, ec);
+  if (!ec) {
+    ep = tcp::endpoint(addr, static_cast<unsigned short>(o.port));
+  } else {  // a name ("localhost", this machine's hostname): its first address
+    tcp::resolver resolver(impl_->ioc);
+    auto found = resolver.resolve(o.host, std::to_string(o.port), tcp::resolver::passive, ec);
+    if (ec || found.empty()) return invalid_argument("--host " + o.host + ": not an address this machine has (" + ec.message() + ")");
+    ep = found.begin()->endpoint();
+  }
   auto acc = std::make_unique<tcp::acceptor>(impl_->ioc);
   acc->open(ep.protocol(), ec);
   if (!ec) acc->set_option(net::socket_base::reuse_address(true), ec);
