@@ -16,8 +16,9 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The demo model also answers to the name the seeds' curl examples use.
 demo: build
-	$(BUILD)/moonrun serve --host 127.0.0.1 --port 8000
+	$(BUILD)/moonrun serve --host 127.0.0.1 --port 8000 --served-model-name moonrun-demo moonshotai/Kimi-K3
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900

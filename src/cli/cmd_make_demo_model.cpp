@@ -22,17 +22,20 @@ constexpr size_t kDemoMerges = 768;
 }
 }  // namespace
 
+Status write_demo_checkpoint(const std::string& dir) {
+  auto ranks = chat::train_bpe_ranks(chat::builtin_bpe_corpus(), kDemoMerges, chat::kKimiPattern);
+  if (!ranks.is_ok()) return ranks.status();
+  MR_RETURN_IF_ERROR(write_demo_model(dir, static_cast<int>(ranks->size())));
+  return chat::write_tiktoken_model(dir + "/tiktoken.model", *ranks);
+}
+
 void add_make_demo_model_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("make-demo-model",
                                  "Write the small K3-shaped demo checkpoint (random weights, fixed seed)");
   auto out = std::make_shared<std::string>();
   cmd->add_option("--out", *out, "output directory")->required();
   cmd->callback([out] {
-    auto ranks = chat::train_bpe_ranks(chat::builtin_bpe_corpus(), kDemoMerges, chat::kKimiPattern);
-    if (!ranks.is_ok()) fail(ranks.status().message());
-    Status st = write_demo_model(*out, static_cast<int>(ranks->size()));
-    if (!st.is_ok()) fail(st.message());
-    st = chat::write_tiktoken_model(*out + "/tiktoken.model", *ranks);
+    Status st = write_demo_checkpoint(*out);
     if (!st.is_ok()) fail(st.message());
   });
 }

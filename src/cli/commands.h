@@ -4,6 +4,14 @@
 // Exit codes: 0 ok, 1 the check failed / the run failed, 2 usage or input error.
 #include <CLI/CLI.hpp>
 
+#include <string>
+
+#include "common/status.h"
+
+#ifndef MOONRUN_GIT_COMMIT
+#define MOONRUN_GIT_COMMIT "unknown"
+#endif
+
 namespace moonrun::cli {
 
 void add_generate_command(CLI::App& app);
@@ -16,5 +24,11 @@ void add_parse_command(CLI::App& app);
 void add_make_demo_model_command(CLI::App& app);
 void add_bench_model_command(CLI::App& app);
 void add_make_slice_command(CLI::App& app);
+
+inline constexpr const char* kMoonrunVersion = "0.1.0";
+inline constexpr const char* kMoonrunCommit = MOONRUN_GIT_COMMIT;  // at configure time
+
+// Writes the demo checkpoint (random weights, fixed seed, its tokenizer) into dir.
+Status write_demo_checkpoint(const std::string& dir);
 
 }  // namespace moonrun::cli

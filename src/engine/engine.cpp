@@ -152,7 +152,13 @@ void Engine::fail_all(const Status& error, std::vector<RequestOutput>& outputs) 
 
 // ---- the step ------------------------------------------------------------------------
 
-SchedulerOutput Engine::schedule() { return scheduler_.schedule(); }
+SchedulerOutput Engine::schedule() {
+  SchedulerOutput out = scheduler_.schedule();
+  const auto now = std::chrono::steady_clock::now();
+  for (const ScheduledSeq& s : out.seqs)
+    if (s.req->first_scheduled_time == std::chrono::steady_clock::time_point{}) s.req->first_scheduled_time = now;
+  return out;
+}
 
 void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) {
   input.seqs.clear();
@@ -264,6 +270,7 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
       out.num_cached_tokens = req->num_cached_tokens;
     }
     out.new_token_ids.push_back(token);
+    out.first_scheduled_time = req->first_scheduled_time;
     if (req->params.logprobs >= 0) out.logprobs.push_back(sample);
     outputs.push_back(std::move(out));
 

@@ -52,6 +52,9 @@ struct RequestOutput {
   int num_prompt_tokens = 0;           // usage, cumulative
   int num_output_tokens = 0;
   int num_cached_tokens = 0;           // prompt tokens served from the prefix cache
+  // When the sequence first ran a step (its queue time ends, its prefill starts); the
+  // server's queue/prefill/decode time metrics. Default-constructed if it never ran.
+  std::chrono::steady_clock::time_point first_scheduled_time{};
 };
 
 struct EngineStats {

@@ -1,5 +1,6 @@
 #include "engine/engine_loop.h"
 
+#include <algorithm>
 #include <exception>
 #include <string>
 
@@ -83,7 +84,9 @@ Result<std::shared_ptr<RequestStream>> EngineLoop::submit(std::vector<int32_t> p
   if (!alive_ || stop_requested_) return unavailable("the engine is not running");
   if (!accepting_) return unavailable("the server is shutting down");
   const int max_queued = engine_->config().scheduler.max_queued_requests;
-  if (max_queued >= 0 && stats_.num_waiting + static_cast<int>(inbox_.size()) + params.n > max_queued) {
+  int inbox_seqs = 0;
+  for (const Submission& s : inbox_) inbox_seqs += s.params.n;
+  if (max_queued >= 0 && stats_.num_waiting + inbox_seqs + deferred_seqs_ + params.n > max_queued) {
     return resource_exhausted("the waiting queue is full (--max-queued-requests " + std::to_string(max_queued) +
                               "); retry later");
   }
@@ -157,14 +160,37 @@ void EngineLoop::run() {
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] {
-          return stop_requested_ || !inbox_.empty() || !aborts_.empty() || engine_->has_work();
+          return stop_requested_ || !inbox_.empty() || !aborts_.empty() || engine_->has_work() ||
+                 !deferred_.empty();
         });
         inbox.swap(inbox_);
         aborts.swap(aborts_);
         stopping = stop_requested_;
       }
+      // Deferred ones first: they were admitted earlier.
+      while (!deferred_.empty()) {
+        inbox.push_front(std::move(deferred_.back()));
+        deferred_.pop_back();
+      }
+      int deferred_seqs = 0;
       for (Submission& s : inbox) {
-        const Status st = engine_->add_request(s.id, std::move(s.prompt_ids), s.params);
+        if (std::find(aborts.begin(), aborts.end(), s.id) != aborts.end() || stopping) {
+          for (int i = 0; i < s.params.n; ++i) {
+            RequestOutput out;
+            out.request_id = s.id;
+            out.index = i;
+            out.finished = true;
+            out.finish_reason = FinishReason::kAbort;
+            outputs.push_back(std::move(out));
+          }
+          continue;
+        }
+        const Status st = engine_->add_request(s.id, s.prompt_ids, s.params);
+        if (st.code() == StatusCode::kResourceExhausted) {
+          deferred_seqs += s.params.n;
+          deferred_.push_back(std::move(s));
+          continue;
+        }
         if (!st.is_ok()) {
           for (int i = 0; i < s.params.n; ++i) {
             RequestOutput out;
@@ -176,6 +202,10 @@ void EngineLoop::run() {
             outputs.push_back(std::move(out));
           }
         }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        deferred_seqs_ = deferred_seqs;
       }
       for (uint64_t id : aborts) engine_->abort_request(id, outputs);
       if (stopping) {

@@ -109,6 +109,11 @@ class EngineLoop {
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   std::deque<Submission> inbox_;
+  // Submissions that submit() admitted but the engine could not queue yet (preemptions grew
+  // its waiting queue in between): the loop retries them first. Never refused afterwards,
+  // so an admitted request never turns into an error inside a 200 stream.
+  std::deque<Submission> deferred_;  // loop thread only
+  int deferred_seqs_ = 0;            // their sequences, for submit()'s count (under mu_)
   std::vector<uint64_t> aborts_;
   std::unordered_map<uint64_t, std::shared_ptr<RequestStream>> streams_;
   EngineStats stats_;

@@ -5,6 +5,7 @@
 // sampled last step) and, when that reaches the end, samples one more token.
 // A preempted request loses its caches and starts over at num_computed_tokens = 0 with its
 // generated tokens kept: recomputing them is the same as if they had been in the prompt.
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -46,6 +47,8 @@ struct Request {
   int num_preemptions = 0;
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_reason;  // the stop string that matched, if any
+  // When a step first computed any of its tokens: the end of its queue time (metrics).
+  std::chrono::steady_clock::time_point first_scheduled_time{};
 
   SequenceSampler sampler;
   OutputText text;

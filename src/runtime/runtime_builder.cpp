@@ -81,6 +81,25 @@ std::string resolve_device(const std::string& requested) {
 #endif
 }
 
+bool has_cuda_backend() {
+#if MOONRUN_HAS_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::vector<GpuDescription> visible_gpus() {
+  std::vector<GpuDescription> out;
+#if MOONRUN_HAS_CUDA
+  for (int i = 0, n = cuda::device_count(); i < n; ++i) {
+    const cuda::DeviceMemory m = cuda::device_memory(i);
+    out.push_back({m.name, m.total_gb});
+  }
+#endif
+  return out;
+}
+
 Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const RuntimeOptions& o) {
   Runtime rt;
   rt.device = resolve_device(o.device);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cache/cache_manager.h"
 #include "common/status.h"
@@ -45,6 +46,15 @@ struct Runtime {
 // "auto" -> "cuda" when this build has the CUDA backend and a GPU is visible, else "cpu";
 // an impossible request -> "error: <reason>".
 std::string resolve_device(const std::string& requested);
+
+// The GPUs this build can use, for the startup log ("NVIDIA H200, 139.8 GiB"); empty in a
+// CPU-only build or when none is visible.
+struct GpuDescription {
+  std::string name;
+  double total_gib = 0;
+};
+std::vector<GpuDescription> visible_gpus();
+bool has_cuda_backend();
 
 // Opens the checkpoint (a directory or an HF repo id), loads the text model onto the
 // device and sizes the cache pools from what is left. Errors are one line each.

@@ -1,7 +1,6 @@
 // POST /v1/chat/completions: render the conversation in the checkpoint's chat format, run
 // it (constrained when the request asks for structured output or a tool call), and parse
 // the completion back into reasoning_content, content and tool_calls.
-#include <httplib.h>
 
 #include "common/log.h"
 #include "server/chat_pipeline.h"
@@ -54,7 +53,7 @@ json chat_logprobs(const ServingContext& ctx, const std::vector<SampleResult>& l
 
 }  // namespace
 
-void handle_chat_completions(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_chat_completions(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res) {
   json body;
   if (!parse_body(ctx, req, res, body)) return;
   // The chat layer keeps the client's key order (it is rendered back byte for byte).
@@ -62,6 +61,11 @@ void handle_chat_completions(const ServingContext& ctx, const httplib::Request& 
   if (!prepared.is_ok()) return send_error(res, from_status(prepared.status()));
   for (const auto& w : prepared->request.warnings) MR_LOG(WARNING) << w;
   auto chat = std::make_shared<PreparedChat>(std::move(prepared).value());
+
+  // vLLM's return_token_ids (non-streaming): the rendered prompt's ids and each choice's
+  // generated ids.
+  auto ids_flag = json_bool(body, "return_token_ids", false);
+  if (!ids_flag.is_ok()) return send_error(res, bad_request(ids_flag.status().message(), "return_token_ids"));
 
   const chat::ChatFormat format = ctx.chat_format;
   auto gen = Generation::start(*ctx.engine, *ctx.metrics, chat->prompt_ids, chat->params);
@@ -90,10 +94,12 @@ void handle_chat_completions(const ServingContext& ctx, const httplib::Request& 
                      {"logprobs", want_logprobs ? chat_logprobs(ctx, s.logprobs) : json(nullptr)},
                      {"finish_reason", chat_finish_reason(s.finish_reason, !m.tool_calls.empty())}};
       if (!s.stop_reason.empty()) choice["stop_reason"] = s.stop_reason;
+      if (*ids_flag) choice["token_ids"] = s.token_ids;
       choices.push_back(choice);
     }
     json out = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
                 {"choices", choices}, {"usage", usage_json((*gen)->usage(), reasoning_tokens)}};
+    if (*ids_flag) out["prompt_token_ids"] = chat->prompt_ids;
     res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
     return;
   }

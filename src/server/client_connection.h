@@ -1,61 +1,117 @@
 #pragma once
-// The TCP connection behind an HTTP request, so a handler that waits for a generation can
-// notice the client going away (closed, reset, killed) and abort it instead of generating
-// to max_tokens for nobody.
+// One client's TCP connection, read by the event loop (Boost.Beast's HTTP/1.1 parser on an
+// Asio strand), written by the worker thread that answers its request.
 //
-// cpp-httplib 0.11.4 gives handlers neither the socket nor a liveness check; it checks
-// liveness itself only when it writes (SocketStream::is_writable: select_write, then a
-// MSG_PEEK read that sees EOF or a reset). Streams write, or ask DataSink::is_writable, every
-// few tokens and so notice soon; a non-streaming request writes once, at the end. Ways
-// considered:
-//   - answer through a content provider, to get DataSink::is_writable while waiting: the
-//     status line and headers would go out before the result, so an engine failure could no
-//     longer be a 500 with an OpenAI error envelope;
-//   - override Server::process_and_close_socket to remember the fd per thread: it is a
-//     private virtual, so the override would have to re-implement httplib's keep-alive loop
-//     (0.11.4 internals) and every connection would run through our copy;
-//   - find the socket from what the Request already carries (chosen): httplib fills
-//     remote_addr/remote_port and local_addr/local_port from getpeername/getsockname of this
-//     very socket, and a live TCP connection's 4-tuple is unique in the kernel. So the one
-//     socket among the process's fds (/proc/self/fd) whose getpeername/getsockname, printed
-//     the same way (getnameinfo NI_NUMERICHOST), equal those four values is this
-//     connection's. The handler's thread owns that connection until the handler returns, so
-//     the fd cannot be closed or reused under us. Public API and POSIX only; if the lookup
-//     finds nothing (or more than one), found() is false and the request behaves as before.
-//     Cost: one getpeername per open fd, once per non-streaming generation request.
-//
-// What counts as gone: POLLRDHUP (the peer sent FIN: closed, or shut down its sending side),
-// POLLHUP or POLLERR (reset). POLLIN is not asked for, so the bytes of a next request sent
-// early on a keep-alive connection are not mistaken for a disconnect. A client that only
-// half-closes (shutdown(SHUT_WR)) counts as gone, as in nginx (its 499); httplib 0.11.4
-// would not write it an answer anyway (the MSG_PEEK above sees its EOF). Linux only
-// (/proc, POLLRDHUP), like the rest of the server.
+// Why this shape (docs/architecture.md, "HTTP layer"): a slow or hostile client must cost
+// a file descriptor and a few kilobytes, never a thread. Reading a request is therefore
+// asynchronous and bounded by deadlines that do not restart on every byte:
+//   idle    waiting for the first byte of a request (keep-alive)     --http-idle-timeout
+//   header  first byte to the end of the header block                --http-header-timeout
+//   body    end of headers to the end of the body (any encoding)     --http-body-timeout
+// and by sizes: 64 KiB of headers (431), --max-request-bytes of body after chunked and
+// gzip/deflate decoding (413). Content-Length must be one plain decimal number, given once;
+// a Transfer-Encoding other than "chunked" is refused (501), as RFC 9112 asks.
+// Only a request that arrived whole goes to a worker thread. While a worker owns the
+// connection no asynchronous operation is pending on it, so the worker writes the answer
+// with plain send() calls bounded by --http-write-timeout, and asks gone() (a poll for
+// POLLRDHUP/POLLHUP/POLLERR) whether the client is still there during a long generation.
+// Pipelined requests wait in the read buffer and are parsed after the answer went out.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <string_view>
 
-namespace httplib {
-struct Request;
-}
+#include "server/http_types.h"
 
 namespace moonrun::server {
 
-class ClientConnection {
- public:
-  ClientConnection() = default;
-  // The socket carrying req, looked up among this process's fds; call on the handler's thread.
-  static ClientConnection of(const httplib::Request& req);
-  // The same lookup from the four values (what `of` reads from the request).
-  static ClientConnection find(const std::string& local_addr, int local_port,
-                               const std::string& remote_addr, int remote_port);
+struct HttpLimits {
+  size_t max_body_bytes = 32u << 20;     // decoded body
+  size_t max_header_bytes = 64u << 10;
+  double idle_timeout_s = 15;
+  double header_timeout_s = 10;
+  double body_timeout_s = 60;
+  double write_timeout_s = 30;           // one chunk, or a whole small answer
+};
 
-  bool found() const { return fd_ >= 0; }
+class Connection;
+
+// What the event loop asks of the server (implemented by HttpServer).
+class ConnectionOwner {
+ public:
+  virtual ~ConnectionOwner() = default;
+  // A whole request arrived; the connection now belongs to the callee until it calls
+  // Connection::release().
+  virtual void on_request(std::shared_ptr<Connection> conn, HttpRequest request, bool keep_alive) = 0;
+  // The event loop answered by itself (a malformed or over-limit request, a timeout).
+  virtual void on_rejected(const std::string& remote, int status, const std::string& why) = 0;
+  virtual void on_destroyed(Connection* conn) = 0;
+  virtual bool draining() const = 0;
+};
+
+// Whether the peer of a connected socket went away: closed (FIN), reset, or an error.
+// POLLIN is not asked for, so a pipelined next request is not mistaken for a disconnect;
+// a client that half-closes (shutdown(SHUT_WR)) counts as gone, as in nginx (its 499).
+bool socket_peer_gone(int fd);
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  enum class State { kIdle, kHeader, kBody, kProcessing, kClosed };
+  using Clock = std::chrono::steady_clock;
+
+  // socket_fd_owner: an opaque Asio socket handed over by the acceptor (see .cpp).
+  static std::shared_ptr<Connection> create(void* asio_socket, const HttpLimits& limits, ConnectionOwner& owner);
+  ~Connection();
+
+  void start();   // reads the first request (call once, from any thread)
+  // The worker is done with the connection: read the next request (keep_alive) or close.
+  void release(bool keep_alive);
+  // From any thread (eviction, shutdown): closes an idle or reading connection on its strand.
+  // One a worker owns is only shut down (its descriptor stays open until release(), so the
+  // number cannot be reused under the worker's send()).
+  void close();
+  // From any thread: makes blocked and future writes fail at once (shutdown(SHUT_RDWR));
+  // the descriptor stays open until close(), so it cannot be reused under a writer.
+  void shutdown_socket();
+
+  // Worker side, while the connection is kProcessing.
+  bool write_all(std::string_view data, Clock::time_point deadline);
+  bool gone() const { return socket_peer_gone(fd_); }
+  // A small canned answer (status line, JSON body) and close; from the event loop.
+  void reject(int status, const std::string& body, const std::string& extra_headers = "");
+
+  State state() const { return state_.load(); }
+  Clock::time_point state_since() const { return Clock::time_point(Clock::duration(since_.load())); }
+  const std::string& remote_addr() const { return remote_addr_; }
+  int remote_port() const { return remote_port_; }
   int fd() const { return fd_; }
-  // True once the peer closed or reset the connection. Non-blocking: one poll() call.
-  // False when not found (nothing is known).
-  bool gone() const;
+  const HttpLimits& limits() const { return limits_; }
 
  private:
-  explicit ClientConnection(int fd) : fd_(fd) {}
+  struct Impl;
+  Connection(const HttpLimits& limits, ConnectionOwner& owner);
+  void set_state(State s);
+  void read_request();  // on the strand
+  void read_header();
+  void on_header();
+  void read_body();
+  void on_body();
+  void fail(int status, const std::string& why);
+  void close_now();  // on the strand
+  void arm_deadline(double seconds_from_now);
+  void disarm_deadline();
+
+  std::unique_ptr<Impl> impl_;
+  HttpLimits limits_;
+  ConnectionOwner& owner_;
   int fd_ = -1;
+  std::string remote_addr_;
+  int remote_port_ = 0;
+  std::atomic<State> state_{State::kIdle};
+  std::atomic<int64_t> since_{0};
 };
 
 }  // namespace moonrun::server

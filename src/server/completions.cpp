@@ -1,5 +1,4 @@
 // POST /v1/completions: a raw prompt (text or token ids), no chat format, no parsers.
-#include <httplib.h>
 
 #include "common/log.h"
 #include "server/generation.h"
@@ -39,7 +38,7 @@ json usage_json(const Usage& u) {
 
 }  // namespace
 
-void handle_completions(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_completions(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res) {
   json body;
   if (!parse_body(ctx, req, res, body)) return;
 
@@ -79,9 +78,21 @@ void handle_completions(const ServingContext& ctx, const httplib::Request& req, 
     stream = s->get<bool>();
   }
   bool include_usage = false;
-  if (auto so = body.find("stream_options"); so != body.end() && so->is_object())
-    include_usage = so->value("include_usage", false);
-  const bool echo = body.value("echo", false);
+  if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
+    if (!so->is_object()) return send_error(res, bad_request("stream_options: expected an object", "stream_options"));
+    auto u = json_bool(*so, "include_usage", false, "stream_options.");
+    if (!u.is_ok()) return send_error(res, bad_request(u.status().message(), "stream_options"));
+    include_usage = *u;
+  }
+  auto echo_flag = json_bool(body, "echo", false);
+  if (!echo_flag.is_ok()) return send_error(res, bad_request(echo_flag.status().message(), "echo"));
+  const bool echo = *echo_flag;
+  // vLLM's return_token_ids: the prompt's ids and each choice's generated ids, so a client
+  // (an RL trainer, a test) needs no re-tokenisation.
+  auto ids_flag = json_bool(body, "return_token_ids", false);
+  if (!ids_flag.is_ok()) return send_error(res, bad_request(ids_flag.status().message(), "return_token_ids"));
+  const bool return_ids = *ids_flag;
+  const std::vector<int32_t> prompt_ids_copy = return_ids ? prompt_ids : std::vector<int32_t>{};
   const std::string prompt_text = echo ? ctx.tokenizer->decode(std::vector<uint32_t>(prompt_ids.begin(), prompt_ids.end())) : "";
 
   auto gen = Generation::start(*ctx.engine, *ctx.metrics, std::move(prompt_ids), *params);
@@ -100,6 +111,10 @@ void handle_completions(const ServingContext& ctx, const httplib::Request& req, 
                 {"logprobs", want_logprobs ? completion_logprobs(ctx, s.logprobs) : json(nullptr)},
                 {"finish_reason", finish_reason_name(s.finish_reason)}};
       if (!s.stop_reason.empty()) c["stop_reason"] = s.stop_reason;
+      if (return_ids) {
+        c["prompt_token_ids"] = prompt_ids_copy;
+        c["token_ids"] = s.token_ids;
+      }
       choices.push_back(c);
     }
     json out = {{"id", id}, {"object", "text_completion"}, {"created", created},
@@ -116,16 +131,24 @@ void handle_completions(const ServingContext& ctx, const httplib::Request& req, 
                 {"choices", std::move(choices)}};
   };
   auto echoed = std::make_shared<std::vector<bool>>(params->n, !echo);
-  h.on_output = [&ctx, chunk, want_logprobs, echoed, prompt_text](const RequestOutput& out) {
+  auto first = std::make_shared<std::vector<bool>>(params->n, true);
+  h.on_output = [&ctx, chunk, want_logprobs, echoed, first, prompt_text, return_ids,
+                 prompt_ids_copy](const RequestOutput& out) {
     std::string text = out.text_delta;
-    if (out.index < static_cast<int>(echoed->size()) && !(*echoed)[out.index]) {
+    const bool in_range = out.index >= 0 && out.index < static_cast<int>(echoed->size());
+    if (in_range && !(*echoed)[out.index]) {
       (*echoed)[out.index] = true;
       text = prompt_text + text;
     }
-    if (text.empty() && !out.finished) return std::string();
+    if (text.empty() && !out.finished && !(return_ids && !out.new_token_ids.empty())) return std::string();
     json c = {{"index", out.index}, {"text", text},
               {"logprobs", want_logprobs ? completion_logprobs(ctx, out.logprobs) : json(nullptr)},
               {"finish_reason", out.finished ? json(finish_reason_name(out.finish_reason)) : json(nullptr)}};
+    if (return_ids) {
+      if (in_range && (*first)[out.index]) c["prompt_token_ids"] = prompt_ids_copy;
+      if (in_range) (*first)[out.index] = false;
+      c["token_ids"] = out.new_token_ids;
+    }
     return sse_data(chunk(json::array({c})));
   };
   h.on_done = [chunk, g, include_usage]() {

@@ -1,8 +1,32 @@
 #include "server/generation.h"
 
+#include <algorithm>
+
 #include "common/log.h"
 
 namespace moonrun::server {
+
+namespace {
+thread_local RequestRecord* t_current = nullptr;
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+RequestRecord* current_request() { return t_current; }
+ScopedCurrentRequest::ScopedCurrentRequest(RequestRecord* record) : previous_(t_current) { t_current = record; }
+ScopedCurrentRequest::~ScopedCurrentRequest() { t_current = previous_; }
+
+void RequestRecord::cut_all() {
+  std::lock_guard<std::mutex> lock(mu);
+  cut = true;
+  for (Generation* g : live) g->cut();
+}
+
+Status shutdown_cut_status() {
+  return unavailable("The server is shutting down: this request was still running when --shutdown-timeout passed, "
+                     "so it was cut. Retry it on another replica or after the restart.");
+}
 
 Result<std::unique_ptr<Generation>> Generation::start(EngineLoop& engine, Metrics& metrics,
                                                       std::vector<int32_t> prompt_ids,
@@ -16,25 +40,51 @@ Result<std::unique_ptr<Generation>> Generation::start(EngineLoop& engine, Metric
   auto stream = engine.submit(std::move(prompt_ids), params);
   if (!stream.is_ok()) return stream.status();
   g->stream_ = std::move(stream).value();
+  if (RequestRecord* rec = current_request()) {
+    g->record_ = rec;
+    std::lock_guard<std::mutex> lock(rec->mu);
+    rec->live.push_back(g.get());
+    rec->prompt_tokens = std::max(rec->prompt_tokens, 0) + g->usage_.prompt_tokens;
+    if (rec->cut) g->cut();
+  }
   return g;
 }
 
 Generation::~Generation() {
   if (stream_ && !stream_->done()) engine_->abort(stream_->id());
+  if (record_) {
+    std::lock_guard<std::mutex> lock(record_->mu);
+    auto& live = record_->live;
+    live.erase(std::remove(live.begin(), live.end(), this), live.end());
+  }
 }
 
 void Generation::abort() {
   if (stream_ && !stream_->done()) engine_->abort(stream_->id());
 }
 
+void Generation::cut() {
+  cut_ = true;
+  if (stream_) engine_->abort(stream_->id());
+}
+
 void Generation::account(const RequestOutput& out) {
   auto now = std::chrono::steady_clock::now();
+  if (out.first_scheduled_time != std::chrono::steady_clock::time_point{} &&
+      (first_scheduled_ == std::chrono::steady_clock::time_point{} || out.first_scheduled_time < first_scheduled_))
+    first_scheduled_ = out.first_scheduled_time;
   if (!out.new_token_ids.empty()) {
     if (!first_token_seen_) {
       first_token_seen_ = true;
-      metrics_->ttft_seconds().observe(std::chrono::duration<double>(now - start_).count());
+      first_token_ = now;
+      const double ttft = seconds_between(start_, now);
+      metrics_->ttft_seconds().observe(ttft);
+      if (record_) {
+        std::lock_guard<std::mutex> lock(record_->mu);
+        record_->ttft_s = ttft;
+      }
     } else {
-      metrics_->itl_seconds().observe(std::chrono::duration<double>(now - last_token_).count());
+      metrics_->itl_seconds().observe(seconds_between(last_token_, now));
     }
     last_token_ = now;
   }
@@ -46,7 +96,25 @@ void Generation::account(const RequestOutput& out) {
   }
   if (stream_->done() && !finished_all_) {
     finished_all_ = true;
-    metrics_->e2e_seconds().observe(std::chrono::duration<double>(now - start_).count());
+    // vLLM's request phases: queued (arrival to first scheduled), prefill (to the first
+    // token), decode (first to last token); inference = prefill + decode.
+    RequestTimes t;
+    t.e2e_s = seconds_between(start_, now);
+    if (first_scheduled_ != std::chrono::steady_clock::time_point{}) {
+      t.queue_s = std::max(0.0, seconds_between(start_, first_scheduled_));
+      if (first_token_seen_) {
+        t.prefill_s = std::max(0.0, seconds_between(first_scheduled_, first_token_));
+        t.decode_s = std::max(0.0, seconds_between(first_token_, last_token_));
+      }
+    }
+    t.prompt_tokens = usage_.prompt_tokens;
+    t.generation_tokens = usage_.completion_tokens;
+    metrics_->request_done(t);
+    if (record_) {
+      std::lock_guard<std::mutex> lock(record_->mu);
+      record_->completion_tokens = std::max(record_->completion_tokens, 0) + usage_.completion_tokens;
+      if (t.queue_s >= 0) record_->queue_s = t.queue_s;
+    }
   }
 }
 
@@ -71,7 +139,7 @@ Result<std::vector<SampleOutcome>> Generation::collect(const std::function<bool(
         last_check = now;
         if (client_gone()) {
           client_gone_seen_ = true;
-          MR_LOG(INFO) << "client disconnected; aborting request " << stream_->id();
+          MR_LOG(DEBUG) << "client disconnected; aborting request " << stream_->id();
           abort();  // the stream still ends (kAbort): keep taking outputs so it is accounted
         }
       }
@@ -81,17 +149,19 @@ Result<std::vector<SampleOutcome>> Generation::collect(const std::function<bool(
     SampleOutcome& s = samples[out.index];
     s.token_ids.insert(s.token_ids.end(), out.new_token_ids.begin(), out.new_token_ids.end());
     if (!out.text_delta.empty() || !out.new_token_ids.empty()) {
-      s.text_pieces.push_back(out.text_delta);
+      s.text_pieces.push_back(std::move(out.text_delta));
       s.piece_tokens.push_back(static_cast<int>(out.new_token_ids.size()));
-      s.text += out.text_delta;
+      s.text += s.text_pieces.back();
     }
-    s.logprobs.insert(s.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+    s.logprobs.insert(s.logprobs.end(), std::make_move_iterator(out.logprobs.begin()),
+                      std::make_move_iterator(out.logprobs.end()));
     if (out.finished) {
       if (!out.error.is_ok()) return out.error;
       s.finish_reason = out.finish_reason;
       s.stop_reason = out.stop_reason;
     }
   }
+  if (cut_) return shutdown_cut_status();
   if (client_gone_seen_) return unavailable("the client disconnected; its request was aborted");
   return samples;
 }

@@ -1,9 +1,12 @@
 #pragma once
 // One HTTP request's generation on the engine: submit, collect or stream the outputs,
-// record latency metrics, abort when the client goes away.
+// record latency metrics and the request's log fields, abort when the client goes away or
+// the server's shutdown deadline cuts it.
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -11,6 +14,33 @@
 #include "server/metrics.h"
 
 namespace moonrun::server {
+
+class Generation;
+
+// What the HTTP layer knows about the request a worker thread is answering: its id, the
+// fields of its log line, and its live generations (so SIGTERM's deadline can cut them).
+// The server makes one per request and sets it as the thread's current request while the
+// handler and its stream run; Generation::start finds it there, so handlers need not pass it.
+struct RequestRecord {
+  std::string id;
+  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+  std::mutex mu;  // guards everything below
+  int prompt_tokens = -1;      // -1: not a generation
+  int completion_tokens = -1;
+  double queue_s = -1, ttft_s = -1;
+  std::vector<Generation*> live;
+  bool cut = false;  // the shutdown deadline passed: generations end as "server shutting down"
+  void cut_all();
+};
+RequestRecord* current_request();
+class ScopedCurrentRequest {
+ public:
+  explicit ScopedCurrentRequest(RequestRecord* record);
+  ~ScopedCurrentRequest();
+
+ private:
+  RequestRecord* previous_;
+};
 
 // What one of the n samples produced, in full.
 struct SampleOutcome {
@@ -41,6 +71,10 @@ class Generation {
   bool next(RequestOutput& out, std::chrono::milliseconds timeout);
   bool done() const { return stream_->done(); }
   void abort();
+  // The server's shutdown deadline passed: abort, and report it as such (503 / an SSE error
+  // event), not as a client disconnect. Any thread.
+  void cut();
+  bool was_cut() const { return cut_; }
   // Blocks until every sample finished; fails with the engine's error if it failed.
   // client_gone (optional) is asked about every kClientCheckInterval while waiting; once it
   // says yes the request is aborted (its caches are freed before the engine's next step),
@@ -58,13 +92,18 @@ class Generation {
   void account(const RequestOutput& out);
   EngineLoop* engine_ = nullptr;
   Metrics* metrics_ = nullptr;
+  RequestRecord* record_ = nullptr;
   std::shared_ptr<RequestStream> stream_;
   int n_ = 1;
   Usage usage_;
   bool finished_all_ = false;
-  std::chrono::steady_clock::time_point start_, last_token_;
+  std::chrono::steady_clock::time_point start_, last_token_, first_token_, first_scheduled_;
   bool first_token_seen_ = false;
   bool client_gone_seen_ = false;
+  std::atomic<bool> cut_{false};
 };
+
+// The error a cut request gets (503, code "server_shutting_down").
+Status shutdown_cut_status();
 
 }  // namespace moonrun::server

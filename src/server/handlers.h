@@ -1,42 +1,38 @@
 #pragma once
-// Route handlers. Each returns the JSON body and HTTP status, or streams through the sink.
+// Route handlers and what they share. A handler fills the response (or sets its stream) on
+// the worker thread the server gives it; see http_types.h.
 #include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "server/http_types.h"
 #include "server/openai_error.h"
+#include "server/request_json.h"
 #include "server/serving_context.h"
-
-namespace httplib {
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace moonrun::server {
 
-// Writes an error envelope with its status.
-void send_error(httplib::Response& res, const ApiError& error);
+// Writes an error envelope with its status (503s carry Retry-After).
+void send_error(HttpResponse& res, const ApiError& error);
 
-// Parses the body as JSON (400 "invalid JSON" envelope on failure) and checks `model`.
-bool parse_body(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res,
-                nlohmann::json& body);
+// Parses the body as JSON (400 envelope when invalid or nested too deep) and checks `model`
+// against the names the server answers to (404 model_not_found otherwise).
+bool parse_body(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res, nlohmann::json& body);
 
-void handle_chat_completions(const ServingContext& ctx, const httplib::Request& req,
-                             httplib::Response& res);
-void handle_completions(const ServingContext& ctx, const httplib::Request& req,
-                        httplib::Response& res);
+void handle_chat_completions(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res);
+void handle_completions(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res);
 // The OpenAI Responses API and the Anthropic Messages API on the chat pipeline.
-void handle_responses(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_messages(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res);
+void handle_responses(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res);
+void handle_messages(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res);
 
-// A liveness check of the client behind req (see client_connection.h) for a non-streaming
-// Generation::collect (streams notice through their writes); nullptr when its connection
-// could not be found (nothing is known).
-std::function<bool()> client_gone_check(const httplib::Request& req);
-// The response for a failed Generation::collect: the engine's error as a 500, or, when the
-// client went away, 499 (nginx's "client closed request"; for the log: nobody reads it).
-void send_collect_error(httplib::Response& res, const Status& status, bool client_gone);
+// The liveness check of the client behind req for a non-streaming Generation::collect
+// (streams notice through their writes).
+std::function<bool()> client_gone_check(const HttpRequest& req);
+// The response for a failed Generation::collect: 499 when the client went away (nginx's
+// "client closed request"; for the log: nobody reads it), 503 when the shutdown deadline
+// cut it, else the engine's error (500).
+void send_collect_error(HttpResponse& res, const Status& status, bool client_gone);
 
 // "chatcmpl-<hex>" / "cmpl-<hex>": unique per process run.
 std::string new_response_id(const char* prefix);

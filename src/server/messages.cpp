@@ -6,7 +6,6 @@
 //   signature_delta, text_delta, input_json_delta) / content_block_stop, message_delta
 //   (stop_reason, usage), message_stop.
 // Errors are Anthropic's envelope: {"type": "error", "error": {"type", "message"}}.
-#include <httplib.h>
 
 #include "common/log.h"
 #include "server/chat_pipeline.h"
@@ -37,7 +36,7 @@ const char* anthropic_error_type(int status) {
   }
 }
 
-void send_anthropic_error(httplib::Response& res, const ApiError& e) {
+void send_anthropic_error(HttpResponse& res, const ApiError& e) {
   res.status = e.http_status;
   const json body = {{"type", "error"}, {"error", {{"type", anthropic_error_type(e.http_status)}, {"message", e.message}}}};
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
@@ -137,10 +136,10 @@ class EventWriter {
 
 }  // namespace
 
-void handle_messages(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_messages(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res) {
   json body;
   {
-    httplib::Response check;
+    HttpResponse check;
     if (!parse_body(ctx, req, check, body)) {
       const json e = json::parse(check.body, nullptr, false);
       const std::string message = e.is_object() && e.contains("error") ? e["error"].value("message", "bad request") : "bad request";

@@ -33,6 +33,10 @@ ApiError overloaded(std::string message) {
   return {503, std::move(message), "server_error", "", "server_overloaded"};
 }
 
+ApiError shutting_down(std::string message) {
+  return {503, std::move(message), "server_error", "", "server_shutting_down"};
+}
+
 ApiError internal(std::string message) {
   return {500, std::move(message), "server_error", "", "internal_error"};
 }

@@ -23,6 +23,8 @@ ApiError unauthorized();
 ApiError not_found_error(std::string message, std::string param = "", std::string code = "");
 ApiError payload_too_large(size_t limit_bytes);
 ApiError overloaded(std::string message);
+// 503 "server_shutting_down": refused after SIGTERM, or cut at --shutdown-timeout.
+ApiError shutting_down(std::string message);
 ApiError internal(std::string message);
 
 // The HTTP status and type for a request Status coming back from the chat/engine layers.

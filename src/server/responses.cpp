@@ -8,7 +8,6 @@
 //             | response.function_call_arguments.delta, ....done], response.output_item.done
 //   response.completed (status "incomplete" when max_output_tokens cut it)
 // each with a sequence_number, framed as `event: TYPE` + `data: JSON`.
-#include <httplib.h>
 
 #include "common/log.h"
 #include "server/chat_pipeline.h"
@@ -209,7 +208,7 @@ class EventWriter {
 
 }  // namespace
 
-void handle_responses(const ServingContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_responses(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res) {
   json body;
   if (!parse_body(ctx, req, res, body)) return;
   auto converted = responses_to_chat(chat::Json::parse(req.body, nullptr, false));

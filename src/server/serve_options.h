@@ -1,8 +1,11 @@
 #pragma once
 // `moonrun serve` options: SGLang's flag names, with the vLLM aliases people type
-// (--model, --max-model-len, --gpu-memory-utilization, --max-num-seqs, ...).
+// (--model, --max-model-len, --gpu-memory-utilization, --max-num-seqs, ...). Flags of the
+// two that moonrun has no meaning for are accepted and listed in no_effect_flags (one
+// startup warning names them); see cli/serve_flags.cpp.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/defaults.h"
 
@@ -10,37 +13,62 @@ namespace moonrun::server {
 
 struct ServeOptions {
   // Model and identity.
-  std::string model_path;           // --model-path / --model; empty: the embedded demo model
-  std::string served_model_name;    // --served-model-name; default: model_path
+  std::string model_path;           // --model-path / --model / vLLM's positional; empty: the demo model
+  std::string served_model_name;    // the first --served-model-name; default: model_path
+  std::vector<std::string> served_model_aliases;  // further --served-model-name values
   std::string device = "auto";      // --device cuda|cpu|auto
+  std::string dtype = "auto";       // --dtype auto|bfloat16|bf16|float32|fp32: activations and weights
+  std::string load_format = "auto"; // --load-format: safetensors variants all read the same bytes
   // Network.
   std::string host = "127.0.0.1";   // --host
   int port = 30000;                 // --port (SGLang's default)
-  std::string api_key;              // --api-key: Bearer token required on every route but /health
+  // Auth: keys from --api-key (repeatable), --api-key-file (one per line) and the
+  // MOONRUN_API_KEY / VLLM_API_KEY environment variables. Empty: no auth.
+  std::vector<std::string> api_keys;
+  bool protect_metrics = false;     // --protect-metrics: /metrics and /health need a key too
+  // CORS (vLLM's flags). Default: any origin, as vLLM and SGLang do; credentials never.
+  std::vector<std::string> allowed_origins{"*"};  // --allowed-origins '["https://a"]' or a,b
+  std::vector<std::string> allowed_methods{"*"};  // --allowed-methods
+  std::vector<std::string> allowed_headers{"*"};  // --allowed-headers
+  // HTTP layer limits (docs/architecture.md, "HTTP layer").
+  size_t max_request_bytes = 32u << 20;  // --max-request-bytes: 413 beyond (decoded size)
+  int max_connections = 4096;       // --max-connections: beyond, the longest-idle one is closed
+  int backlog = 2048;               // --backlog: listen(2) queue (the kernel caps it at somaxconn)
+  double idle_timeout_s = 15;       // --http-idle-timeout: keep-alive wait for the next request
+  double header_timeout_s = 10;     // --http-header-timeout: first byte to the end of the headers
+  double body_timeout_s = 60;       // --http-body-timeout: end of headers to the end of the body
+  double write_timeout_s = 30;      // --http-write-timeout: a client that reads nothing this long is cut
+  int http_threads = 0;             // --http-threads: requests answered at once; 0: running + queued + 64
+  int io_threads = 2;               // --http-io-threads: event-loop threads
   // Limits.
   int64_t context_length = 0;       // --context-length / --max-model-len; 0: from config.json
   double mem_fraction_static = 0.0; // --mem-fraction-static / --gpu-memory-utilization; 0: auto
   int max_running_requests = 0;     // --max-running-requests / --max-num-seqs; 0: from the pools
   int chunked_prefill_size = defaults::kChunkedPrefillTokens;  // --chunked-prefill-size / --max-num-batched-tokens
   int max_queued_requests = defaults::kMaxQueuedRequests;  // --max-queued-requests: 503 beyond this many waiting
-  size_t max_request_bytes = 32u << 20;  // --max-request-bytes: 413 beyond
-  double shutdown_timeout_s = 30;   // --shutdown-timeout: SIGTERM drains at most this long
-  int page_size_tokens = defaults::kPageSizeTokens;  // --page-size: tokens per KV page
-  std::string dtype = "auto";           // --dtype auto|bfloat16|float32
-  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bfloat16|float32 (fp8 refused)
-  bool disable_radix_cache = false;     // --disable-radix-cache: no prefix cache
-  bool disable_cuda_graph = false;      // --disable-cuda-graph: eager decode steps
+  double shutdown_timeout_s = 30;   // --shutdown-timeout: SIGTERM lets requests run this long, then cuts
+  int page_size_tokens = defaults::kPageSizeTokens;  // --page-size: tokens per MLA KV page
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bf16|bfloat16|float32 (fp8 is refused: no fp8 cache yet)
+  bool disable_radix_cache = false;     // --disable-radix-cache / --no-enable-prefix-caching
+  bool disable_cuda_graph = false;      // --disable-cuda-graph / --enforce-eager: eager decode steps
   // Chat.
   std::string reasoning_parser;     // --reasoning-parser kimi_k3|kimi_k2 (default: from model)
   std::string tool_call_parser;     // --tool-call-parser kimi_k3|kimi_k2 (default: from model)
   // Parallelism (used by the multi-GPU backend; validated now).
-  int tp_size = 1;                  // --tp-size / --tensor-parallel-size
-  int ep_size = 1;                  // --ep-size / --expert-parallel-size
+  int tp_size = 1;                  // --tp-size / --tensor-parallel-size / --tp
+  int ep_size = 1;                  // --ep-size / --expert-parallel-size / --ep
   int nnodes = 1;                   // --nnodes
   int node_rank = 0;                // --node-rank
   std::string dist_init_addr;       // --dist-init-addr HOST:PORT
-  int http_threads = 128;           // --http-threads: concurrent connections served
-  std::string log_level = "info";   // --log-level
+  double dist_timeout_s = 0;        // --dist-timeout (SGLang): rendezvous/collective timeout; 0: default
+  // Logging.
+  std::string log_level = "info";   // --log-level trace|debug|info|warning|error|critical
+  std::string log_format = "text";  // --log-format text|json
+  bool log_requests = true;         // --disable-log-requests turns the per-request line to debug
+  // Operations.
+  bool dry_run = false;             // --dry-run: print the resolved configuration and exit
+  std::vector<std::string> no_effect_flags;  // seen SGLang/vLLM flags with no meaning here
+  std::string command_line;         // as given, for the startup dump
   int64_t debug_fail_after_steps = -1;  // --debug-fail-after-steps: fault injection for tests
 };
 

@@ -16,7 +16,10 @@ namespace moonrun::server {
 
 struct ServingContext {
   ServeOptions options;
-  std::string served_model_name;     // what /v1/models lists and requests must name
+  std::string served_model_name;     // what /v1/models lists
+  // Every name a request's "model" may use: the served name, the other --served-model-name
+  // values, the model path as given and its last component (vLLM answers to the path too).
+  std::vector<std::string> model_names;
   int64_t max_model_len = 0;         // prompt + completion tokens
   int64_t created_unix_s = 0;        // /v1/models "created"
   chat::ChatFormat chat_format = chat::ChatFormat::kKimiK3;

@@ -1,73 +1,51 @@
 #include "server/stream_writer.h"
 
-#include <httplib.h>
-
 #include "common/log.h"
+#include "server/handlers.h"
 #include "server/openai_error.h"
 
 namespace moonrun::server {
 
-void stream_generation(httplib::Response& res, std::shared_ptr<Generation> generation,
-                       StreamHandlers handlers) {
-  struct State {
-    std::shared_ptr<Generation> gen;
-    StreamHandlers h;
-    bool sent_first = false;
-    bool finished = false;
-  };
-  auto state = std::make_shared<State>();
-  state->gen = std::move(generation);
-  state->h = std::move(handlers);
+void stream_generation(HttpResponse& res, std::shared_ptr<Generation> generation, StreamHandlers handlers) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [state](size_t, httplib::DataSink& sink) -> bool {
-        auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
-        if (!state->sent_first) {
-          state->sent_first = true;
-          if (!write(state->h.first)) {
-            state->gen->abort();
-            return false;
-          }
+  res.content_type = "text/event-stream";
+  res.stream = [gen = std::move(generation), h = std::move(handlers)](ChunkSink& sink) {
+    auto write = [&](const std::string& s) { return s.empty() || sink.write(s); };
+    auto end_with_error = [&](const Status& st) {
+      // The cut of a shutdown is the server's doing, not an engine failure: its own code.
+      write(gen->was_cut() ? sse_data(shutting_down(st.message()).to_json())
+            : h.on_error   ? h.on_error(st)
+                           : sse_data(from_status(st).to_json()));
+      if (h.done_marker) write("data: [DONE]\n\n");
+    };
+    if (!write(h.first)) return gen->abort();
+    RequestOutput out;
+    while (true) {
+      // Drain what is ready; wait a little when nothing is, then check the client.
+      bool got = gen->next(out, std::chrono::milliseconds(50));
+      while (got) {
+        if (out.finished && !out.error.is_ok()) return end_with_error(out.error);
+        if (out.finished && out.finish_reason == FinishReason::kAbort && gen->was_cut())
+          return end_with_error(shutdown_cut_status());
+        if (!write(h.on_output(out))) {
+          MR_LOG(DEBUG) << "client disconnected; aborting its request";
+          return gen->abort();
         }
-        // Drain what is ready; wait a little when nothing is, so the thread is not spinning.
-        RequestOutput out;
-        bool got = state->gen->next(out, std::chrono::milliseconds(50));
-        while (got) {
-          if (out.finished && !out.error.is_ok()) {
-            write(state->h.on_error(out.error));
-            if (state->h.done_marker) write("data: [DONE]\n\n");
-            state->finished = true;
-            sink.done();
-            return true;
-          }
-          if (!write(state->h.on_output(out))) {
-            MR_LOG(INFO) << "client disconnected; aborting its request";
-            state->gen->abort();
-            return false;
-          }
-          got = state->gen->next(out, std::chrono::milliseconds(0));
-        }
-        if (state->gen->done()) {
-          write(state->h.on_done());
-          if (state->h.done_marker) write("data: [DONE]\n\n");
-          state->finished = true;
-          sink.done();
-          return true;
-        }
-        if (sink.is_writable && !sink.is_writable()) {
-          MR_LOG(INFO) << "client disconnected; aborting its request";
-          state->gen->abort();
-          return false;
-        }
-        return true;
-      },
-      [state](bool success) {
-        // Called when the response ends, whatever the reason: free the engine's resources
-        // if the stream did not finish (a dead client).
-        if (!state->finished) state->gen->abort();
-      });
+        got = gen->next(out, std::chrono::milliseconds(0));
+      }
+      if (gen->done()) {
+        if (gen->was_cut()) return end_with_error(shutdown_cut_status());
+        write(h.on_done ? h.on_done() : std::string());
+        if (h.done_marker) write("data: [DONE]\n\n");
+        return;
+      }
+      if (!sink.is_writable()) {
+        MR_LOG(DEBUG) << "client disconnected; aborting its request";
+        return gen->abort();
+      }
+    }
+  };
 }
 
 }  // namespace moonrun::server

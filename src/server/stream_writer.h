@@ -1,16 +1,15 @@
 #pragma once
-// Runs a generation behind an SSE response: pulls engine outputs on the HTTP thread, turns
-// them into chunks through `on_output`, notices a dead client (a failed write, or a socket
-// that is no longer writable) and aborts the request so its cache is freed within a step.
+// Runs a generation behind an SSE response: pulls engine outputs on the worker thread,
+// turns them into chunks through `on_output`, notices a dead client (a failed write, or a
+// socket the peer closed) and aborts the request so its cache is freed within a step.
+// Every stream ends with "data: [DONE]": after the usage chunk when it finished, after an
+// error event when the engine failed or the server's shutdown deadline cut it.
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "server/generation.h"
-
-namespace httplib {
-struct Response;
-}
+#include "server/http_types.h"
 
 namespace moonrun::server {
 
@@ -27,7 +26,6 @@ struct StreamHandlers {
   bool done_marker = true;
 };
 
-void stream_generation(httplib::Response& res, std::shared_ptr<Generation> generation,
-                       StreamHandlers handlers);
+void stream_generation(HttpResponse& res, std::shared_ptr<Generation> generation, StreamHandlers handlers);
 
 }  // namespace moonrun::server

@@ -50,6 +50,12 @@ std::string gb(double bytes) {
   return (v < 0 ? "-" : "") + with_commas(int64_t(whole)) + frac + " GB";
 }
 
+// " (1.23 GiB)" beside a decimal figure; nothing when it would round to 0.00.
+std::string gib(double bytes) {
+  if (std::fabs(bytes) < 0.005 * kGiB) return "";
+  return fmt(" (%.2f GiB)", bytes / kGiB);
+}
+
 // Why TP = t fails for this model, or "" when it divides everything it must.
 std::string tp_failure(const PlanModelShape& s, int t) {
   auto per_rank = [&](int64_t n) { return fmt("%g", double(n) / t); };
@@ -80,8 +86,17 @@ Result<Plan> make_plan(const PlanInputs& in) {
   p.in = in;
   p.total_gpus = in.gpus_per_node * in.nodes;
   // The seeds' shape: one flat group, TP over every GPU for attention and dense weights, EP
-  // over the same GPUs for routed experts (no pipeline parallelism in K3).
-  p.tp = p.ep = p.total_gpus;
+  // over the same GPUs (or a divisor of them) for routed experts (no pipeline parallelism
+  // in K3): the world is the TP group, as in SGLang.
+  p.tp = in.tp > 0 ? in.tp : p.total_gpus;
+  p.ep = in.ep > 0 ? in.ep : p.tp;
+  if (p.tp != p.total_gpus)
+    return invalid_argument("--tp-size " + std::to_string(p.tp) + " but the cluster has " + std::to_string(in.nodes) +
+                            " node(s) x " + std::to_string(in.gpus_per_node) + " GPUs = " + std::to_string(p.total_gpus) +
+                            ": TP spans every GPU of every node (K3 has no pipeline parallelism); set --nnodes or "
+                            "--gpus-per-node to match");
+  if (p.ep < 1 || p.tp % p.ep != 0)
+    return invalid_argument("--ep-size " + std::to_string(p.ep) + " must divide --tp-size " + std::to_string(p.tp));
   p.context_length = in.context_length > 0 ? in.context_length
                      : s.max_context > 0   ? s.max_context
                                            : 1048576;
@@ -111,7 +126,8 @@ Result<Plan> make_plan(const PlanInputs& in) {
   uint64_t ep_share = 0;
   if (s.n_experts > 0) {
     p.experts_per_gpu = (s.n_experts + p.ep - 1) / p.ep;  // the busiest rank
-    ep_share = uint64_t(double(ep_bytes) * double(p.experts_per_gpu) / double(s.n_experts));
+    // Each expert is further split TP/EP ways inside its EP group.
+    ep_share = uint64_t(double(ep_bytes) * double(p.experts_per_gpu) / double(s.n_experts) / double(p.tp / p.ep));
   }
   p.weights_per_gpu_bytes = tp_bytes / p.tp + ep_share + rep_bytes;
 
@@ -138,6 +154,19 @@ Result<Plan> make_plan(const PlanInputs& in) {
     const uint64_t per_seq = p.kv_bytes_per_seq + p.kda_state_per_gpu_bytes_per_seq;
     if (per_seq > 0) p.concurrent_seqs = p.left_per_gpu_bytes / int64_t(per_seq);
   }
+
+  // What the pool figures take for granted, said next to them.
+  p.kv_assumptions = {
+      "the pool is what is left of --mem-fraction-static x usable memory after this GPU's weights; "
+      "activations, CUDA graphs and NCCL buffers live in the other " + fmt("%g", 100 * (1 - in.mem_fraction)) + " %",
+      "KV " + std::string(in.kv_dtype_bytes == 1 ? "fp8" : "bf16") + ": " + std::to_string(s.n_mla_layers) +
+          " MLA layers x (kv_lora_rank " + std::to_string(s.kv_lora_rank) + " + rope " +
+          std::to_string(s.qk_rope_head_dim) + ") per token, the whole latent on every TP rank (not split)",
+      "pool tokens count the KV alone; concurrent sequences also reserve each sequence's KDA state (" +
+          gb(double(p.kda_state_per_gpu_bytes_per_seq)) + " per GPU) and assume every sequence is " +
+          with_commas(p.context_length) + " tokens long",
+      "no prefix-cache sharing, no CPU offload, page rounding ignored (< 1 page per sequence)",
+  };
 
   // ---- the seeds' whole-VM rule.
   p.vm_nominal_bytes = uint64_t(p.total_gpus) * in.gpu.nominal_bytes;
@@ -219,7 +248,7 @@ std::string format_plan_table(const Plan& p) {
   row("TP " + std::to_string(p.tp) + " (this cluster)", p.tp_check.ok ? "valid" : "INVALID: " + p.tp_check.why);
 
   o << "\nMemory per GPU (" << in.gpu.name << ": " << in.gpu.usable_source << ")\n";
-  row("usable", gb(double(p.usable_per_gpu_bytes)) + fmt(" (%.2f GiB)", double(p.usable_per_gpu_bytes) / kGiB));
+  row("usable", gb(double(p.usable_per_gpu_bytes)) + gib(double(p.usable_per_gpu_bytes)));
   row("x mem-fraction " + fmt("%g", in.mem_fraction), gb(double(p.budget_per_gpu_bytes)));
   row("- weights", gb(double(p.weights_per_gpu_bytes)));
   row("= left for KV pool + KDA state", gb(double(p.left_per_gpu_bytes)));
@@ -230,16 +259,18 @@ std::string format_plan_table(const Plan& p) {
           std::to_string(s.kv_lora_rank + s.qk_rope_head_dim) + " x " + std::to_string(in.kv_dtype_bytes) + " B)",
       with_commas(int64_t(p.kv_bytes_per_token)) + " bytes, on every TP rank");
   row("KV per sequence at " + with_commas(p.context_length),
-      gb(double(p.kv_bytes_per_seq)) + fmt(" (%.2f GiB)", double(p.kv_bytes_per_seq) / kGiB));
+      gb(double(p.kv_bytes_per_seq)) + gib(double(p.kv_bytes_per_seq)));
   if (s.n_kda_layers > 0) {
     row("KDA state per sequence (" + std::to_string(s.n_kda_layers) + " layers)",
-        gb(double(p.kda_state_bytes_per_seq)) + fmt(" (%.2f GiB)", double(p.kda_state_bytes_per_seq) / kGiB) +
+        gb(double(p.kda_state_bytes_per_seq)) + gib(double(p.kda_state_bytes_per_seq)) +
             "; S alone " + gb(double(p.kda_recurrent_bytes_per_seq)));
     row("  per GPU (split by heads over TP " + std::to_string(p.tp) + ")",
         gb(double(p.kda_state_per_gpu_bytes_per_seq)));
   }
   row("KV pool if all left memory is KV", with_commas(p.pool_tokens) + " tokens");
   row("concurrent sequences at " + with_commas(p.context_length), with_commas(p.concurrent_seqs));
+  o << "  assumptions:\n";
+  for (const auto& a : p.kv_assumptions) o << "    - " << a << "\n";
 
   o << "\nWhole machine (the seeds' rule: 92 % of memory - checkpoint)\n";
   row(std::to_string(p.total_gpus) + " x " + gb(double(in.gpu.nominal_bytes)),
@@ -287,7 +318,8 @@ json plan_to_json(const Plan& p) {
                  {"kda_state_bytes_per_sequence", p.kda_state_bytes_per_seq},
                  {"kda_recurrent_bytes_per_sequence", p.kda_recurrent_bytes_per_seq},
                  {"kda_state_per_gpu_bytes_per_sequence", p.kda_state_per_gpu_bytes_per_seq},
-                 {"pool_tokens", p.pool_tokens}, {"concurrent_sequences", p.concurrent_seqs}}},
+                 {"pool_tokens", p.pool_tokens}, {"concurrent_sequences", p.concurrent_seqs},
+                 {"assumptions", p.kv_assumptions}}},
       {"vm_rule", {{"nominal_bytes", p.vm_nominal_bytes}, {"fraction", kVmRuleFraction},
                    {"left_bytes", p.vm_rule_left_bytes}, {"fits", p.vm_rule_left_bytes > 0}}},
       {"fits", p.fits},

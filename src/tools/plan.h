@@ -28,6 +28,8 @@ struct PlanInputs {
   GpuSpec gpu;
   int gpus_per_node = 8;
   int nodes = 1;
+  int tp = 0;                     // 0: every GPU (the seeds' flat TP group)
+  int ep = 0;                     // 0: = tp
   double mem_fraction = 0.85;     // share of usable memory for weights + caches (SGLang's
                                   // --mem-fraction-static, the seed's 0.85)
   int64_t context_length = 0;     // 0 = the model's max_position_embeddings
@@ -66,6 +68,7 @@ struct Plan {
   uint64_t kv_bytes_per_seq = 0;       // at context_length
   int64_t pool_tokens = 0;             // left / kv_bytes_per_token (no KDA state)
   int64_t concurrent_seqs = 0;         // full-length sequences that fit at once
+  std::vector<std::string> kv_assumptions;  // what the two figures above take for granted
 
   uint64_t vm_nominal_bytes = 0;       // nodes x gpus x nominal
   int64_t vm_rule_left_bytes = 0;      // 0.92 x vm_nominal - checkpoint

@@ -32,6 +32,7 @@ const GpuSpec* find_gpu(const std::string& name) {
   if (n.rfind("NVIDIA ", 0) == 0) n = n.substr(7);
   // "H100-80GB", "H100_SXM": the part before the first separator names the chip.
   n = n.substr(0, n.find_first_of("-_ "));
+  if (n == "NVL72" || n == "GB300NVL72") n = "GB300";  // "NVL72", "GB300NVL72": the rack
   for (const auto& g : known_gpus())
     if (g.name == n) return &g;
   return nullptr;

@@ -27,6 +27,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+constexpr const char* kManifestName = "moonrun-manifest.json";
+
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr size_t kMaxProblemsShown = 40;
 
@@ -123,8 +125,8 @@ class Progress {
     } else if (done >= total_) {
       eta = "0s";
     }
-    std::fprintf(out_, "%shashing: %s / %s GB (%.1f%%)  %.2f GB/s  ETA %s%s", tty_ ? "\r" : "",
-                 fixed2(done / 1e9).c_str(), fixed2(total_ / 1e9).c_str(),
+    std::fprintf(out_, "%shashing: %s / %s (%.1f%%)  %.2f GB/s  ETA %s%s", tty_ ? "\r" : "",
+                 human_bytes(done).c_str(), human_bytes(total_).c_str(),
                  total_ ? 100.0 * done / total_ : 100.0, gbps, eta.c_str(), tty_ ? "   " : "\n");
     std::fflush(out_);
   }
@@ -259,67 +261,54 @@ void find_incomplete(VerifyReport& r) {
   for (const auto& p : leftovers) r.problems.push_back(p + ": unfinished download (.incomplete)");
 }
 
-// --hash: every snapshot file that is a link into blobs/ is hashed and compared with the
-// blob's name. 64 hex digits: an LFS file, named by SHA-256; 40: a git blob id (SHA-1).
-void check_hashes(VerifyReport& r, const VerifyOptions& opt) {
-  r.hashed = true;
-  if (r.repo_dir.empty()) {
-    r.hash_note = "skipped (" + r.snapshot_dir + " is not an HF cache snapshot: no content addresses to compare)";
-    return;
-  }
-  struct Job {
-    std::string rel;   // name in the snapshot, for messages
-    std::string blob;  // canonical blob path
-    std::string address;
-    bool sha256;
-    uint64_t size;
-  };
-  std::vector<Job> jobs;
-  std::set<std::string> blobs_seen;
-  std::error_code ec;
-  const fs::path blobs_dir = fs::weakly_canonical(r.repo_dir + "/blobs", ec);
-  uint64_t total = 0;
-  int not_addressed = 0;
-  for (auto it = fs::recursive_directory_iterator(r.snapshot_dir, ec); it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (ec) break;
-    if (!it->is_regular_file(ec)) continue;  // follows the link; dangling links are reported elsewhere
-    const std::string rel = it->path().lexically_relative(r.snapshot_dir).string();
-    fs::path target = fs::canonical(it->path(), ec);
-    if (ec || target.parent_path() != blobs_dir) {
-      ++not_addressed;
-      continue;
-    }
-    const std::string address = target.filename().string();
-    const bool sha256 = is_lower_hex(address, 64);
-    if (!sha256 && !is_lower_hex(address, 40)) {
-      ++not_addressed;
-      continue;
-    }
-    if (!blobs_seen.insert(target.string()).second) continue;
-    uint64_t size = fs::file_size(target, ec);
-    total += size;
-    jobs.push_back({rel, target.string(), address, sha256, size});
-  }
-  // Biggest first: the long files start early and the pool drains evenly.
-  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.size > b.size; });
+// --hash: each file is hashed and compared with a reference, from the first source that
+// has one:
+//   1. the HF cache: a snapshot file links to blobs/<content address> (64 hex digits: an
+//      LFS file named by SHA-256; 40: a git blob id);
+//   2. `hf download --local-dir` metadata: <dir>/.cache/huggingface/download/<file>.metadata,
+//      whose second line is the file's etag (its SHA-256 for LFS files, else its git blob id);
+//   3. moonrun-manifest.json, written by `moonrun verify --write-manifest` on a trusted copy.
+// With none of them a local directory cannot be checked, which is a problem, not a pass.
+struct HashJob {
+  std::string rel;   // name in the snapshot, for messages
+  std::string path;  // what to read
+  std::string address;
+  bool sha256;
+  uint64_t size;
+  std::string source;  // "blobs/", "HF metadata", "manifest"
+};
 
+std::string read_metadata_etag(const fs::path& meta) {
+  std::ifstream in(meta);
+  std::string commit, etag;
+  if (!std::getline(in, commit) || !std::getline(in, etag)) return "";
+  while (!etag.empty() && (etag.back() == '\r' || etag.back() == ' ')) etag.pop_back();
+  if (etag.size() >= 2 && etag.front() == '"') etag = etag.substr(1, etag.size() - 2);
+  return etag;
+}
+
+void run_hash_jobs(VerifyReport& r, const VerifyOptions& opt, std::vector<HashJob>& jobs) {
+  uint64_t total = 0;
+  for (const auto& j : jobs) total += j.size;
+  // Biggest first: the long files start early and the pool drains evenly.
+  std::sort(jobs.begin(), jobs.end(), [](const HashJob& a, const HashJob& b) { return a.size > b.size; });
   std::vector<std::string> results(jobs.size());  // "" = match, else the problem
   std::atomic<size_t> next{0};
   {
     Progress progress(opt.progress, total);
     auto worker = [&] {
       for (size_t i = next++; i < jobs.size(); i = next++) {
-        const Job& j = jobs[i];
-        auto h = hash_file(j.blob, j.sha256, !j.sha256, &Progress::add_cb, &progress);
+        const HashJob& j = jobs[i];
+        auto h = hash_file(j.path, j.sha256, !j.sha256, &Progress::add_cb, &progress);
         if (!h) {
           results[i] = j.rel + ": " + h.status().message();
           continue;
         }
         const std::string& got = j.sha256 ? h->sha256_hex : h->git_sha1_hex;
         if (got != j.address)
-          results[i] = j.rel + ": " + (j.sha256 ? "sha256 " : "git blob sha1 ") + got +
-                       " differs from its content address blobs/" + j.address + " (corrupt)";
+          results[i] = j.rel + ": " + (j.sha256 ? "sha256 " : "git blob sha1 ") + got + " differs from " +
+                       (j.source == "blobs/" ? "its content address blobs/" : "the " + j.source + " hash ") + j.address +
+                       " (corrupt)";
       }
     };
     const int n_threads = std::max(1, std::min<int>(opt.hash_threads, static_cast<int>(jobs.size())));
@@ -328,12 +317,115 @@ void check_hashes(VerifyReport& r, const VerifyOptions& opt) {
     worker();
     for (auto& t : pool) t.join();
   }
-  r.hash_checked = static_cast<int>(jobs.size());
+  r.hash_checked += static_cast<int>(jobs.size());
   for (const auto& res : results) {
     if (res.empty()) ++r.hash_matched;
     else r.problems.push_back(res);
   }
-  if (not_addressed) r.hash_note = std::to_string(not_addressed) + " file(s) not stored as blobs, not hashed";
+}
+
+// Regular files of a local directory, relative paths, without moonrun's manifest and the
+// HF download metadata.
+std::vector<std::string> local_files(const std::string& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const std::string rel = it->path().lexically_relative(dir).string();
+    if (rel == ".cache" && it->is_directory(ec)) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file(ec) || rel == kManifestName) continue;
+    files.push_back(rel);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void check_hashes(VerifyReport& r, const VerifyOptions& opt) {
+  r.hashed = true;
+  std::vector<HashJob> jobs;
+  std::error_code ec;
+  if (!r.repo_dir.empty()) {
+    r.hash_source = "HF cache content addresses (blobs/)";
+    std::set<std::string> blobs_seen;
+    const fs::path blobs_dir = fs::weakly_canonical(r.repo_dir + "/blobs", ec);
+    int not_addressed = 0;
+    for (auto it = fs::recursive_directory_iterator(r.snapshot_dir, ec); it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (ec) break;
+      if (!it->is_regular_file(ec)) continue;  // follows the link; dangling links are reported elsewhere
+      const std::string rel = it->path().lexically_relative(r.snapshot_dir).string();
+      fs::path target = fs::canonical(it->path(), ec);
+      if (ec || target.parent_path() != blobs_dir) {
+        ++not_addressed;
+        continue;
+      }
+      const std::string address = target.filename().string();
+      const bool sha256 = is_lower_hex(address, 64);
+      if (!sha256 && !is_lower_hex(address, 40)) {
+        ++not_addressed;
+        continue;
+      }
+      if (!blobs_seen.insert(target.string()).second) continue;
+      jobs.push_back({rel, target.string(), address, sha256, fs::file_size(target, ec), "blobs/"});
+    }
+    if (not_addressed) r.hash_note = std::to_string(not_addressed) + " file(s) not stored as blobs, not hashed";
+    return run_hash_jobs(r, opt, jobs);
+  }
+  // A plain directory: HF --local-dir metadata first, else the manifest.
+  const fs::path meta_dir = fs::path(r.snapshot_dir) / ".cache" / "huggingface" / "download";
+  const std::string manifest_path = r.snapshot_dir + "/" + kManifestName;
+  if (fs::is_directory(meta_dir, ec)) {
+    r.hash_source = "hf download --local-dir metadata (.cache/huggingface/download)";
+    int without = 0;
+    for (const auto& rel : local_files(r.snapshot_dir)) {
+      const std::string etag = read_metadata_etag(meta_dir / (rel + ".metadata"));
+      const bool sha256 = is_lower_hex(etag, 64);
+      if (!sha256 && !is_lower_hex(etag, 40)) {
+        ++without;
+        continue;
+      }
+      jobs.push_back({rel, r.snapshot_dir + "/" + rel, etag, sha256, fs::file_size(r.snapshot_dir + "/" + rel, ec),
+                      "HF metadata"});
+    }
+    if (without) r.hash_note = std::to_string(without) + " file(s) without download metadata, not hashed";
+    return run_hash_jobs(r, opt, jobs);
+  }
+  if (fs::exists(manifest_path, ec)) {
+    r.hash_source = std::string(kManifestName) + " (written by moonrun verify --write-manifest)";
+    std::ifstream in(manifest_path);
+    auto m = nlohmann::json::parse(in, nullptr, false);
+    if (m.is_discarded() || !m.contains("files") || !m["files"].is_object()) {
+      r.problems.push_back(manifest_path + ": not a moonrun manifest (unreadable JSON or no \"files\")");
+      return;
+    }
+    std::set<std::string> listed;
+    for (const auto& [rel, f] : m["files"].items()) {
+      listed.insert(rel);
+      const std::string sha = f.is_object() && f.contains("sha256") && f["sha256"].is_string() ? f["sha256"].get<std::string>() : "";
+      const std::string path = r.snapshot_dir + "/" + rel;
+      if (!fs::exists(path, ec)) {
+        r.problems.push_back(rel + ": listed in " + kManifestName + " but missing");
+        continue;
+      }
+      const uint64_t size = fs::file_size(path, ec);
+      if (f.contains("size") && f["size"].is_number_unsigned() && f["size"].get<uint64_t>() != size) {
+        r.problems.push_back(rel + ": " + std::to_string(size) + " bytes, the manifest says " +
+                             std::to_string(f["size"].get<uint64_t>()) + " (truncated or replaced)");
+        continue;
+      }
+      jobs.push_back({rel, path, sha, true, size, "manifest"});
+    }
+    int unlisted = 0;
+    for (const auto& rel : local_files(r.snapshot_dir)) unlisted += listed.count(rel) ? 0 : 1;
+    if (unlisted) r.hash_note = std::to_string(unlisted) + " file(s) not in the manifest, not hashed";
+    return run_hash_jobs(r, opt, jobs);
+  }
+  r.problems.push_back("--hash: " + r.snapshot_dir + " has no reference hashes to compare with (not an HF cache snapshot, "
+                       "no .cache/huggingface/download metadata from `hf download --local-dir`, no " + kManifestName +
+                       "); run `moonrun verify --write-manifest " + r.snapshot_dir + "` once on a copy you trust");
 }
 
 }  // namespace
@@ -424,8 +516,7 @@ std::string format_verify_report(const VerifyReport& r) {
   o << "repo             : " << r.repo << "\n";
   o << "snapshot dir     : " << r.snapshot_dir << "\n";
   o << "safetensors      : " << r.shards_present << "/" << r.shards_expected << " present\n";
-  o << "total bytes      : " << with_thousands_separators(r.total_bytes) << " ("
-    << fixed2(r.total_bytes / 1e9) << " GB)\n";
+  o << "total bytes      : " << with_thousands_separators(r.total_bytes) << " (" << human_bytes(r.total_bytes) << ")\n";
   o << "config.json      : " << (r.config_present ? "OK" : "MISSING") << "\n";
   o << ".incomplete files: " << r.incomplete_files << "\n";
   o << "headers          : " << r.headers_ok << "/" << r.shards_present << " parse, "
@@ -435,7 +526,8 @@ std::string format_verify_report(const VerifyReport& r) {
     o << "content hashes   : ";
     if (r.hash_note.rfind("skipped", 0) == 0) o << r.hash_note << "\n";
     else {
-      o << r.hash_matched << "/" << r.hash_checked << " blobs match";
+      o << r.hash_matched << "/" << r.hash_checked << (r.repo_dir.empty() ? " files match" : " blobs match");
+      if (!r.hash_source.empty()) o << " (" << r.hash_source << ")";
       if (!r.hash_note.empty()) o << "; " << r.hash_note;
       o << "\n";
     }
@@ -448,6 +540,83 @@ std::string format_verify_report(const VerifyReport& r) {
   }
   o << "RESULT: " << (r.complete() ? "COMPLETE" : "INCOMPLETE") << "\n";
   return o.str();
+}
+
+}  // namespace moonrun
+
+namespace moonrun {
+
+std::string human_bytes(uint64_t n) {
+  char buf[32];
+  if (n >= 1000ull * 1000 * 1000) std::snprintf(buf, sizeof buf, "%.2f GB", n / 1e9);
+  else if (n >= 1000ull * 1000) std::snprintf(buf, sizeof buf, "%.2f MB", n / 1e6);
+  else if (n >= 1000ull) std::snprintf(buf, sizeof buf, "%.2f kB", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(n));
+  return buf;
+}
+
+nlohmann::json verify_report_to_json(const VerifyReport& r) {
+  nlohmann::json j = {{"repo", r.repo},
+                      {"snapshot_dir", r.snapshot_dir},
+                      {"shards_expected", r.shards_expected},
+                      {"shards_present", r.shards_present},
+                      {"total_bytes", r.total_bytes},
+                      {"config_present", r.config_present},
+                      {"incomplete_files", r.incomplete_files},
+                      {"headers_ok", r.headers_ok},
+                      {"tensors_in_headers", r.tensors_in_headers},
+                      {"config_check", r.config_check},
+                      {"problems", r.problems},
+                      {"result", r.complete() ? "COMPLETE" : "INCOMPLETE"}};
+  if (r.hashed)
+    j["hashes"] = {{"checked", r.hash_checked}, {"matched", r.hash_matched}, {"source", r.hash_source}, {"note", r.hash_note}};
+  if (!r.manifest_written.empty()) j["manifest_written"] = r.manifest_written;
+  return j;
+}
+
+Status write_manifest(VerifyReport& r, const VerifyOptions& opt) {
+  if (!r.repo_dir.empty())
+    return invalid_argument("--write-manifest: " + r.snapshot_dir + " is an HF cache snapshot; its blobs are already "
+                            "named by their hashes (use --hash)");
+  nlohmann::json files = nlohmann::json::object();
+  std::vector<std::string> rels = local_files(r.snapshot_dir);
+  std::vector<std::string> sums(rels.size());
+  std::vector<uint64_t> sizes(rels.size());
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::string error;
+  auto worker = [&] {
+    for (size_t i = next++; i < rels.size(); i = next++) {
+      auto h = hash_file(r.snapshot_dir + "/" + rels[i], true, false);
+      std::error_code ec;
+      sizes[i] = fs::file_size(r.snapshot_dir + "/" + rels[i], ec);
+      if (!h) {
+        std::lock_guard<std::mutex> lock(mu);
+        error = rels[i] + ": " + h.status().message();
+        continue;
+      }
+      sums[i] = h->sha256_hex;
+    }
+  };
+  const int n_threads = std::max(1, std::min<int>(opt.hash_threads, static_cast<int>(rels.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (!error.empty()) return internal_error(error);
+  for (size_t i = 0; i < rels.size(); ++i) files[rels[i]] = {{"sha256", sums[i]}, {"size", sizes[i]}};
+  const std::string path = r.snapshot_dir + "/" + kManifestName;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << nlohmann::json{{"version", 1}, {"written_by", "moonrun verify --write-manifest"}, {"files", files}}.dump(2) << "\n";
+    if (!out) return internal_error("cannot write " + tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return internal_error("cannot write " + path + ": " + ec.message());
+  r.manifest_written = path;
+  return Status::ok();
 }
 
 }  // namespace moonrun

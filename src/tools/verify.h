@@ -8,12 +8,17 @@
 //   - config.json is present and, for kimi_k3 / kimi_linear, every tensor the config implies
 //     is there with the expected dtype and shape;
 //   - no `.incomplete` download leftovers in the snapshot or in blobs/;
-//   - with --hash: each file's bytes hash to the content address the HF cache stores it
-//     under (blobs/<sha256> for LFS files, blobs/<git blob sha1> for small ones).
+//   - with --hash: each file's bytes hash to its reference: the content address the HF
+//     cache stores it under (blobs/<sha256> for LFS files, blobs/<git blob sha1> for small
+//     ones), the etag in `hf download --local-dir` metadata, or moonrun-manifest.json
+//     (written by --write-manifest on a trusted copy). A local directory with none of them
+//     is a problem under --hash, never a silent pass.
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 
@@ -42,6 +47,8 @@ struct VerifyReport {
   int hash_checked = 0;          // files whose content address was recomputed
   int hash_matched = 0;
   std::string hash_note;         // why nothing was hashed, when that is the case
+  std::string hash_source;       // where the reference hashes came from
+  std::string manifest_written;  // --write-manifest: the file written
   std::vector<std::string> problems;  // one line each; empty means COMPLETE
 
   bool complete() const { return problems.empty(); }
@@ -54,6 +61,15 @@ Result<VerifyReport> verify_checkpoint(const VerifyOptions& options);
 // The seed's block form, "RESULT: COMPLETE" or "RESULT: INCOMPLETE" last, problems listed
 // before it.
 std::string format_verify_report(const VerifyReport& report);
+
+nlohmann::json verify_report_to_json(const VerifyReport& report);
+
+// --write-manifest: SHA-256 and size of every file of a local directory into
+// <dir>/moonrun-manifest.json, for later `verify --hash` runs.
+Status write_manifest(VerifyReport& report, const VerifyOptions& options);
+
+// "1.56 GB", "37.21 MB", "512 bytes": never "0.00 GB" for a small checkpoint.
+std::string human_bytes(uint64_t n);
 
 // "1,560,936,091,448": the byte counts people compare by eye.
 std::string with_thousands_separators(uint64_t n);

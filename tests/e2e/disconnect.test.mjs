@@ -13,9 +13,9 @@ let srv;
 before(async () => { srv = await startServer(); });
 after(async () => { await srv?.stop(); });
 
-const RUNNING = 'moonrun:num_requests_running';
-const TOKENS = 'moonrun:generation_tokens_total';
-const ABORTED = 'moonrun:request_success_total{finished_reason="abort"}';
+const RUNNING = 'vllm:num_requests_running';
+const TOKENS = 'vllm:generation_tokens_total';
+const ABORTED = 'vllm:request_success_total{finished_reason="abort"}';
 const MAX_TOKENS = 4000;
 
 async function waitFor(pred, ms, what) {
@@ -27,13 +27,13 @@ async function waitFor(pred, ms, what) {
   }
 }
 
-const idle = async () => (await metric(srv.base, RUNNING)) === 0 && (await metric(srv.base, 'moonrun:num_requests_waiting')) === 0;
+const idle = async () => (await metric(srv.base, RUNNING)) === 0 && (await metric(srv.base, 'vllm:num_requests_waiting')) === 0;
 
 // Starts a raw, non-streaming request with a large max_tokens, waits until it is generating,
 // destroys its socket and measures how long the engine keeps it.
 async function abandonMidGeneration(path, body) {
   await waitFor(idle, 30000, 'an idle server');
-  const kvBefore = await metric(srv.base, 'moonrun:kv_cache_usage_perc');
+  const kvBefore = await metric(srv.base, 'vllm:kv_cache_usage_perc');
   const abortedBefore = (await metric(srv.base, ABORTED)) ?? 0;
   const tokensBefore = await metric(srv.base, TOKENS);
   const req = http.request(srv.base + path, { method: 'POST', agent: false, headers: { 'Content-Type': 'application/json' } });
@@ -70,7 +70,7 @@ async function checkAbandoned(path, body) {
   assert.equal(r.tokensLater, r.tokensAtGone, 'no tokens generated after the abort');
   assert.ok(r.tokensAtGone < MAX_TOKENS / 2);
   assert.equal(await metric(srv.base, 'moonrun:kda_state_slots_used'), 0);
-  assert.equal(await metric(srv.base, 'moonrun:kv_cache_usage_perc'), r.kvBefore);
+  assert.equal(await metric(srv.base, 'vllm:kv_cache_usage_perc'), r.kvBefore);
   assert.equal(await metric(srv.base, ABORTED), r.abortedBefore + 1);
   // And the server goes on serving.
   const after = await post(srv.base, '/v1/completions', { model: 'moonrun-demo', prompt: 'hello', max_tokens: 5, ignore_eos: true });

@@ -29,7 +29,7 @@ test('401 without or with a wrong key; /health needs none', async () => {
   envelope(await post(srv.base, '/v1/chat/completions', chat()), 401);
   envelope(await post(srv.base, '/v1/chat/completions', chat(), { Authorization: 'Bearer nope' }), 401);
   assert.equal((await fetch(srv.base + '/v1/models')).status, 401);
-  assert.equal((await fetch(srv.base + '/metrics')).status, 401);
+  assert.equal((await fetch(srv.base + '/metrics')).status, 200, 'Prometheus scrapers carry no key (--protect-metrics closes it)');
   assert.equal((await fetch(srv.base + '/health')).status, 200);
   assert.equal((await fetch(srv.base + '/v1/models', { headers: auth })).status, 200);
 });

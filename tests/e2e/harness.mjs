@@ -5,10 +5,10 @@ export const EXE = process.env.MOONRUN_EXE;
 export const DEMO = process.env.MOONRUN_DEMO_MODEL;
 if (!EXE || !DEMO) throw new Error('set MOONRUN_EXE and MOONRUN_DEMO_MODEL (CTest does)');
 
-export async function startServer(extraArgs = [], { timeoutMs = 120000 } = {}) {
+export async function startServer(extraArgs = [], { timeoutMs = 120000, env = process.env } = {}) {
   const args = ['serve', '--model-path', DEMO, '--served-model-name', 'moonrun-demo',
                 '--host', '127.0.0.1', '--port', '0', ...extraArgs];
-  const proc = spawn(EXE, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(EXE, args, { stdio: ['ignore', 'pipe', 'pipe'], env });
   let log = '';
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), timeoutMs);
@@ -47,10 +47,15 @@ export async function post(base, path, body, headers = {}) {
   return { status: res.status, json, text };
 }
 
-export function generate(tokenIds, maxTokens) {
-  const out = execFileSync(EXE, ['generate', '--model', DEMO, '--token-ids', tokenIds.join(','),
-                                 '--max-tokens', String(maxTokens), '--temperature', '0'],
-                           { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+// `moonrun generate` on the demo model: greedy unless sampling flags are given
+// ({ temperature, top_p, top_k, seed }).
+export function generate(tokenIds, maxTokens, sampling = {}) {
+  const args = ['generate', '--model', DEMO, '--token-ids', tokenIds.join(','), '--max-tokens', String(maxTokens),
+                '--temperature', String(sampling.temperature ?? 0)];
+  if (sampling.top_p !== undefined) args.push('--top-p', String(sampling.top_p));
+  if (sampling.top_k !== undefined) args.push('--top-k', String(sampling.top_k));
+  if (sampling.seed !== undefined) args.push('--seed', String(sampling.seed));
+  const out = execFileSync(EXE, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
   return JSON.parse(out.trim().split('\n').pop());
 }
 
@@ -65,10 +70,23 @@ export function sseEvents(text) {
   return events;
 }
 
+// One sample of /metrics. `name` may carry labels to match ('vllm:request_success_total{finished_reason="abort"}');
+// the sample may have more labels (model_name) than asked for.
 export async function metric(base, name, headers = {}) {
   const text = await (await fetch(base + '/metrics', { headers })).text();
-  const line = text.split('\n').find((l) => l.startsWith(name + ' '));
-  return line === undefined ? undefined : Number(line.split(' ')[1]);
+  return metricIn(text, name);
+}
+
+export function metricIn(text, name) {
+  const labels = (s) => Object.fromEntries([...(s ?? '').matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((m) => [m[1], m[2]]));
+  const want = name.match(/^([^{]+)(\{.*\})?$/);
+  for (const line of text.split('\n')) {
+    const m = line.match(/^([^{ ]+)(\{.*\})? (\S+)$/);
+    if (!m || m[1] !== want[1]) continue;
+    const have = labels(m[2]);
+    if (Object.entries(labels(want[2])).every(([k, v]) => have[k] === v)) return Number(m[3]);
+  }
+  return undefined;
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

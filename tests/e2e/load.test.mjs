@@ -38,13 +38,13 @@ test('a client killed mid-stream is aborted and frees its slot (visible in /metr
   });
   let running = -1;
   for (let i = 0; i < 100; ++i) {
-    running = await metric(srv.base, 'moonrun:num_requests_running');
+    running = await metric(srv.base, 'vllm:num_requests_running');
     if (running === 0) break;
     await sleep(100);
   }
   assert.equal(running, 0, 'the aborted request left the batch');
   assert.equal(await metric(srv.base, 'moonrun:kda_state_slots_used'), 0);
-  assert.equal(await metric(srv.base, 'moonrun:kv_cache_usage_perc'), 0);
+  assert.equal(await metric(srv.base, 'vllm:kv_cache_usage_perc'), 0);
 });
 
 test('greedy outputs in a concurrent batch equal moonrun generate', async () => {

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, post } from './harness.mjs';
+import { startServer, post, generate } from './harness.mjs';
 
 let srv, client, X, EOS;
 before(async () => {
@@ -98,4 +98,53 @@ test('bad values are 400s naming the field, and the server keeps serving', async
   }
   const ok = await post(srv.base, '/v1/chat/completions', { model: 'moonrun-demo', max_tokens: 2, messages: [{ role: 'user', content: 'x' }] });
   assert.equal(ok.status, 200);
+});
+
+test('a seed gives the same tokens from `moonrun generate` and from the server', async () => {
+  // Both run the one runtime (runtime/generate.h and the engine) and seed a request's
+  // sampler the same way; the server is told to ignore EOS because generate does.
+  const ids = (await post(srv.base, '/tokenize', { model: 'moonrun-demo', prompt: 'The seeds of the same tree' })).json.tokens;
+  assert.ok(ids.length > 3);
+  const settings = [
+    { temperature: 0 },
+    { temperature: 0.7, seed: 1 },
+    { temperature: 1.0, top_p: 0.9, seed: 42 },
+    { temperature: 1.3, top_k: 20, seed: 123456789 },
+    { temperature: 1.0, top_p: 0.5, top_k: 50, seed: 7 },
+  ];
+  const seen = new Set();
+  for (const s of settings) {
+    const want = generate(ids, 16, s).token_ids;
+    const r = await post(srv.base, '/v1/completions', {
+      model: 'moonrun-demo', prompt: ids, max_tokens: 16, ignore_eos: true, return_token_ids: true, ...s,
+    });
+    assert.equal(r.status, 200, r.text);
+    assert.deepEqual(r.json.choices[0].prompt_token_ids, ids);
+    assert.deepEqual(r.json.choices[0].token_ids, want, JSON.stringify(s));
+    seen.add(want.join(','));
+    // Streamed, the chunks' ids add up to the same sequence.
+    const st = await post(srv.base, '/v1/completions', {
+      model: 'moonrun-demo', prompt: ids, max_tokens: 16, ignore_eos: true, return_token_ids: true, stream: true, ...s,
+    });
+    const streamed = [];
+    for (const e of st.text.split('\n\n').filter((b) => b.startsWith('data: {')))
+      streamed.push(...(JSON.parse(e.slice(6)).choices[0]?.token_ids ?? []));
+    assert.deepEqual(streamed, want, 'streamed ' + JSON.stringify(s));
+  }
+  // The settings differ enough that the sequences are not all one (the comparison is not vacuous).
+  assert.ok(seen.size >= 3, [...seen].join(' | '));
+});
+
+test('chat: return_token_ids gives the rendered prompt, and generate continues it the same way', async () => {
+  const messages = [{ role: 'user', content: 'Name three rivers.' }];
+  const rendered = (await post(srv.base, '/tokenize', { model: 'moonrun-demo', messages })).json.tokens;
+  const s = { temperature: 0.9, top_p: 0.95, seed: 2024 };
+  const r = await post(srv.base, '/v1/chat/completions', {
+    model: 'moonrun-demo', messages, max_tokens: 12, ignore_eos: true, return_token_ids: true, ...s,
+  });
+  assert.equal(r.status, 200, r.text);
+  assert.deepEqual(r.json.prompt_token_ids, rendered);
+  assert.deepEqual(r.json.choices[0].token_ids, generate(rendered, 12, s).token_ids);
+  const bad = await post(srv.base, '/v1/chat/completions', { model: 'moonrun-demo', messages, return_token_ids: 'yes' });
+  assert.equal(bad.status, 400);
 });

@@ -38,7 +38,19 @@ std::vector<std::filesystem::path> request_files() {
   return out;
 }
 
-TEST(RenderFixtures, AtLeastThirtyRequests) { EXPECT_GE(request_files().size(), 30u); }
+// The corpus is whole: enough requests, and each has both references' answers (a request
+// without them would be skipped silently by the loops below).
+TEST(RenderFixtures, EveryRequestHasBothReferences) {
+  const auto files = request_files();
+  EXPECT_GE(files.size(), 30u);
+  for (const auto& path : files) {
+    SCOPED_TRACE(path.filename().string());
+    const std::filesystem::path expected = kFixtures / "expected" / path.filename();
+    ASSERT_TRUE(std::filesystem::exists(expected));
+    const Json e = Json::parse(read_file(expected));
+    EXPECT_TRUE(e.contains("kimi_k3") && e.contains("kimi_k2"));
+  }
+}
 
 TEST(RenderFixtures, K3SegmentsMatchReferenceEncoder) {
   for (const auto& path : request_files()) {

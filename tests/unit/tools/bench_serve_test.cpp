@@ -120,7 +120,7 @@ TEST(BenchAgainstMoonrunServe, CountsMatchTheServersMetrics) {
   const int port = free_port();
   ServeProcess serve(port);
   std::string why;
-  if (!serve.wait_ready(60, &why)) GTEST_SKIP() << why;
+  ASSERT_TRUE(serve.wait_ready(60, &why)) << "moonrun serve did not start: " << why;
 
   BenchConfig c;
   ASSERT_EQ(parse_base_url("http://127.0.0.1:" + std::to_string(port), &c.target), "");
@@ -138,13 +138,14 @@ TEST(BenchAgainstMoonrunServe, CountsMatchTheServersMetrics) {
   httplib::Client http("127.0.0.1", port);
   auto m = http.Get("/metrics");
   ASSERT_TRUE(m && m->status == 200);
-  const double generated = prometheus_sum(m->body, "moonrun:generation_tokens_total");
-  const double finished = prometheus_sum(m->body, "moonrun:request_success_total");
-  if (generated < 0 || finished < 0) GTEST_SKIP() << "/metrics lacks the token or request counters";
+  const double generated = prometheus_sum(m->body, "vllm:generation_tokens_total");
+  const double finished = prometheus_sum(m->body, "vllm:request_success_total");
+  ASSERT_GE(generated, 0) << "/metrics lacks vllm:generation_tokens_total";
+  ASSERT_GE(finished, 0) << "/metrics lacks vllm:request_success_total";
   EXPECT_EQ(double(r->completion_tokens), generated);
   EXPECT_EQ(double(r->completed), finished);
   EXPECT_TRUE(r->tokens_from_usage);
-  const double prompt = prometheus_sum(m->body, "moonrun:prompt_tokens_total");
+  const double prompt = prometheus_sum(m->body, "vllm:prompt_tokens_total");
   if (prompt >= 0) EXPECT_EQ(double(r->prompt_tokens), prompt);
 }
 

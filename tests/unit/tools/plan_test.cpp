@@ -295,3 +295,55 @@ TEST(PlanCli, JsonAndErrors) {
 
 }  // namespace
 }  // namespace moonrun::tools
+
+namespace moonrun::tools {
+namespace {
+
+// Issue 15: `plan` takes serve's flag names, exits 1 on DOES NOT FIT, knows GB300 NVL72,
+// states the KV pool's assumptions, never prints a size as 0.00 GB.
+TEST(PlanCli, ServesFlagNamesAndExitCodesThatMeanSomething) {
+  int rc = 0;
+  // The seed's SGLang shape, in serve's words.
+  std::string out = run("kimi-k3 --gpu H100 --tp-size 32 --ep-size 32 --nnodes 4 --mem-fraction-static 0.85", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("4 x 8"), std::string::npos) << out;
+  // vLLM's aliases; 8 x H200 cannot hold 1.56 TB: exit 1.
+  out = run("--model kimi-k3 --gpu H200 --tensor-parallel-size 8 --gpu-memory-utilization 0.95 --max-model-len 1048576", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("DOES NOT FIT"), std::string::npos) << out;
+  // TP that does not match the cluster is a usage error.
+  out = run("--model kimi-k3 --gpu H100 --tp-size 16 --nnodes 4", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--tp-size 16"), std::string::npos) << out;
+  out = run("--model kimi-k3 --gpu H100 --tp-size 32 --ep-size 12", &rc);
+  EXPECT_EQ(rc, 2) << out;
+}
+
+TEST(PlanCli, Gb300Nvl72AndTheKvPoolAssumptions) {
+  int rc = 0;
+  for (const char* name : {"GB300", "gb300-nvl72", "NVL72"}) {
+    std::string out = run(std::string("kimi-k3 --gpu ") + name + " --tp-size 8 --json", &rc);
+    ASSERT_EQ(rc, 0) << name << ": " << out;
+    json j = json::parse(out);
+    EXPECT_EQ(j["gpu"], "GB300");
+    ASSERT_TRUE(j["cache"]["assumptions"].is_array());
+    EXPECT_GE(j["cache"]["assumptions"].size(), 3u);
+  }
+  std::string table = run("kimi-k3 --gpu B300 --tp-size 8", &rc);
+  EXPECT_NE(table.find("assumptions:"), std::string::npos) << table;
+  EXPECT_NE(table.find("mem-fraction-static"), std::string::npos) << table;
+}
+
+TEST(PlanCli, ATinyCheckpointNeverReadsAsZeroGigabytes) {
+  const std::string dir = testing::TempDir() + "/plan-demo";
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(std::system((std::string(MOONRUN_EXE) + " make-demo-model --out " + dir + " > /dev/null 2>&1").c_str()), 0);
+  int rc = 0;
+  std::string out = run(dir + " --gpu H100 --tp-size 1", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find(" 0.00 GB"), std::string::npos) << out;
+  EXPECT_EQ(out.find("(0.00 GiB)"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace moonrun::tools

@@ -326,9 +326,16 @@ TEST(Verify, MissingConfigAndPlainDirectory) {
   opt.progress = nullptr;
   auto r = verify_checkpoint(opt);
   ASSERT_TRUE(r.is_ok()) << r.status().message();
-  EXPECT_TRUE(r->complete()) << problems(*r);
+  // A plain directory has no content addresses: --hash says so as a problem (issue 15: it
+  // used to pass silently, so a flipped byte went unnoticed), and without --hash it is complete.
+  EXPECT_FALSE(r->complete());
   EXPECT_EQ(r->hash_checked, 0);
-  EXPECT_NE(r->hash_note.find("not an HF cache snapshot"), std::string::npos);
+  EXPECT_NE(problems(*r).find("not an HF cache snapshot"), std::string::npos) << problems(*r);
+  opt.hash = false;
+  r = verify_checkpoint(opt);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_TRUE(r->complete()) << problems(*r);
+  opt.hash = true;
 
   fs::remove(copy + "/config.json");
   r = verify_checkpoint(opt);
