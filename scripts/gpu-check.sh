@@ -13,7 +13,7 @@
 #                                         # DIR/bin, DIR/lib, optionally DIR/node
 # Env: SANITIZE_FILTER (gtest filter for the sanitizer runs), SKIP_SANITIZE=1, SKIP_E2E=1,
 # SKIP_SLICE=1 (the K3-width slice: load RSS and bench), SLICE_DIR (default /tmp/k3-slice),
-# E2E_FILES (default "api errors load lifecycle disconnect"), OPS_FILTER, and time limits in
+# E2E_FILES (default: every e2e file but memory and soak), OPS_FILTER, and time limits in
 # seconds OPS_TIMEOUT (420), SAN_TIMEOUT (240 per tool), E2E_TIMEOUT (300 per file).
 set -uo pipefail
 cd "${MOONRUN_ROOT:-$(dirname "$0")/..}"
@@ -160,7 +160,7 @@ else
   kill $probe 2>/dev/null; wait $probe 2>/dev/null
   backend=$(grep -o 'backend=[a-z]*' "$OUT/serve-probe.log" | head -1)
   row "serve backend (default --device auto)" "$([[ $backend == backend=cuda ]] && echo ok || echo FAIL)" "$backend"
-  for name in ${E2E_FILES:-api errors load lifecycle disconnect}; do
+  for name in ${E2E_FILES:-api errors load lifecycle disconnect structured sampling_params responses messages attacks shutdown operator}; do
     t0=$(date +%s)
     (cd tests/e2e && MOONRUN_EXE=$EXE MOONRUN_DEMO_MODEL=$DEMO timeout "${E2E_TIMEOUT:-300}" "$NODE" --test $name.test.mjs) >"$OUT/e2e_$name.log" 2>&1
     rc=$?

@@ -100,8 +100,11 @@ class Ops {
   virtual BatchView upload_batch(const ForwardBatch& batch) = 0;
 
   // ---- dense per-token ops -----------------------------------------------------------
-  // out[t] = table[token_ids[t]]; table [vocab, hidden] (weight dtype), out [T, hidden] F32.
-  virtual void embedding(const Tensor& table, const BatchView& batch, Tensor out) = 0;
+  // out[t] = table[token_ids[t] - first_row] for the ids this table holds, zero for the
+  // others; table [rows, hidden] (weight dtype) holds vocabulary rows [first_row,
+  // first_row + rows) (all of it at one rank; a vocab-parallel rank's slice otherwise),
+  // out [T, hidden] F32.
+  virtual void embedding(const Tensor& table, int64_t first_row, const BatchView& batch, Tensor out) = 0;
   // y = w * (x / sqrt(mean(x^2) + eps)) per row, fp32 math; x F32; y F32 or act dtype (may alias x when F32).
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) = 0;
   // y = x W^T; x act dtype (or F32 with an F32 weight), y F32 or act dtype.
@@ -170,8 +173,18 @@ class Ops {
   // raw log-probabilities when a row asks. Results are host values.
   virtual void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) = 0;
 
-  // ---- collectives (tensor / expert parallel; no-ops at world size 1) ----------------
-  virtual void all_reduce_sum(Tensor x) {}
+  // ---- collectives (tensor / expert parallel; backend/comm.h) ------------------------
+  // Over this rank's group; at one rank, x stays and out = x.
+  // x [rows, cols] F32 = the sum over the ranks of their x.
+  virtual void all_reduce_sum(Tensor x) = 0;
+  // out [rows, W * cols] F32: rank r's x [rows, cols] F32 in columns [r * cols, (r + 1) * cols)
+  // (the vocab-parallel lm_head's logits).
+  virtual void all_gather_cols(const Tensor& x, Tensor out) = 0;
+  virtual int parallel_rank() const { return 0; }
+  virtual int parallel_size() const { return 1; }
+  // After this rank failed: every rank waiting in (or entering) a collective of the group
+  // gets a BackendError instead of waiting for this one forever.
+  virtual void abort_collectives(const std::string& why) {}
 
   // ---- execution ---------------------------------------------------------------------
   virtual void synchronize() = 0;

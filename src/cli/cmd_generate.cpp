@@ -32,6 +32,8 @@ struct GenerateArgs {
   std::string dtype = "auto";
   double mem_fraction_static = 0.5;
   bool disable_cuda_graph = false;
+  int tp_size = 1;
+  int ep_size = 1;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -93,6 +95,8 @@ void run_generate(const GenerateArgs& a) {
                         ro.page_size_tokens;
   ro.prefix_cache = false;
   ro.cuda_graphs = !a.disable_cuda_graph;
+  ro.tp_size = a.tp_size;
+  ro.ep_size = a.ep_size;
   ro.log = a.verbose;
   auto rt = build_runtime(a.model, ro);
   if (!rt.is_ok()) fail(rt.status().code() == StatusCode::kInvalidArgument ? 2 : 1, rt.status().message());
@@ -153,6 +157,10 @@ void add_generate_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "bfloat16", "bf16", "float32"}))
       ->capture_default_str();
   cmd->add_flag("--disable-cuda-graph", args->disable_cuda_graph, "decode steps without CUDA graphs");
+  cmd->add_option("--tp-size,--tensor-parallel-size", args->tp_size,
+                  "tensor-parallel ranks (CPU: threads of this process)")->capture_default_str();
+  cmd->add_option("--ep-size,--expert-parallel-size", args->ep_size,
+                  "expert-parallel groups (must divide --tp-size)")->capture_default_str();
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -87,6 +87,8 @@ Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt
   ro.prefix_cache = !opt.disable_radix_cache;
   ro.cuda_graphs = !opt.disable_cuda_graph;
   ro.fail_after_steps = opt.debug_fail_after_steps;
+  ro.tp_size = opt.tp_size;
+  ro.ep_size = opt.ep_size;
   Runtime rt = MR_TRY(build_runtime(dir, ro));
   const ModelConfig& cfg = rt.config;
   if (opt.context_length > 0 && cfg.max_position_embeddings > 0 && opt.context_length > cfg.max_position_embeddings)
@@ -126,11 +128,21 @@ int print_dry_run(const server::ServeOptions& opt, const std::string& dir, const
   for (const auto& n : names) joined += (joined.empty() ? "" : ", ") + n;
   out += "answers_to_model: " + joined + "\n";
   std::vector<std::string> notes;
-  if (opt.tp_size != 1 || opt.ep_size != 1 || opt.nnodes != 1)
-    notes.push_back("tp_size=" + std::to_string(opt.tp_size) + ", ep_size=" + std::to_string(opt.ep_size) + ", nnodes=" +
-                    std::to_string(opt.nnodes) + ": the multi-GPU backend is not in this build yet, so `serve` "
-                    "without --dry-run refuses this (one GPU: --tp-size 1)");
+  if (opt.nnodes != 1)
+    notes.push_back("nnodes=" + std::to_string(opt.nnodes) + ": serving across nodes is not in this build yet, so "
+                    "`serve` without --dry-run refuses this");
+  else if ((opt.tp_size != 1 || opt.ep_size != 1) && device != "cpu")
+    notes.push_back("tp_size=" + std::to_string(opt.tp_size) + ", ep_size=" + std::to_string(opt.ep_size) +
+                    ": the NCCL backend for several GPUs is not in this build yet, so `serve` without --dry-run "
+                    "refuses this on " + device + " (--device cpu runs the ranks as threads)");
   if (device.rfind("error: ", 0) == 0) notes.push_back(device.substr(7));
+  // What the runtime will refuse at a real start (never accepted and silently ignored).
+  if (opt.kv_cache_dtype.rfind("fp8", 0) == 0)
+    notes.push_back("--kv-cache-dtype " + opt.kv_cache_dtype + ": there is no fp8 KV cache yet, so `serve` without "
+                    "--dry-run refuses this (drop the flag: the cache is kept in the compute dtype, bf16 on a GPU)");
+  if (opt.dtype == "half" || opt.dtype == "float16")
+    notes.push_back("--dtype " + opt.dtype + ": moonrun computes in bf16 (GPU) or fp32 (CPU), so `serve` without "
+                    "--dry-run refuses this (use --dtype auto)");
   for (const auto& n : notes) out += "note: " + n + "\n";
   const std::string w = no_effect_warning(opt);
   out += "warnings: " + (w.empty() ? std::string("none") : w) + "\n";
@@ -182,8 +194,8 @@ int run_serve(server::ServeOptions opt) {
     return 2;
   }
   opt.device = device;
-  if (opt.tp_size != 1 || opt.ep_size != 1 || opt.nnodes != 1) {
-    std::fprintf(stderr, "moonrun serve: --tp-size/--ep-size/--nnodes > 1 need the multi-GPU backend, which is not in this build yet\n");
+  if (opt.nnodes != 1) {
+    std::fprintf(stderr, "moonrun serve: --nnodes %d: serving across nodes is not in this build yet\n", opt.nnodes);
     return 2;
   }
   if (opt.node_rank < 0 || opt.node_rank >= opt.nnodes) {
@@ -219,7 +231,9 @@ int run_serve(server::ServeOptions opt) {
 
   // Distributed init: one CPU rank today; the multi-GPU backend replaces this stage.
   set_thread_log_tag("TP0 EP0");
-  MR_LOG(INFO) << "Init distributed begin. backend=" << device << ", tp_size=1, ep_size=1, nnodes=1";
+  MR_LOG(INFO) << "Init distributed begin. backend=" << device << ", tp_size=" << opt.tp_size
+               << ", ep_size=" << opt.ep_size << ", nnodes=1"
+               << (opt.tp_size > 1 ? " (ranks as threads of this process, shared-memory collectives)" : "");
   MR_LOG(INFO) << "Init distributed ends. elapsed=0.00 s, mem usage=0.00 GB";
 
   auto loop = build_engine(opt, *dir, tok);

@@ -127,7 +127,7 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
   cmd->add_option("--device", o.device, "cpu | cuda | auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--dtype", o.dtype,
                   "auto | bfloat16 | float32 (GPU: bf16 by default, float32 runs every op in fp32 to check kernels; "
-                  "CPU: float32 only); half/float16 are accepted and computed in bf16")
+                  "CPU: float32 only); half/float16 are refused (K3 is not run in fp16)")
       ->check(CLI::IsMember({"auto", "bfloat16", "bf16", "half", "float16", "float", "float32", "fp32"}));
   cmd->add_option("--host", o.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o.port, "Port to listen on")->capture_default_str()->check(CLI::Range(0, 65535));
@@ -154,8 +154,7 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
       ->check(CLI::Range(0.0, 86400.0));
   cmd->add_option("--page-size,--block-size", o.page_size_tokens, "Tokens per KV-cache page")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
-                  "auto (the compute dtype) | bf16 | float32; fp8 is accepted and kept in the compute dtype until "
-                  "an fp8 cache lands (named in the startup warning)")
+                  "auto (the compute dtype) | bf16 | float32; fp8 is refused until an fp8 MLA cache lands")
       ->check(CLI::IsMember({"auto", "bf16", "bfloat16", "float32", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2"}));
   cmd->add_flag("--disable-radix-cache,--no-enable-prefix-caching", o.disable_radix_cache,
                 "Turn the prefix cache off (prompts sharing a prefix are then prefilled in full)");
@@ -273,16 +272,6 @@ Status finish_serve_flags(ServeFlags& flags, const std::vector<std::string>& arg
       if (opt->get_expected_min() > 0 && !opt->results().empty()) shown += " " + opt->results().back();
       o.no_effect_flags.push_back(shown);
     }
-  // A pasted launch line starts: fp8 KV and fp16 compute are named in the warning and run
-  // in the compute dtype (the runtime refuses them if they reach it).
-  if (o.kv_cache_dtype.rfind("fp8", 0) == 0) {
-    o.no_effect_flags.push_back("--kv-cache-dtype " + o.kv_cache_dtype + " (the KV cache is kept in the compute dtype until fp8 lands)");
-    o.kv_cache_dtype = "auto";
-  }
-  if (o.dtype == "half" || o.dtype == "float16") {
-    o.no_effect_flags.push_back("--dtype " + o.dtype + " (moonrun computes in bf16 on GPU, fp32 on CPU)");
-    o.dtype = "auto";
-  }
   if (o.dtype == "float" || o.dtype == "fp32") o.dtype = "float32";
   if (o.kv_cache_dtype == "fp32") o.kv_cache_dtype = "float32";
   std::string cmdline;

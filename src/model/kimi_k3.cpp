@@ -135,14 +135,20 @@ void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSi
 
 // ---- the model ---------------------------------------------------------------------------
 
-KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes)
+KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes, TensorParallel tp)
     : cfg_(cfg),
       w_(std::move(weights)),
       weight_bytes_(weight_bytes),
+      tp_(tp),
+      vocab_begin_(static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
       kda_shape_(kda_shape(cfg)),
       mla_dims_(mla_dims(cfg)),
       moe_dims_(moe_dims(cfg)),
-      act_(activation_params(cfg)) {}
+      act_(activation_params(cfg)) {
+  // check_parallel_split() made sure these divide.
+  kda_shape_.num_heads /= tp.size;
+  mla_dims_.attn.num_heads /= tp.size;
+}
 
 CacheSpec KimiK3::cache_spec() const {
   CacheSpec spec;
@@ -191,7 +197,8 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   };
 
   Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
-  ops.embedding(w_.embed_tokens.w, batch, h);
+  ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
+  ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
 
   // Attention Residuals: the completed block summaries, block i at rows [i*T, (i+1)*T).
   const int max_blocks = B > 0 ? (cfg_.num_hidden_layers + B - 1) / B : 0;
@@ -255,7 +262,14 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   ops.gather_rows(h, batch.logit_rows, rows);
   Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);
   ops.rmsnorm(rows, w_.norm, eps, normed);
-  ops.linear(normed, w_.lm_head, logits);
+  if (tp_.size == 1) {
+    ops.linear(normed, w_.lm_head, logits);
+  } else {
+    // Each rank's vocabulary columns, gathered into every rank's full logits.
+    Tensor local = ops.scratch(R, w_.lm_head.out, DType::F32);
+    ops.linear(normed, w_.lm_head, local);
+    ops.all_gather_cols(local, logits);
+  }
 }
 
 }  // namespace moonrun

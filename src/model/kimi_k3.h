@@ -39,9 +39,17 @@ struct KimiK3Weights {
 // through `sink`: the loader and weight_spec() both run it.
 void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink);
 
+// This rank's place in the tensor-parallel group: attention heads, MLP intermediate and
+// vocabulary rows [rank * n / size, (rank + 1) * n / size) are its own; the layers'
+// outputs are summed over the group (Ops::all_reduce_sum), the logits gathered.
+struct TensorParallel {
+  int rank = 0;
+  int size = 1;
+};
+
 class KimiK3 final : public Model {
  public:
-  KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes);
+  KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes, TensorParallel tp = {});
 
   const ModelConfig& config() const override { return cfg_; }
   CacheSpec cache_spec() const override;
@@ -61,8 +69,10 @@ class KimiK3 final : public Model {
   ModelConfig cfg_;
   KimiK3Weights w_;
   size_t weight_bytes_ = 0;
-  KdaShape kda_shape_;
-  MlaDims mla_dims_;
+  TensorParallel tp_;
+  int64_t vocab_begin_ = 0;  // this rank's first vocabulary row (embedding, lm_head)
+  KdaShape kda_shape_;  // this rank's heads
+  MlaDims mla_dims_;    // this rank's heads
   MoeDims moe_dims_;
   ActivationParams act_;
   KdaMode kda_mode_ = KdaMode::kAuto;

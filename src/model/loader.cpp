@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -141,11 +142,13 @@ struct WeightLoader::Impl {
     }
   }
 
-  // Rows [r0, r1) and columns [c0, c1) of a stored [rows, cols] tensor into dst [r1-r0, c1-c0].
+  // Rows [r0, r1) and columns [c0, c1) of a stored [rows, cols] tensor into dst [r1-r0, c1-c0]
+  // starting at element dst_first of dst.
   void stream_block(const TensorInfo* t, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                    const Tensor& dst, LoadStats& stats) {
-    if (c0 == 0 && c1 == cols) return stream(t, r0 * cols, (r1 - r0) * cols, dst, 0, stats);
-    for (int64_t r = r0; r < r1 && ok(); ++r) stream(t, r * cols + c0, c1 - c0, dst, (r - r0) * (c1 - c0), stats);
+                    const Tensor& dst, LoadStats& stats, int64_t dst_first = 0) {
+    if (c0 == 0 && c1 == cols) return stream(t, r0 * cols, (r1 - r0) * cols, dst, dst_first, stats);
+    for (int64_t r = r0; r < r1 && ok(); ++r)
+      stream(t, r * cols + c0, c1 - c0, dst, dst_first + (r - r0) * (c1 - c0), stats);
   }
 
   // This rank's part of a [rows, cols] tensor under `rule`: rows or columns [lo, hi).
@@ -236,34 +239,58 @@ void WeightLoader::f32(Tensor& dst, const std::string& name, DType stored, const
 void WeightLoader::experts(ExpertMatrices& dst, int layer, ExpertMatrix which, int num_experts, int out, int in) {
   Impl& m = *impl_;
   if (!m.ok()) return;
-  const int w = m.options.world_size;
-  if (num_experts % w != 0) {
-    m.fail(invalid_argument("layer " + std::to_string(layer) + ": " + std::to_string(num_experts) +
-                            " experts do not split evenly over " + std::to_string(w) + " expert-parallel ranks"));
+  // SGLang's layout: the W ranks form ep_size expert groups of W / ep_size ranks; a group
+  // holds num_experts / ep_size whole experts, and its ranks split each expert's
+  // intermediate dimension (w1, w3: output rows; w2: input columns), as tensor parallelism
+  // splits a dense MLP.
+  const int W = m.options.world_size, ep = std::max(1, m.options.ep_size);
+  const std::string where = "layer " + std::to_string(layer) + ": ";
+  if (W % ep != 0) {
+    m.fail(invalid_argument("--ep-size " + std::to_string(ep) + " must divide the " + std::to_string(W) + " ranks"));
     return;
   }
-  const int local = num_experts / w, first = m.options.rank * local;
+  if (num_experts % ep != 0) {
+    m.fail(invalid_argument(where + std::to_string(num_experts) + " experts do not split evenly over " +
+                            std::to_string(ep) + " expert-parallel groups"));
+    return;
+  }
+  const int moe_tp = W / ep, ep_rank = m.options.rank / moe_tp, moe_tp_rank = m.options.rank % moe_tp;
+  const int local = num_experts / ep, first = ep_rank * local;
+  const bool split_out = which != ExpertMatrix::w2;  // w1, w3: [inter, io] rows; w2: [io, inter] columns
+  const int split_extent = split_out ? out : in;
+  if (split_extent % moe_tp != 0) {
+    m.fail(invalid_argument(where + "the experts' intermediate size " + std::to_string(split_extent) +
+                            " does not split over " + std::to_string(moe_tp) +
+                            " ranks per expert (--tp-size / --ep-size); use a larger --ep-size"));
+    return;
+  }
+  const int64_t r0 = split_out ? static_cast<int64_t>(moe_tp_rank) * out / moe_tp : 0;
+  const int64_t r1 = split_out ? r0 + out / moe_tp : out;
+  const int64_t c0 = split_out ? 0 : static_cast<int64_t>(moe_tp_rank) * in / moe_tp;
+  const int64_t c1 = split_out ? in : c0 + in / moe_tp;
+  const int out_l = static_cast<int>(r1 - r0), in_l = static_cast<int>(c1 - c0);
   const auto parts = expert_parts(m.cfg.expert_quant);
   dst.num_experts = local;
   dst.first_expert = first;
-  dst.stacked.out = out;
-  dst.stacked.in = in;
+  dst.stacked.out = out_l;
+  dst.stacked.in = in_l;
   try {
     const std::string what = m.names.expert(layer, first, which, parts[0]);
     if (m.cfg.expert_quant == ExpertQuant::none) {
-      dst.stacked.w = m.ops.alloc(static_cast<int64_t>(local) * out, in, m.ops.weight_dtype(), what.c_str());
+      dst.stacked.w = m.ops.alloc(static_cast<int64_t>(local) * out_l, in_l, m.ops.weight_dtype(), what.c_str());
       for (int e = 0; e < local && m.ok(); ++e) {
         const TensorInfo* t = m.tensor(m.names.expert(layer, first + e, which, parts[0]), DType::BF16, {out, in});
-        if (t) m.stream(t, 0, static_cast<int64_t>(out) * in, dst.stacked.w, static_cast<int64_t>(e) * out * in, stats_);
+        if (t) m.stream_block(t, in, r0, r1, c0, c1, dst.stacked.w, stats_, static_cast<int64_t>(e) * out_l * in_l);
       }
       return;
     }
-    if (in % 32 != 0) {
-      m.fail(invalid_argument(what + ": MXFP4 rows of " + std::to_string(in) + " elements (a multiple of 32 is needed)"));
+    if (in % 32 != 0 || c0 % 32 != 0 || in_l % 32 != 0) {
+      m.fail(invalid_argument(what + ": MXFP4 rows of " + std::to_string(in_l) +
+                              " elements per rank (a multiple of 32 is needed: one scale per 32)"));
       return;
     }
-    dst.stacked.w = m.ops.alloc(static_cast<int64_t>(local) * out, in / 2, DType::U8, what.c_str());
-    dst.stacked.scales = m.ops.alloc(static_cast<int64_t>(local) * out, in / 32, DType::U8, what.c_str());
+    dst.stacked.w = m.ops.alloc(static_cast<int64_t>(local) * out_l, in_l / 2, DType::U8, what.c_str());
+    dst.stacked.scales = m.ops.alloc(static_cast<int64_t>(local) * out_l, in_l / 32, DType::U8, what.c_str());
     const bool gpt_oss = m.cfg.expert_quant == ExpertQuant::mxfp4_gpt_oss;
     const std::vector<int64_t> codes_shape =
         gpt_oss ? std::vector<int64_t>{out, in / 32, 16} : std::vector<int64_t>{out, in / 2};
@@ -271,9 +298,11 @@ void WeightLoader::experts(ExpertMatrices& dst, int layer, ExpertMatrix which, i
       const TensorInfo* codes = m.tensor(m.names.expert(layer, first + e, which, parts[0]), DType::U8, codes_shape);
       const TensorInfo* scales = m.tensor(m.names.expert(layer, first + e, which, parts[1]), DType::U8, {out, in / 32});
       if (!codes || !scales) return;
-      const int64_t code_bytes = static_cast<int64_t>(out) * in / 2, scale_bytes = static_cast<int64_t>(out) * in / 32;
-      m.stream(codes, 0, code_bytes, dst.stacked.w, e * code_bytes, stats_);
-      m.stream(scales, 0, scale_bytes, dst.stacked.scales, e * scale_bytes, stats_);
+      // Codes are two per byte, scales one per 32 values: the same block in their units.
+      m.stream_block(codes, in / 2, r0, r1, c0 / 2, c1 / 2, dst.stacked.w, stats_,
+                     static_cast<int64_t>(e) * out_l * (in_l / 2));
+      m.stream_block(scales, in / 32, r0, r1, c0 / 32, c1 / 32, dst.stacked.scales, stats_,
+                     static_cast<int64_t>(e) * out_l * (in_l / 32));
     }
   } catch (const BackendError& e) {
     m.fail(resource_exhausted("loading the experts of layer " + std::to_string(layer) + ": " + e.what()));

@@ -34,9 +34,13 @@ struct CachePools {
 };
 
 // Which rank of a tensor/expert-parallel group loads the model (rank 0 of 1: everything).
+// Attention heads, dense and shared MLPs and the vocabulary split over all world_size
+// ranks; the routed experts over ep_size groups (each group's ranks split every expert's
+// intermediate dimension), as in SGLang (--tp-size, --ep-size).
 struct LoadOptions {
   int rank = 0;
   int world_size = 1;
+  int ep_size = 1;
   bool log_progress = false;  // progress lines (bytes, GB/s, ETA) for long loads
 };
 
@@ -54,6 +58,10 @@ class Model {
   // tokens_per_step new tokens over contexts of up to context_tokens.
   virtual int64_t scratch_bytes(int tokens_per_step, int64_t context_tokens) const = 0;
 };
+
+// Whether the model's heads, vocabulary and experts split over tp_size ranks in ep_size
+// expert groups (the dimension that does not, named). The loader checks the rest per tensor.
+Status check_parallel_split(const ModelConfig& cfg, int tp_size, int ep_size);
 
 // Loads the text model of `ckpt` onto `ops`'s backend (config.json's architecture decides
 // which model). Errors name the file, the tensor and the problem.

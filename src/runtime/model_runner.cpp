@@ -152,6 +152,12 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     }
     run_state_copies(input.after);
 
+    // Rank 0 alone answers; the other ranks of a tensor-parallel group only had to take
+    // part in the forward's collectives.
+    if (options_.rank != 0) {
+      ops_->synchronize();
+      return Status::ok();
+    }
     // The logits as the model made them (a backend's sampler may edit its rows in place).
     if (input.return_logits) {
       int n_rows = 0;
@@ -180,7 +186,9 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     }
     ops_->synchronize();
   } catch (const BackendError& e) {
-    // The backend's state is unknown after a failure: every later step fails too.
+    // The backend's state is unknown after a failure: every later step fails too. The
+    // other ranks of the group may be waiting for this one in a collective: wake them.
+    ops_->abort_collectives(e.what());
     failed_ = internal_error(std::string(ops_->name()) + " backend failure: " + e.what());
     return failed_;
   }

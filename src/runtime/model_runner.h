@@ -12,6 +12,7 @@
 // ForwardBatch once, uploads it, runs the model's forward on the ops (as a CUDA graph per
 // batch-size bucket for decode steps where the backend captures), and samples on the
 // device. The engine tests implement the interface with a fake model.
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -46,12 +47,22 @@ struct StepOutput {
   std::vector<float> logits;          // [rows, vocab] when asked: each seq's logit rows, in order
 };
 
+// What a runner has done so far (tests and benchmarks read it).
+struct RunnerStats {
+  int64_t steps = 0;
+  int64_t graph_replays = 0;    // decode steps replayed from a captured graph
+  int64_t tokens_computed = 0;  // new tokens through the model, all steps
+};
+
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
   // A non-ok Status means the backend failed; the engine then fails every pending request.
   virtual Status step(const StepInput& input, StepOutput& output) = 0;
   virtual int vocab() const = 0;
+  virtual RunnerStats stats() const { return {}; }
+  // Bytes the backend can still hand out (a device arena's; the CPU answers INT64_MAX).
+  virtual int64_t free_bytes() const { return INT64_MAX; }
 };
 
 struct RunnerOptions {
@@ -59,6 +70,9 @@ struct RunnerOptions {
   int max_tokens_per_step = 2048;
   bool cuda_graphs = true;        // decode steps as captured graphs where the backend can
   int64_t fail_after_steps = -1;  // >= 0: the backend "fails" after this many steps (tests)
+  // This runner's rank in a tensor-parallel group: every rank runs the forward, rank 0
+  // alone samples and returns tokens (and logits when asked).
+  int rank = 0;
 };
 
 class ModelRunner final : public StepRunner {
@@ -75,9 +89,8 @@ class ModelRunner final : public StepRunner {
   Ops& ops() { return *ops_; }
   Model& model() { return *model_; }
   const CachePools& pools() const { return pools_; }
-  int64_t steps() const { return steps_; }
-  int64_t graph_replays() const { return graph_replays_; }
-  int64_t tokens_computed() const { return tokens_computed_; }  // new tokens through the model, all steps
+  RunnerStats stats() const override { return {steps_, graph_replays_, tokens_computed_}; }
+  int64_t free_bytes() const override { return ops_->free_bytes(); }
 
  private:
   ModelRunner() = default;

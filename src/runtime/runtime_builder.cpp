@@ -5,10 +5,12 @@
 #include <cstdio>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/thread_comm.h"
 #include "common/host_memory.h"
 #include "common/log.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "runtime/parallel_runner.h"
 #if MOONRUN_HAS_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
@@ -43,17 +45,22 @@ Result<DType> kv_dtype_for(const std::string& asked, DType act) {
   }
   if (asked.rfind("fp8", 0) == 0)
     return invalid_argument("--kv-cache-dtype " + asked +
-                            " is not implemented yet: the KV cache is kept in the compute dtype (auto)");
+                            " is not implemented yet: moonrun has no fp8 MLA cache; drop the flag (the cache is "
+                            "kept in the compute dtype, bf16 on a GPU)");
   return invalid_argument("--kv-cache-dtype must be auto, bfloat16, float32 or fp8_e4m3, got \"" + asked + "\"");
 }
 
-Result<std::unique_ptr<Ops>> make_ops(const std::string& device, const RuntimeOptions& o) {
+Result<std::unique_ptr<Ops>> make_ops(const std::string& device, const RuntimeOptions& o,
+                                      std::unique_ptr<Communicator> comm = nullptr) {
+  if (o.dtype == "half" || o.dtype == "float16")
+    return invalid_argument("--dtype " + o.dtype + " is not supported: moonrun computes in bfloat16 on a GPU and "
+                            "float32 on the CPU (use --dtype auto)");
   if (o.dtype != "auto" && o.dtype != "float32" && o.dtype != "bfloat16" && o.dtype != "bf16")
     return invalid_argument("--dtype must be auto, bfloat16 or float32, got \"" + o.dtype + "\"");
   if (device == "cpu") {
     if (o.dtype == "bfloat16" || o.dtype == "bf16")
       return invalid_argument("--dtype " + o.dtype + ": the CPU backend is the float32 reference (use --dtype auto)");
-    return std::unique_ptr<Ops>(new cpu::CpuOps());
+    return std::unique_ptr<Ops>(new cpu::CpuOps(std::move(comm)));
   }
 #if MOONRUN_HAS_CUDA
   cuda::CudaOpsOptions co;
@@ -108,8 +115,25 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
     return invalid_argument("--max-running-requests must be >= 1, got " + std::to_string(o.max_running_requests));
   if (o.page_size_tokens < 1)
     return invalid_argument("--page-size must be >= 1, got " + std::to_string(o.page_size_tokens));
+  const int W = o.tp_size;
+  if (W < 1 || o.ep_size < 1 || W % o.ep_size != 0)
+    return invalid_argument("--tp-size " + std::to_string(W) + " and --ep-size " + std::to_string(o.ep_size) +
+                            ": both >= 1, and --ep-size must divide --tp-size");
+  if (W > 1 && rt.device != "cpu")
+    return failed_precondition("--tp-size " + std::to_string(W) + " on " + rt.device +
+                               ": the NCCL backend for several GPUs is not in this build yet; the CPU backend "
+                               "(--device cpu) runs tensor/expert parallel ranks as threads");
   auto ckpt = MR_TRY(Checkpoint::open(model_dir_or_repo));
-  std::unique_ptr<Ops> ops = MR_TRY(make_ops(rt.device, o));
+  {
+    const ModelConfig cfg = MR_TRY(parse_model_config(ckpt->config(), ckpt->dir() + "/config.json"));
+    MR_RETURN_IF_ERROR(check_parallel_split(cfg, W, o.ep_size));
+  }
+  // One backend per rank; the ranks of a CPU group talk through shared memory.
+  std::vector<std::unique_ptr<Communicator>> comms;
+  if (W > 1) comms = cpu::make_thread_group(W);
+  std::vector<std::unique_ptr<Ops>> rank_ops;
+  for (int r = 0; r < W; ++r) rank_ops.push_back(MR_TRY(make_ops(rt.device, o, W > 1 ? std::move(comms[r]) : nullptr)));
+  Ops* ops = rank_ops[0].get();
   const DType kv_dtype = MR_TRY(kv_dtype_for(o.kv_cache_dtype, ops->act_dtype()));
   rt.dtype_name = ops->act_dtype() == DType::BF16 ? "bfloat16" : "float32";
 
@@ -121,14 +145,24 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
                                                                 : host_before.available_bytes / kGiB)
                  << " GB, checkpoint=" << fmt2(ckpt->total_bytes() / 1e9) << " GB";
   const auto t0 = std::chrono::steady_clock::now();
-  LoadOptions load;
-  load.log_progress = o.log;
-  std::unique_ptr<Model> model = MR_TRY(load_model(*ops, *ckpt, load));
+  std::vector<std::unique_ptr<Model>> models;
+  for (int r = 0; r < W; ++r) {
+    LoadOptions load;
+    load.rank = r;
+    load.world_size = W;
+    load.ep_size = o.ep_size;
+    load.log_progress = o.log && r == 0;
+    models.push_back(MR_TRY(load_model(*rank_ops[r], *ckpt, load)));
+  }
+  Model* model = models[0].get();
   rt.config = model->config();
   const HostMemory host_after = host_memory();
   if (o.log)
     MR_LOG(INFO) << "Load weight end. elapsed=" << fmt2(seconds_since(t0)) << " s, type=" << rt.config.model_type
                  << ", dtype=" << rt.dtype_name << ", weights=" << fmt2(model->weight_bytes() / kGiB)
+                 << (W > 1 ? " GB per rank x " + std::to_string(W) + " ranks (tp " + std::to_string(W) + ", ep " +
+                                 std::to_string(o.ep_size) + ")"
+                           : std::string(""))
                  << " GB, avail mem="
                  << fmt2(ops->free_bytes() < (int64_t{1} << 60) ? ops->free_bytes() / kGiB
                                                                 : host_after.available_bytes / kGiB)
@@ -156,7 +190,8 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
     const int64_t full = layout.kv_bytes_per_token * context_len * running + slots_bytes;
     const int64_t ps = o.page_size_tokens;
     const int64_t least = slots_bytes + layout.kv_bytes_per_token * ((std::max<int64_t>(context_len, ps) + ps - 1) / ps * ps);
-    budget = std::max(std::min(static_cast<int64_t>(fraction * host_after.available_bytes), full), least);
+    // The ranks of a CPU group share this RAM: each gets its part.
+    budget = std::max(std::min(static_cast<int64_t>(fraction * host_after.available_bytes) / W, full), least);
   } else {
     // What the device arena has left once the scratch of the largest step is set aside.
     const int64_t scratch = model->scratch_bytes(o.max_tokens_per_step, std::min<int64_t>(context_len, 32768));
@@ -170,7 +205,16 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
   ro.max_tokens_per_step = o.max_tokens_per_step;
   ro.cuda_graphs = o.cuda_graphs;
   ro.fail_after_steps = o.fail_after_steps;
-  rt.runner = MR_TRY(ModelRunner::create(std::move(ops), std::move(model), rt.cache, ro));
+  if (W == 1) {
+    rt.runner = MR_TRY(ModelRunner::create(std::move(rank_ops[0]), std::move(models[0]), rt.cache, ro));
+  } else {
+    std::vector<std::unique_ptr<ModelRunner>> ranks;
+    for (int r = 0; r < W; ++r) {
+      ro.rank = r;
+      ranks.push_back(MR_TRY(ModelRunner::create(std::move(rank_ops[r]), std::move(models[r]), rt.cache, ro)));
+    }
+    rt.runner = MR_TRY(ParallelRunner::create(std::move(ranks)));
+  }
   if (o.log) {
     // SGLang's line, which the seed's users read: dtype, #tokens, KV size; then our detail.
     MR_LOG(INFO) << "KV Cache is allocated. dtype: " << (kv_dtype == DType::BF16 ? "bfloat16" : "float32")
@@ -180,8 +224,8 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
                  << rt.cache.num_snapshot_slots << " prefix-snapshot slots x " << layout.state_bytes_per_slot
                  << " bytes (" << fmt2(rt.cache.state_bytes() / kGiB) << " GiB)";
     MR_LOG(INFO) << "Memory pool end. avail mem="
-                 << fmt2(rt.runner->ops().free_bytes() < (int64_t{1} << 60) ? rt.runner->ops().free_bytes() / kGiB
-                                                                             : host_memory().available_bytes / kGiB)
+                 << fmt2(rt.runner->free_bytes() < (int64_t{1} << 60) ? rt.runner->free_bytes() / kGiB
+                                                                       : host_memory().available_bytes / kGiB)
                  << " GB";
   }
   return rt;

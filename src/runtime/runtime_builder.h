@@ -21,6 +21,10 @@ struct RuntimeOptions {
   std::string dtype = "auto";           // auto | bfloat16 | float32 (CUDA: every op in fp32, to check kernels)
   std::string kv_cache_dtype = "auto";  // auto (the compute dtype) | bf16 | bfloat16 | float32; fp8 refused
   int cuda_device = 0;
+  // Tensor / expert parallelism (SGLang's --tp-size, --ep-size): tp_size ranks, each with
+  // its shard of the weights; on the CPU backend the ranks are threads of this process.
+  int tp_size = 1;
+  int ep_size = 1;
   double mem_fraction_static = 0;       // 0: the backend's default (defaults.h)
   int max_running_requests = defaults::kMaxRunningRequests;
   int max_tokens_per_step = defaults::kChunkedPrefillTokens;
@@ -36,7 +40,7 @@ struct RuntimeOptions {
 };
 
 struct Runtime {
-  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<StepRunner> runner;  // a ModelRunner, or a ParallelRunner over tp_size ranks
   CacheConfig cache;
   ModelConfig config;
   std::string device;      // "cpu" or "cuda"

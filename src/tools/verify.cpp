@@ -43,12 +43,6 @@ bool is_lower_hex(const std::string& s, size_t len) {
   return true;
 }
 
-std::string fixed2(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f", v);
-  return buf;
-}
-
 // A snapshot directory inside an HF cache: HUB/models--ORG--NAME/snapshots/COMMIT.
 // Returns the models--ORG--NAME folder, or "" for a plain directory.
 std::string hf_repo_dir_of(const std::string& snapshot_dir, std::string* repo_id) {

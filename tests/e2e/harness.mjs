@@ -48,13 +48,14 @@ export async function post(base, path, body, headers = {}) {
 }
 
 // `moonrun generate` on the demo model: greedy unless sampling flags are given
-// ({ temperature, top_p, top_k, seed }).
+// ({ temperature, top_p, top_k, seed }) and a device ({ device: 'cpu' }).
 export function generate(tokenIds, maxTokens, sampling = {}) {
   const args = ['generate', '--model', DEMO, '--token-ids', tokenIds.join(','), '--max-tokens', String(maxTokens),
                 '--temperature', String(sampling.temperature ?? 0)];
   if (sampling.top_p !== undefined) args.push('--top-p', String(sampling.top_p));
   if (sampling.top_k !== undefined) args.push('--top-k', String(sampling.top_k));
   if (sampling.seed !== undefined) args.push('--seed', String(sampling.seed));
+  if (sampling.device !== undefined) args.push('--device', sampling.device);
   const out = execFileSync(EXE, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
   return JSON.parse(out.trim().split('\n').pop());
 }

@@ -9,7 +9,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import { basename } from 'node:path';
-import { EXE, DEMO, startServer, post, sleep } from './harness.mjs';
+import { EXE, DEMO, startServer, post, sleep, generate } from './harness.mjs';
 
 const sh = (cmd) => spawnSync('bash', ['-c', cmd], { encoding: 'utf8', env: { ...process.env, DEMO, EXE } });
 
@@ -78,7 +78,7 @@ test('the seed\'s 4-node SGLang line: --dry-run resolves it, names the flags wit
   const warning = out.split('\n').find((l) => l.includes('no effect'));
   for (const f of ['--trust-remote-code', '--moe-runner-backend marlin', '--decode-attention-backend flashmla'])
     assert.ok(warning.includes(f), `${f} in: ${warning}`);
-  assert.match(out, /multi-GPU backend/);
+  assert.match(out, /nnodes=4: serving across nodes is not in this build yet/);
 });
 
 test('the seed\'s single-node SGLang line and both vLLM lines (positional model) --dry-run cleanly', () => {
@@ -91,15 +91,18 @@ test('the seed\'s single-node SGLang line and both vLLM lines (positional model)
   const warning = out.split('\n').find((l) => l.includes('no effect'));
   for (const f of ['--trust-remote-code', '--load-format fastsafetensors', '--disable-flashinfer-autotune',
                    '--attention-config', '--enable-prefix-caching', '--attention-backend TOKENSPEED_MLA',
-                   '--prefix-match-unit 128', '--kv-cache-dtype fp8'])
+                   '--prefix-match-unit 128'])
     assert.ok(warning.includes(f), `${f} in: ${warning}`);
+  // fp8 KV is not silently ignored: the dry run says a real start refuses it.
+  assert.ok(!warning.includes('--kv-cache-dtype'), warning);
+  assert.match(out, /note: --kv-cache-dtype fp8: there is no fp8 KV cache yet/);
   assert.ok(!warning.includes('--enable-auto-tool-choice'), 'auto tool choice is what moonrun does');
   out = dryRun(VLLM_K31);
   assert.match(out, /tp_size: 8/);
 });
 
 test('the single-node SGLang line starts for real on one device, the warning in its log', async () => {
-  // The same line with --tp-size 1 (this build has no multi-GPU backend) and a free port.
+  // The same line with --tp-size 1 (one device) and a free port.
   const args = ['--trust-remote-code', '--tp-size', '1', '--reasoning-parser', 'kimi_k3', '--tool-call-parser', 'kimi_k3',
                 '--moe-runner-backend', 'marlin'];
   const srv = await startServer(args);
@@ -112,6 +115,12 @@ test('the single-node SGLang line starts for real on one device, the warning in 
 });
 
 test('a typo is still an error, and so are settings moonrun cannot honour', () => {
+  // --kv-cache-dtype fp8 and --dtype float16 are refused at a real start, with the reason.
+  for (const [flag, why] of [['--kv-cache-dtype fp8_e4m3', /no fp8 MLA cache/], ['--dtype half', /not supported/]]) {
+    const f = sh(`"$EXE" serve "$DEMO" --port 0 ${flag}`);
+    assert.equal(f.status, 2, f.stdout + f.stderr);
+    assert.match(f.stderr, why);
+  }
   let r = sh(`"$EXE" serve --model-path "$DEMO" --tp-szie 8 --dry-run`);
   assert.equal(r.status, 2, r.stderr);
   r = sh(`"$EXE" serve "$DEMO" --pipeline-parallel-size 2 --dry-run`);
@@ -284,5 +293,23 @@ test('without a build tree the demo model is generated on first run, then reused
     assert.doesNotMatch(second.log(), /generating it once/);
   } finally {
     await stop(second);
+  }
+});
+
+test('--tp-size 2 --ep-size 2 on the CPU: ranks as threads, the same greedy tokens as one rank', async () => {
+  const srv = await startServer(['--device', 'cpu', '--tp-size', '2', '--ep-size', '2']);
+  try {
+    assert.match(srv.log(), /Init distributed begin\. backend=cpu, tp_size=2, ep_size=2/);
+    assert.match(srv.log(), /GB per rank x 2 ranks \(tp 2, ep 2\)/);
+    for (const text of ['Parallel ranks agree', 'one two three four']) {
+      const ids = (await post(srv.base, '/tokenize', { model: 'moonrun-demo', prompt: text })).json.tokens;
+      const r = await post(srv.base, '/v1/completions', {
+        model: 'moonrun-demo', prompt: ids, max_tokens: 12, temperature: 0, ignore_eos: true, return_token_ids: true,
+      });
+      assert.equal(r.status, 200, r.text);
+      assert.deepEqual(r.json.choices[0].token_ids, generate(ids, 12, { device: 'cpu' }).token_ids, text);
+    }
+  } finally {
+    await srv.stop();
   }
 });

@@ -97,10 +97,17 @@ TEST_P(BackendOps, DenseOps) {
   fb.add_seq(ids.data(), T, 0, 0, nullptr, 0);
   const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
   Pair e = out(B, T, H);
-  B.cpu.embedding(table.c, vc, e.c);
-  B.gpu->embedding(table.g, vg, e.g);
+  B.cpu.embedding(table.c, 0, vc, e.c);
+  B.gpu->embedding(table.g, 0, vg, e.g);
   expect_exact(std::string("embedding_") + B.mode(), "37x96", testing::download(*B.gpu, e.g),
                testing::download(B.cpu, e.c));
+  // A vocab-parallel rank's slice (rows [100, 250)): zeros for the ids it does not hold.
+  Pair slice = put(B, normal(150 * H, 4), 150, H, B.gpu->weight_dtype());
+  Pair es = out(B, T, H);
+  B.cpu.embedding(slice.c, 100, vc, es.c);
+  B.gpu->embedding(slice.g, 100, vg, es.g);
+  expect_exact(std::string("embedding_slice_") + B.mode(), "37x96", testing::download(*B.gpu, es.g),
+               testing::download(B.cpu, es.c));
   // rmsnorm into F32 and into the act dtype
   Pair x = put(B, normal(T * H, 2, 3.0f), T, H);
   Pair w = put(B, optest::random_uniform(H, 3, 0.5f, 1.5f), 1, H);

@@ -116,7 +116,7 @@ inline std::vector<SeqResult> run_batched(const std::string& dir, int n_seqs, in
       }
     }
   }
-  if (graph_replays) *graph_replays = rt.runner->graph_replays();
+  if (graph_replays) *graph_replays = rt.runner->stats().graph_replays;
   return out;
 }
 

@@ -36,7 +36,7 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace
 
-CpuOps::CpuOps() = default;
+CpuOps::CpuOps(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)) {}
 CpuOps::~CpuOps() = default;
 
 Tensor CpuOps::alloc(int64_t rows, int64_t cols, DType dtype, const char* what) {
@@ -118,15 +118,15 @@ BatchView CpuOps::upload_batch(const ForwardBatch& batch) {
 
 // ---- dense ---------------------------------------------------------------------------
 
-void CpuOps::embedding(const Tensor& table, const BatchView& batch, Tensor out) {
+void CpuOps::embedding(const Tensor& table, int64_t first_row, const BatchView& batch, Tensor out) {
   const int64_t H = table.cols;
   MR_CHECK(out.rows == batch.n_tokens() && out.cols == H) << "embedding output shape";
   const float* tab = f32(table);
   float* o = f32(out);
   for (int t = 0; t < batch.n_tokens(); ++t) {
-    const int32_t id = batch.token_ids[t];
-    MR_CHECK(id >= 0 && id < table.rows) << "token id " << id << " outside the table";
-    std::copy(tab + id * H, tab + (id + 1) * H, o + t * H);
+    const int64_t row = static_cast<int64_t>(batch.token_ids[t]) - first_row;
+    if (row < 0 || row >= table.rows) std::fill(o + t * H, o + (t + 1) * H, 0.0f);
+    else std::copy(tab + row * H, tab + (row + 1) * H, o + t * H);
   }
 }
 
@@ -319,7 +319,30 @@ void CpuOps::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weigh
     return f;
   };
   cpu::moe_experts(f32(x), static_cast<int>(x.rows), in, ids.as<int32_t>(), f32(weights), static_cast<int>(ids.cols),
-                   E, expert, act, f32(y));
+                   w1.first_expert, E, expert, act, f32(y));
+}
+
+// ---- collectives ---------------------------------------------------------------------
+
+void CpuOps::all_reduce_sum(Tensor x) {
+  MR_CHECK(x.dtype == DType::F32) << "all_reduce_sum takes F32";
+  if (comm_ && comm_->size() > 1) comm_->all_reduce_sum(f32(x), static_cast<size_t>(x.numel()));
+}
+
+void CpuOps::all_gather_cols(const Tensor& x, Tensor out) {
+  const int W = parallel_size();
+  MR_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32 && out.rows == x.rows && out.cols == W * x.cols)
+      << "all_gather_cols shapes: [" << x.rows << ", " << x.cols << "] x " << W << " -> [" << out.rows << ", "
+      << out.cols << "]";
+  if (W == 1) return copy(x, out);
+  // Gathered rank-major ([W, rows, cols]), then interleaved into [rows, W * cols].
+  const size_t n = static_cast<size_t>(x.numel());
+  gather_buf_.resize(n * W);
+  comm_->all_gather(f32(x), n, gather_buf_.data());
+  float* o = f32(out);
+  for (int r = 0; r < W; ++r)
+    for (int64_t i = 0; i < x.rows; ++i)
+      std::copy_n(gather_buf_.data() + r * n + i * x.cols, x.cols, o + i * out.cols + r * x.cols);
 }
 
 // ---- sampling ------------------------------------------------------------------------

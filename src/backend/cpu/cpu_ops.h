@@ -7,13 +7,16 @@
 #include <memory>
 #include <vector>
 
+#include "backend/comm.h"
 #include "backend/ops.h"
 
 namespace moonrun::cpu {
 
 class CpuOps final : public Ops {
  public:
-  CpuOps();
+  // comm: the rank's communicator when it is one rank of a tensor/expert-parallel group
+  // (nullptr: a group of one).
+  explicit CpuOps(std::unique_ptr<Communicator> comm = nullptr);
   ~CpuOps() override;
 
   const char* name() const override { return "cpu"; }
@@ -33,7 +36,7 @@ class CpuOps final : public Ops {
 
   BatchView upload_batch(const ForwardBatch& batch) override;
 
-  void embedding(const Tensor& table, const BatchView& batch, Tensor out) override;
+  void embedding(const Tensor& table, int64_t first_row, const BatchView& batch, Tensor out) override;
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) override;
   void linear(const Tensor& x, const Matrix& w, Tensor y) override;
   void add(const Tensor& a, const Tensor& b, Tensor y) override;
@@ -65,6 +68,14 @@ class CpuOps final : public Ops {
 
   void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) override;
 
+  void all_reduce_sum(Tensor x) override;
+  void all_gather_cols(const Tensor& x, Tensor out) override;
+  int parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
+  int parallel_size() const override { return comm_ ? comm_->size() : 1; }
+  void abort_collectives(const std::string& why) override {
+    if (comm_) comm_->abort(why);
+  }
+
   void synchronize() override {}
 
  private:
@@ -73,6 +84,8 @@ class CpuOps final : public Ops {
     size_t size = 0;
     size_t begin = 0;  // offset of this block in the scratch's running total
   };
+  std::unique_ptr<Communicator> comm_;
+  std::vector<float> gather_buf_;
   std::vector<std::unique_ptr<char[]>> persistent_;
   size_t allocated_bytes_ = 0;
   std::vector<Block> scratch_blocks_;

@@ -20,11 +20,15 @@ void gated_mlp(const float* x, int n_tokens, int in, const ExpertF32& w, const A
 }
 
 void moe_experts(const float* x, int n_tokens, int in, const int32_t* ids, const float* weights, int top_k,
-                 int num_experts, const ExpertSource& expert, const ActivationParams& act, float* y) {
+                 int first_expert, int num_experts, const ExpertSource& expert, const ActivationParams& act,
+                 float* y) {
   const int D = in, K = top_k;
-  std::vector<float> expert_out(static_cast<size_t>(n_tokens) * K * D);  // [n_tokens, K, D]
+  std::vector<float> expert_out(static_cast<size_t>(n_tokens) * K * D);  // [n_tokens, K, D]; zero: not held here
   std::vector<std::vector<int>> slots(num_experts);  // per expert: flat (t*K + k) slots that chose it
-  for (int s = 0; s < n_tokens * K; ++s) slots[ids[s]].push_back(s);
+  for (int s = 0; s < n_tokens * K; ++s) {
+    const int e = ids[s] - first_expert;
+    if (e >= 0 && e < num_experts) slots[e].push_back(s);
+  }
   std::vector<float> gathered, result;
   for (int e = 0; e < num_experts; ++e) {
     const auto& sl = slots[e];

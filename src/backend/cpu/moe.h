@@ -23,8 +23,10 @@ using ExpertSource = std::function<ExpertF32(int expert)>;
 // The gated MLP: out = down(act(gate x, up x)); x [n_tokens, in], out [n_tokens, in].
 void gated_mlp(const float* x, int n_tokens, int in, const ExpertF32& w, const ActivationParams& act, float* out);
 
-// y[t] = sum_k weights[t, k] * expert_{ids[t, k]}(x[t]); x, y [n_tokens, in]; ids, weights [n_tokens, top_k].
+// y[t] = sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) over the experts held here:
+// expert(e) is global expert first_expert + e for e < num_experts; choices of other experts
+// (another expert-parallel rank's) add nothing. x, y [n_tokens, in]; ids, weights [n_tokens, top_k].
 void moe_experts(const float* x, int n_tokens, int in, const int32_t* ids, const float* weights, int top_k,
-                 int num_experts, const ExpertSource& expert, const ActivationParams& act, float* y);
+                 int first_expert, int num_experts, const ExpertSource& expert, const ActivationParams& act, float* y);
 
 }  // namespace moonrun::cpu

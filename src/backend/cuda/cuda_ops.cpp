@@ -154,15 +154,16 @@ class CudaOps final : public Ops {
   }
 
   // ---- dense -------------------------------------------------------------------------
-  void embedding(const Tensor& table, const BatchView& batch, Tensor out) override {
+  void embedding(const Tensor& table, int64_t first_row, const BatchView& batch, Tensor out) override {
     is_f32(out, "embedding");
     check(out.rows == batch.n_tokens() && out.cols == table.cols, "embedding: output " + shape(out));
+    const int hidden = static_cast<int>(table.cols);
     if (table.dtype == DType::BF16)
-      embed_tokens(table.as<bf16>(), static_cast<int>(table.cols), batch.token_ids, batch.n_tokens(), out.as<float>(),
-                   stream_);
+      embed_tokens(table.as<bf16>(), first_row, table.rows, hidden, batch.token_ids, batch.n_tokens(),
+                   out.as<float>(), stream_);
     else
-      embed_tokens(table.as<float>(), static_cast<int>(table.cols), batch.token_ids, batch.n_tokens(), out.as<float>(),
-                   stream_);
+      embed_tokens(table.as<float>(), first_row, table.rows, hidden, batch.token_ids, batch.n_tokens(),
+                   out.as<float>(), stream_);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) override {
     is_f32(x, "rmsnorm");
@@ -404,6 +405,10 @@ class CudaOps final : public Ops {
   }
 
   // ---- execution ---------------------------------------------------------------------
+  // ---- collectives: one rank (NCCL groups are the parallel backend's) -----------------
+  void all_reduce_sum(Tensor x) override { is_f32(x, "all_reduce_sum"); }
+  void all_gather_cols(const Tensor& x, Tensor out) override { copy(x, out); }
+
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   bool captures() const override { return true; }
   void run_captured(uint64_t key, const std::function<void()>& body) override {

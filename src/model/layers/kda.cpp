@@ -59,6 +59,7 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   Tensor gated = ops.scratch(T, D, ops.act_dtype());  // the o_proj input
   ops.gated_rmsnorm(o.reshaped(d), gate.reshaped(d), w.o_norm, shape.norm_eps, gated.reshaped(d));
   ops.linear(gated, w.o_proj, out);
+  ops.all_reduce_sum(out);  // o_proj is row-parallel: each rank's heads contribute
 }
 
 }  // namespace moonrun

@@ -39,6 +39,7 @@ void mla_forward(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tenso
     ops.copy(o, o_in);
   }
   ops.linear(o_in, w.o_proj, out);
+  ops.all_reduce_sum(out);  // o_proj is row-parallel: each rank's heads contribute
 }
 
 }  // namespace moonrun

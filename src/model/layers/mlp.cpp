@@ -12,6 +12,7 @@ void mlp_forward(Ops& ops, const MlpWeights& w, const ActivationParams& act, con
   Tensor h = ops.act_dtype() == DType::F32 ? g : ops.scratch(T, w.gate.out, ops.act_dtype());
   ops.gated_activation(g, u, act, h);
   ops.linear(h, w.down, out);
+  ops.all_reduce_sum(out);  // down is row-parallel: each rank's intermediate slice contributes
 }
 
 }  // namespace moonrun

@@ -22,6 +22,9 @@ void moe_forward(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tenso
   }
   Tensor y = ops.scratch(T, D, DType::F32);  // [T, io] the weighted sum of the chosen experts
   ops.moe_experts(z, ids, weights, w.w1, w.w3, w.w2, dims.act, y);
+  // Each rank ran its experts (and its slice of each): the sum over the group is the
+  // routed output, before the latent norm (not linear) and up-projection (replicated).
+  ops.all_reduce_sum(y);
   if (!w.latent_up.empty()) {
     Tensor y_in = ops.act_dtype() == DType::F32 ? y : ops.scratch(T, D, ops.act_dtype());
     if (!w.latent_norm.empty()) ops.rmsnorm(y, w.latent_norm, dims.norm_eps, y_in);

@@ -236,7 +236,7 @@ TEST(ModelRunner, PrefixCacheServesARepeated4kPrefixWithoutRecomputingIt) {
     Engine engine(engine_config(rt, 2, 2048, kPrefix + kTail + kMaxTokens), cache, *rt.runner, nullptr);
     std::vector<std::vector<int32_t>> tokens(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const int64_t before = rt.runner->tokens_computed();
+      const int64_t before = rt.runner->stats().tokens_computed;
       SamplingParams p;
       p.temperature = 0;
       p.max_tokens = kMaxTokens;
@@ -247,7 +247,7 @@ TEST(ModelRunner, PrefixCacheServesARepeated4kPrefixWithoutRecomputingIt) {
         tokens[i].insert(tokens[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
         if (o.finished && cached) cached->push_back(o.num_cached_tokens);
       }
-      if (computed_last) *computed_last = rt.runner->tokens_computed() - before;
+      if (computed_last) *computed_last = rt.runner->stats().tokens_computed - before;
     }
     return tokens;
   };

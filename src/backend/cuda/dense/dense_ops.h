@@ -14,10 +14,12 @@
 
 namespace moonrun::cuda {
 
-// out[t] = table[ids[t]]; table [vocab, hidden] bf16 or fp32, ids [n_tokens] (device),
-// out [n_tokens, hidden] fp32.
-void embed_tokens(const bf16* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream);
-void embed_tokens(const float* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream);
+// out[t] = table[ids[t] - first_row] (zeros for ids outside [first_row, first_row + n_rows));
+// table [n_rows, hidden] bf16 or fp32, ids [n_tokens] (device), out [n_tokens, hidden] fp32.
+void embed_tokens(const bf16* table, int64_t first_row, int64_t n_rows, int hidden, const int32_t* ids, int n_tokens,
+                  float* out, cudaStream_t stream);
+void embed_tokens(const float* table, int64_t first_row, int64_t n_rows, int hidden, const int32_t* ids, int n_tokens,
+                  float* out, cudaStream_t stream);
 
 // y = weight * (x / sqrt(mean(x^2) + eps)) per row of [n_rows, dim], fp32 math.
 void rmsnorm(const float* x, int n_rows, int dim, const float* weight, float eps, bf16* y, cudaStream_t stream);

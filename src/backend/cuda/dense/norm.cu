@@ -14,20 +14,27 @@ constexpr int kRowThreads = 256;  // one block per row: 28 values per thread at 
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(bf16 v) { return __bfloat162float(v); }
 
-// out[t, :] = float(table[ids[t], :]); grid: n_tokens.
+// out[t, :] = float(table[ids[t] - first_row, :]), or zeros when this (vocab-parallel)
+// table does not hold that id; grid: n_tokens.
 template <typename Table>
-__global__ void embed_kernel(const Table* __restrict__ table, int hidden, const int32_t* __restrict__ ids,
-                             float* __restrict__ out) {
+__global__ void embed_kernel(const Table* __restrict__ table, int64_t first_row, int64_t n_rows, int hidden,
+                             const int32_t* __restrict__ ids, float* __restrict__ out) {
   const int t = blockIdx.x;
-  const Table* row = table + static_cast<int64_t>(ids[t]) * hidden;
+  const int64_t r = static_cast<int64_t>(ids[t]) - first_row;
   float* dst = out + static_cast<int64_t>(t) * hidden;
+  if (r < 0 || r >= n_rows) {
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) dst[c] = 0.0f;
+    return;
+  }
+  const Table* row = table + r * hidden;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) dst[c] = widen(row[c]);
 }
 
 template <typename Table>
-void embed_impl(const Table* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream) {
+void embed_impl(const Table* table, int64_t first_row, int64_t n_rows, int hidden, const int32_t* ids, int n_tokens,
+                float* out, cudaStream_t stream) {
   if (n_tokens <= 0 || hidden <= 0) return;
-  embed_kernel<Table><<<n_tokens, kRowThreads, 0, stream>>>(table, hidden, ids, out);
+  embed_kernel<Table><<<n_tokens, kRowThreads, 0, stream>>>(table, first_row, n_rows, hidden, ids, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -61,11 +68,13 @@ void rmsnorm_impl(const float* x, int n_rows, int dim, const float* weight, floa
 
 }  // namespace
 
-void embed_tokens(const bf16* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream) {
-  embed_impl(table, hidden, ids, n_tokens, out, stream);
+void embed_tokens(const bf16* table, int64_t first_row, int64_t n_rows, int hidden, const int32_t* ids, int n_tokens,
+                  float* out, cudaStream_t stream) {
+  embed_impl(table, first_row, n_rows, hidden, ids, n_tokens, out, stream);
 }
-void embed_tokens(const float* table, int hidden, const int32_t* ids, int n_tokens, float* out, cudaStream_t stream) {
-  embed_impl(table, hidden, ids, n_tokens, out, stream);
+void embed_tokens(const float* table, int64_t first_row, int64_t n_rows, int hidden, const int32_t* ids, int n_tokens,
+                  float* out, cudaStream_t stream) {
+  embed_impl(table, first_row, n_rows, hidden, ids, n_tokens, out, stream);
 }
 
 void rmsnorm(const float* x, int n_rows, int dim, const float* weight, float eps, bf16* y, cudaStream_t stream) {

@@ -1,0 +1,162 @@
+// Tensor and expert parallelism on the CPU (ranks as threads, backend/cpu/thread_comm.h)
+// against one rank and against the reference: every fixture under every split its shapes
+// allow gives the reference's greedy ids exactly, and logits that differ from the one-rank
+// run only by the order of fp32 sums (the row-parallel projections' partial sums).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../support/batch_runs.h"
+#include "../support/fixture_files.h"
+#include "../support/runtimes.h"
+#include "runtime/generate.h"
+#include "runtime/parallel_runner.h"
+
+namespace moonrun {
+namespace {
+
+using fixtures::fixtures_dir;
+using fixtures::read_f32;
+
+struct Split {
+  const char* fixture;
+  int tp, ep;
+};
+
+std::string split_name(const ::testing::TestParamInfo<Split>& info) {
+  std::string n = std::string(info.param.fixture) + "_tp" + std::to_string(info.param.tp) + "_ep" +
+                  std::to_string(info.param.ep);
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+struct CaseRun {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+};
+
+// Every case of a fixture through a runtime of tp ranks in ep expert groups.
+std::vector<CaseRun> run_cases(const std::string& dir, const nlohmann::json& expected, int tp, int ep) {
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  ro.tp_size = tp;
+  ro.ep_size = ep;
+  Runtime rt = testing::make_runtime(dir, ro);
+  std::vector<CaseRun> out;
+  if (!rt.runner) return out;
+  for (const auto& c : expected.at("cases")) {
+    GenerateOptions opt;
+    opt.max_tokens = c.at("max_tokens").get<int>();
+    opt.sampling.temperature = 0.0f;
+    opt.keep_logits = true;
+    auto got = generate(*rt.runner, rt.cache.page_size_tokens, c.at("prompt_ids").get<std::vector<int32_t>>(), opt);
+    EXPECT_TRUE(got.is_ok()) << got.status().to_string();
+    if (!got.is_ok()) break;
+    out.push_back({got->token_ids, got->logits});
+  }
+  return out;
+}
+
+float max_abs(const std::vector<float>& a) {
+  float m = 0;
+  for (float v : a) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+// fp32 sums taken in another order (the row-parallel projections' partial sums, then the
+// all-reduce) through every layer: up to ~1e-5 of the logits' scale on the K3 fixtures,
+// the same size as the one-rank forward's own distance to the PyTorch reference (which
+// also differs from it only in summation order).
+constexpr float kRelTol = 2e-5f;
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (!(d <= worst)) worst = d;  // NaN too
+  }
+  return worst;
+}
+
+class ParallelFixture : public ::testing::TestWithParam<Split> {};
+
+TEST_P(ParallelFixture, SameTokensAsOneRankAndTheReference) {
+  const Split sp = GetParam();
+  const std::string dir = fixtures_dir() + "/" + sp.fixture;
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const float ref_tol = expected.at("tolerance_abs_logit").get<float>();
+  const std::vector<CaseRun> one = run_cases(dir, expected, 1, 1);
+  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep);
+  ASSERT_EQ(one.size(), expected.at("cases").size());
+  ASSERT_EQ(par.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    const auto& c = expected.at("cases")[i];
+    EXPECT_EQ(par[i].ids, c.at("greedy_ids").get<std::vector<int32_t>>());
+    EXPECT_EQ(par[i].ids, one[i].ids);
+    ASSERT_EQ(par[i].logits.size(), one[i].logits.size());
+    const float vs_one = max_abs_diff(par[i].logits, one[i].logits);
+    const auto shape = c.at("logits_shape").get<std::vector<int64_t>>();
+    const auto ref = read_f32(dir + "/" + c.at("logits_file").get<std::string>(), static_cast<size_t>(shape[0] * shape[1]));
+    const float vs_ref = max_abs_diff(par[i].logits, ref);
+    const float scale = max_abs(one[i].logits);
+    std::printf("%s tp%d ep%d case %zu: max |dlogit| vs one rank %.3g (max |logit| %.3g), vs reference %.3g\n",
+                sp.fixture, sp.tp, sp.ep, i, vs_one, scale, vs_ref);
+    EXPECT_LE(vs_one, kRelTol * scale);
+    EXPECT_LE(vs_ref, ref_tol);
+  }
+}
+
+// The splits each fixture's shapes allow: k3-tiny-a (2 heads, 16 MXFP4 experts of
+// intermediate 32), k3-tiny-b (4 heads, 8 MXFP4 experts of 64), kimi-linear-tiny (2 heads,
+// 8 bf16 experts of 32). TP alone splits each expert (an MXFP4 split needs 32-wide parts).
+INSTANTIATE_TEST_SUITE_P(Splits, ParallelFixture,
+                         ::testing::Values(Split{"k3-tiny-a", 2, 2}, Split{"k3-tiny-b", 2, 1}, Split{"k3-tiny-b", 2, 2},
+                                           Split{"k3-tiny-b", 4, 2}, Split{"k3-tiny-b", 4, 4},
+                                           Split{"kimi-linear-tiny", 2, 1}, Split{"kimi-linear-tiny", 2, 2}),
+                         split_name);
+
+// Prefill chunks and decodes mixed in steps of up to 7 sequences, at TP 2 / EP 2: the same
+// greedy tokens as one rank, logits within fp32 rounding.
+TEST(Parallel, MixedBatchesMatchOneRank) {
+  const std::string dir = fixtures_dir() + "/k3-tiny-b";
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  const int vocab = 1024, n = 12, max_tokens = 6;
+  const auto one = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
+  ro.tp_size = 2;
+  ro.ep_size = 2;
+  const auto par = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
+  ASSERT_EQ(one.size(), par.size());
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(one[i].tokens, par[i].tokens) << "sequence " << i;
+    EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits)) << "sequence " << i;
+  }
+}
+
+// What cannot be split is refused before anything loads, naming the dimension.
+TEST(Parallel, SplitsThatDoNotDivideAreClearErrors) {
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  ro.tp_size = 4;
+  auto rt = build_runtime(fixtures_dir() + "/k3-tiny-a", ro);
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("2 attention heads"), std::string::npos) << rt.status().message();
+  ro.tp_size = 4;
+  ro.ep_size = 1;  // each of k3-tiny-b's experts (intermediate 64) into 4 MXFP4 parts of 16
+  rt = build_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("32"), std::string::npos) << rt.status().message();
+  ro.tp_size = 2;
+  ro.ep_size = 3;
+  rt = build_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("--ep-size"), std::string::npos) << rt.status().message();
+}
+
+}  // namespace
+}  // namespace moonrun
