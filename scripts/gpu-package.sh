@@ -13,6 +13,9 @@ strip -o "$DEST/bin/moonrun_ops_tests" "$BUILD/tests/moonrun_ops_tests"
 for lib in $(ldd "$BUILD/moonrun" | awk '/=> \// {print $3}'); do
   case $(basename "$lib") in
     libcpp-httplib*|libbrotli*|libpcre2*|libssl*|libcrypto*|libz.so*) cp -L "$lib" "$DEST/lib/" ;;
+    # ZeroMQ (the multi-node control plane) and what it pulls in.
+    libzmq*|libsodium*|libpgm*|libnorm*|libgssapi_krb5*|libkrb5*|libk5crypto*|libcom_err*|libkeyutils*|libbsd*|libmd.so*)
+      cp -L "$lib" "$DEST/lib/" ;;
   esac
 done
 if command -v node >/dev/null; then

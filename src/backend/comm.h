@@ -23,6 +23,8 @@ class Communicator {
   virtual void all_reduce_sum(float* data, size_t n) = 0;
   // out[r * n, (r + 1) * n) = rank r's in[0, n), on every rank.
   virtual void all_gather(const float* in, size_t n, float* out) = 0;
+  // A device communicator enqueues on its rank's stream (the backend's, set once by it).
+  virtual void bind_stream(void* stream) {}
   // Wakes every rank waiting in a collective with an error (why): used when one rank failed
   // outside a collective, so the others do not wait for it forever.
   virtual void abort(const std::string& why) = 0;

@@ -187,6 +187,9 @@ class Ops {
   virtual void abort_collectives(const std::string& why) {}
 
   // ---- execution ---------------------------------------------------------------------
+  // Makes this backend's device current on the calling thread (a CUDA rank's GPU); called
+  // by each thread that issues ops (the parallel runner's rank threads, the loader).
+  virtual void bind_thread() {}
   virtual void synchronize() = 0;
   // Runs body; a backend that can capture (CUDA graphs) records it the first time a key is
   // seen and replays the recording afterwards. The body must then issue the same ops on the

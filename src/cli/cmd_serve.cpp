@@ -13,6 +13,8 @@
 #include <fstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "chat/render_chat.h"
 #include "cli/serve_flags.h"
 #include "chat/tokenizer.h"
@@ -21,6 +23,8 @@
 #include "server/detokenize.h"
 #include "engine/engine_loop.h"
 #include "model/checkpoint.h"
+#include "model/config.h"
+#include "runtime/cluster.h"
 #include "runtime/runtime_builder.h"
 #include "server/http_server.h"
 #include "server/serve_options.h"
@@ -72,9 +76,17 @@ Result<std::string> default_model_dir() {
   return dir;
 }
 
-// Backend, model and cache pools (runtime_builder.h), then the engine on top.
-Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt, const std::string& dir,
-                                                 const std::shared_ptr<const chat::Tokenizer>& tok) {
+// config.json of a checkpoint directory, parsed (for what every node must agree on).
+Result<ModelConfig> read_model_config(const std::string& dir) {
+  std::ifstream in(dir + "/config.json");
+  if (!in) return not_found(dir + "/config.json: cannot be read");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) return invalid_argument(dir + "/config.json: not valid JSON");
+  return parse_model_config(j, dir + "/config.json");
+}
+
+// The runtime settings the serve flags ask for.
+RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   RuntimeOptions ro;
   ro.device = opt.device;
   ro.dtype = opt.dtype;
@@ -89,7 +101,47 @@ Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt
   ro.fail_after_steps = opt.debug_fail_after_steps;
   ro.tp_size = opt.tp_size;
   ro.ep_size = opt.ep_size;
-  Runtime rt = MR_TRY(build_runtime(dir, ro));
+  return ro;
+}
+
+// The multi-node settings (--nnodes, --node-rank, --dist-init-addr, --dist-timeout) and what
+// every node must agree on.
+ClusterOptions cluster_options(const server::ServeOptions& opt, const std::string& device, const ModelConfig& cfg) {
+  ClusterOptions co;
+  co.nnodes = opt.nnodes;
+  co.node_rank = opt.node_rank;
+  co.dist_init_addr = opt.dist_init_addr;
+  co.timeout_s = opt.dist_timeout_s > 0 ? opt.dist_timeout_s : defaults::kDistTimeoutSeconds;
+  const nlohmann::json fp = {{"moonrun", kMoonrunVersion},
+                             {"model", {cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.num_experts}},
+                             {"tp", opt.tp_size},
+                             {"ep", opt.ep_size},
+                             {"nnodes", opt.nnodes},
+                             {"device", device},
+                             {"dtype", opt.dtype},
+                             {"kv_cache_dtype", opt.kv_cache_dtype},
+                             {"max_running_requests", opt.max_running_requests},
+                             {"chunked_prefill_size", opt.chunked_prefill_size},
+                             {"page_size", opt.page_size_tokens},
+                             {"prefix_cache", !opt.disable_radix_cache}};
+  co.fingerprint = fp.dump();
+  return co;
+}
+
+// Backend, model and cache pools (runtime_builder.h; across the nodes with cluster.h when
+// --nnodes > 1), then the engine on top.
+Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt, const std::string& dir,
+                                                 const std::shared_ptr<const chat::Tokenizer>& tok,
+                                                 std::shared_ptr<Coordinator> coordinator,
+                                                 const ClusterOptions& cluster) {
+  RuntimeOptions ro = runtime_options(opt);
+  Runtime rt;
+  if (coordinator) {
+    ro = MR_TRY(node_runtime_options(ro, cluster));
+    rt = MR_TRY(build_node0_runtime(dir, ro, std::move(coordinator)));
+  } else {
+    rt = MR_TRY(build_runtime(dir, ro));
+  }
   const ModelConfig& cfg = rt.config;
   if (opt.context_length > 0 && cfg.max_position_embeddings > 0 && opt.context_length > cfg.max_position_embeddings)
     MR_LOG(WARNING) << "--context-length " << opt.context_length << " is above the model's max_position_embeddings "
@@ -194,13 +246,41 @@ int run_serve(server::ServeOptions opt) {
     return 2;
   }
   opt.device = device;
-  if (opt.nnodes != 1) {
-    std::fprintf(stderr, "moonrun serve: --nnodes %d: serving across nodes is not in this build yet\n", opt.nnodes);
-    return 2;
-  }
   if (opt.node_rank < 0 || opt.node_rank >= opt.nnodes) {
     std::fprintf(stderr, "moonrun serve: --node-rank %d is outside [0, %d)\n", opt.node_rank, opt.nnodes);
     return 2;
+  }
+  ClusterOptions cluster;
+  if (opt.nnodes > 1) {
+    if (opt.dist_init_addr.empty()) {
+      std::fprintf(stderr, "moonrun serve: --nnodes %d needs --dist-init-addr HOST:PORT (node 0's address)\n",
+                   opt.nnodes);
+      return 2;
+    }
+    auto cfg = read_model_config(*dir);
+    if (!cfg.is_ok()) {
+      std::fprintf(stderr, "moonrun serve: %s\n", cfg.status().message().c_str());
+      return 2;
+    }
+    cluster = cluster_options(opt, device, *cfg);
+    if (device == "cuda" && opt.node_rank == 0) {
+      auto id = make_nccl_id_hex();
+      if (!id.is_ok()) {
+        std::fprintf(stderr, "moonrun serve: %s\n", id.status().message().c_str());
+        return 2;
+      }
+      cluster.nccl_id_hex = *id;
+    }
+    auto ro = node_runtime_options(runtime_options(opt), cluster);
+    if (!ro.is_ok()) {
+      std::fprintf(stderr, "moonrun serve: %s\n", ro.status().message().c_str());
+      return 2;
+    }
+    // Every node but 0 runs its ranks' share of each step; node 0 serves HTTP.
+    if (opt.node_rank > 0) {
+      set_thread_log_tag("node " + std::to_string(opt.node_rank));
+      return run_follower_node(*dir, *ro, cluster);
+    }
   }
 
   // Tokenizer and chat format.
@@ -229,17 +309,33 @@ int run_serve(server::ServeOptions opt) {
     return 2;
   }
 
-  // Distributed init: one CPU rank today; the multi-GPU backend replaces this stage.
+  // Distributed init: the other nodes join node 0 (multi-node), or the ranks are threads here.
   set_thread_log_tag("TP0 EP0");
+  const auto dist_t0 = std::chrono::steady_clock::now();
   MR_LOG(INFO) << "Init distributed begin. backend=" << device << ", tp_size=" << opt.tp_size
-               << ", ep_size=" << opt.ep_size << ", nnodes=1"
-               << (opt.tp_size > 1 ? " (ranks as threads of this process, shared-memory collectives)" : "");
-  MR_LOG(INFO) << "Init distributed ends. elapsed=0.00 s, mem usage=0.00 GB";
+               << ", ep_size=" << opt.ep_size << ", nnodes=" << opt.nnodes
+               << (opt.nnodes > 1    ? " (one process per node, ZeroMQ control plane at " + opt.dist_init_addr + ")"
+                   : opt.tp_size > 1 ? " (ranks as threads of this process, shared-memory collectives)"
+                                     : "");
+  std::shared_ptr<Coordinator> coordinator;
+  if (opt.nnodes > 1) {
+    auto c = Coordinator::start(cluster);
+    if (!c.is_ok()) {
+      MR_LOG(ERROR) << c.status().message();
+      std::fprintf(stderr, "moonrun serve: %s\n", c.status().message().c_str());
+      return 1;
+    }
+    coordinator = std::move(c).value();
+  }
+  MR_LOG(INFO) << "Init distributed ends. elapsed="
+               << fmt2(std::chrono::duration<double>(std::chrono::steady_clock::now() - dist_t0).count())
+               << " s, mem usage=0.00 GB";
 
-  auto loop = build_engine(opt, *dir, tok);
+  auto loop = build_engine(opt, *dir, tok, coordinator, cluster);
   if (!loop.is_ok()) {
+    if (coordinator) coordinator->stop(true, "node 0 could not start: " + loop.status().message());
     std::fprintf(stderr, "moonrun serve: %s\n", loop.status().message().c_str());
-    return 2;
+    return coordinator ? 1 : 2;
   }
   Status st = (*loop)->start();
   if (!st.is_ok()) {
@@ -276,10 +372,23 @@ int run_serve(server::ServeOptions opt) {
 
   // SIGTERM/SIGINT: stop accepting, refuse new work, let running requests go on for
   // --shutdown-timeout, then cut the rest with a proper final answer, then exit.
-  std::atomic<bool> served{false};
+  // A multi-node group that broke (a node gone, a failed step) ends node 0 too, non-zero:
+  // its requests fail (the engine did that), /health is 503 meanwhile, and the operator's
+  // supervisor sees the exit.
+  std::atomic<bool> served{false}, group_failed{false};
+  auto broken = [&] { return coordinator && (coordinator->failed() || !(*loop)->alive()); };
   std::thread watcher([&] {
-    while (g_signal == 0 && !served) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (g_signal == 0 && !served && !broken()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (served && g_signal == 0) return;
+    if (g_signal == 0) {
+      group_failed = true;
+      const std::string why = coordinator->failed() ? coordinator->failure() : std::string("a step failed");
+      MR_LOG(ERROR) << "The distributed group failed (" << why << "): node 0 stops serving and exits";
+      coordinator->stop(true, why);
+      (*loop)->begin_drain();
+      http.shutdown(std::chrono::duration<double>(0.5));
+      return;
+    }
     MR_LOG(INFO) << "Signal " << g_signal.load() << " received: draining (new requests get 503; running ones have "
                  << opt.shutdown_timeout_s << " s)";
     (*loop)->begin_drain();
@@ -293,8 +402,9 @@ int run_serve(server::ServeOptions opt) {
   served = true;
   watcher.join();
   (*loop)->stop();
+  if (coordinator) coordinator->stop(group_failed, group_failed ? "node 0 exits: the group failed" : "node 0 shut down");
   MR_LOG(INFO) << "Shutdown complete.";
-  return 0;
+  return group_failed ? 1 : 0;
 }
 
 }  // namespace

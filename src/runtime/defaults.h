@@ -10,5 +10,6 @@ inline constexpr int kMaxQueuedRequests = 1024;     // waiting requests before 5
 inline constexpr double kCudaMemFractionStatic = 0.88;  // of the GPU: weights + caches (+ scratch)
 inline constexpr double kCpuMemFractionStatic = 0.05;   // of available RAM: the CPU caches
 inline constexpr int kPrefixBlockTokens = 256;      // prefix-cache snapshot granularity
+inline constexpr double kDistTimeoutSeconds = 60;   // a node silent this long is gone (--dist-timeout)
 
 }  // namespace moonrun::defaults

@@ -42,7 +42,13 @@ void ParallelRunner::work(int r) {
       seen = generation_;
       input = input_;
     }
-    Status st = ranks_[static_cast<size_t>(r)]->step(*input, outputs_[static_cast<size_t>(r)]);
+    Status st = Status::ok();
+    try {
+      ranks_[static_cast<size_t>(r)]->ops().bind_thread();  // this rank's GPU on this thread
+    } catch (const BackendError& e) {
+      st = internal_error(std::string("rank ") + std::to_string(r) + ": " + e.what());
+    }
+    if (st.is_ok()) st = ranks_[static_cast<size_t>(r)]->step(*input, outputs_[static_cast<size_t>(r)]);
     std::lock_guard<std::mutex> lock(mu_);
     statuses_[static_cast<size_t>(r)] = std::move(st);
     if (--pending_ == 0) done_cv_.notify_all();

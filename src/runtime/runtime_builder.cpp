@@ -13,6 +13,7 @@
 #include "runtime/parallel_runner.h"
 #if MOONRUN_HAS_CUDA
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/nccl_comm.h"
 #endif
 
 namespace moonrun {
@@ -50,8 +51,9 @@ Result<DType> kv_dtype_for(const std::string& asked, DType act) {
   return invalid_argument("--kv-cache-dtype must be auto, bfloat16, float32 or fp8_e4m3, got \"" + asked + "\"");
 }
 
-Result<std::unique_ptr<Ops>> make_ops(const std::string& device, const RuntimeOptions& o,
-                                      std::unique_ptr<Communicator> comm = nullptr) {
+// Local rank `local_index`'s backend (its GPU is cuda_device + local_index).
+Result<std::unique_ptr<Ops>> make_ops(const std::string& device, const RuntimeOptions& o, int local_index,
+                                      std::unique_ptr<Communicator> comm) {
   if (o.dtype == "half" || o.dtype == "float16")
     return invalid_argument("--dtype " + o.dtype + " is not supported: moonrun computes in bfloat16 on a GPU and "
                             "float32 on the CPU (use --dtype auto)");
@@ -64,16 +66,45 @@ Result<std::unique_ptr<Ops>> make_ops(const std::string& device, const RuntimeOp
   }
 #if MOONRUN_HAS_CUDA
   cuda::CudaOpsOptions co;
-  co.device = o.cuda_device;
+  co.device = o.cuda_device + local_index;
   co.mem_fraction_static = o.mem_fraction_static > 0 ? o.mem_fraction_static : defaults::kCudaMemFractionStatic;
   co.float32 = o.dtype == "float32";
-  return cuda::make_cuda_ops(co);
+  return cuda::make_cuda_ops(co, std::move(comm));
 #else
   return failed_precondition("--device cuda: this build has no CUDA backend");
 #endif
 }
 
+// The NCCL communicators of this process's GPUs (ranks first_rank.., GPUs cuda_device..).
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(const RuntimeOptions& o, int local) {
+#if MOONRUN_HAS_CUDA
+  if (o.nccl_id_hex.empty() && local < o.tp_size)
+    return invalid_argument("ranks in other processes need node 0's NCCL id (the control plane hands it out)");
+  const cuda::NcclUniqueId id =
+      o.nccl_id_hex.empty() ? MR_TRY(cuda::nccl_unique_id()) : MR_TRY(cuda::NcclUniqueId::from_hex(o.nccl_id_hex));
+  std::vector<int> devices;
+  for (int i = 0; i < local; ++i) devices.push_back(o.cuda_device + i);
+  if (const int n = cuda::device_count(); o.cuda_device + local > n)
+    return invalid_argument(std::to_string(local) + " ranks on this node need " + std::to_string(local) +
+                            " GPUs from cuda:" + std::to_string(o.cuda_device) + "; " + std::to_string(n) +
+                            " are visible");
+  return cuda::make_nccl_comms(id, o.tp_size, o.first_rank, devices);
+#else
+  (void)o;
+  (void)local;
+  return failed_precondition("NCCL needs the CUDA backend");
+#endif
+}
+
 }  // namespace
+
+Result<std::string> make_nccl_id_hex() {
+#if MOONRUN_HAS_CUDA
+  return MR_TRY(cuda::nccl_unique_id()).hex();
+#else
+  return failed_precondition("NCCL needs the CUDA backend, which this build does not have");
+#endif
+}
 
 std::string resolve_device(const std::string& requested) {
 #if MOONRUN_HAS_CUDA
@@ -107,10 +138,10 @@ std::vector<GpuDescription> visible_gpus() {
   return out;
 }
 
-Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const RuntimeOptions& o) {
-  Runtime rt;
-  rt.device = resolve_device(o.device);
-  if (rt.device.rfind("error: ", 0) == 0) return invalid_argument(rt.device.substr(7));
+Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const RuntimeOptions& o) {
+  LoadedRanks lr;
+  lr.device = resolve_device(o.device);
+  if (lr.device.rfind("error: ", 0) == 0) return invalid_argument(lr.device.substr(7));
   if (o.max_running_requests < 1)
     return invalid_argument("--max-running-requests must be >= 1, got " + std::to_string(o.max_running_requests));
   if (o.page_size_tokens < 1)
@@ -119,115 +150,150 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
   if (W < 1 || o.ep_size < 1 || W % o.ep_size != 0)
     return invalid_argument("--tp-size " + std::to_string(W) + " and --ep-size " + std::to_string(o.ep_size) +
                             ": both >= 1, and --ep-size must divide --tp-size");
-  if (W > 1 && rt.device != "cpu")
-    return failed_precondition("--tp-size " + std::to_string(W) + " on " + rt.device +
-                               ": the NCCL backend for several GPUs is not in this build yet; the CPU backend "
-                               "(--device cpu) runs tensor/expert parallel ranks as threads");
+  const int local = o.local_ranks > 0 ? o.local_ranks : W;
+  if (o.first_rank < 0 || o.first_rank + local > W)
+    return invalid_argument("ranks [" + std::to_string(o.first_rank) + ", " + std::to_string(o.first_rank + local) +
+                            ") are not in a group of " + std::to_string(W));
   auto ckpt = MR_TRY(Checkpoint::open(model_dir_or_repo));
   {
     const ModelConfig cfg = MR_TRY(parse_model_config(ckpt->config(), ckpt->dir() + "/config.json"));
     MR_RETURN_IF_ERROR(check_parallel_split(cfg, W, o.ep_size));
   }
-  // One backend per rank; the ranks of a CPU group talk through shared memory.
-  std::vector<std::unique_ptr<Communicator>> comms;
-  if (W > 1) comms = cpu::make_thread_group(W);
-  std::vector<std::unique_ptr<Ops>> rank_ops;
-  for (int r = 0; r < W; ++r) rank_ops.push_back(MR_TRY(make_ops(rt.device, o, W > 1 ? std::move(comms[r]) : nullptr)));
-  Ops* ops = rank_ops[0].get();
-  const DType kv_dtype = MR_TRY(kv_dtype_for(o.kv_cache_dtype, ops->act_dtype()));
-  rt.dtype_name = ops->act_dtype() == DType::BF16 ? "bfloat16" : "float32";
+  // One backend per local rank. GPUs talk through NCCL; CPU ranks through o.make_comm
+  // (another process's ranks), or shared memory when the whole group is in this process.
+  std::vector<std::unique_ptr<Communicator>> comms;  // by local index
+  if (lr.device == "cuda" && (W > 1 || o.nccl_at_one_rank)) {
+    comms = MR_TRY(make_nccl_group(o, local));
+  } else if (W > 1 && !o.make_comm) {
+    comms = cpu::make_thread_group(W);
+  }
+  for (int i = 0; i < local; ++i) {
+    std::unique_ptr<Communicator> comm;
+    if (!comms.empty()) comm = std::move(comms[i]);
+    else if (W > 1) comm = MR_TRY(o.make_comm(o.first_rank + i));
+    lr.ops.push_back(MR_TRY(make_ops(lr.device, o, i, std::move(comm))));
+  }
+  Ops& ops0 = *lr.ops[0];
+  lr.kv_dtype = MR_TRY(kv_dtype_for(o.kv_cache_dtype, ops0.act_dtype()));
+  lr.dtype_name = ops0.act_dtype() == DType::BF16 ? "bfloat16" : "float32";
 
-  // Weights.
+  // Weights: each local rank reads its byte ranges.
   const HostMemory host_before = host_memory();
   if (o.log)
-    MR_LOG(INFO) << "Load weight begin. device=" << ops->name() << ", avail mem="
-                 << fmt2(ops->free_bytes() < (int64_t{1} << 60) ? ops->free_bytes() / kGiB
-                                                                : host_before.available_bytes / kGiB)
+    MR_LOG(INFO) << "Load weight begin. device=" << ops0.name() << ", avail mem="
+                 << fmt2(ops0.free_bytes() < (int64_t{1} << 60) ? ops0.free_bytes() / kGiB
+                                                                 : host_before.available_bytes / kGiB)
                  << " GB, checkpoint=" << fmt2(ckpt->total_bytes() / 1e9) << " GB";
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::unique_ptr<Model>> models;
-  for (int r = 0; r < W; ++r) {
+  for (int i = 0; i < local; ++i) {
     LoadOptions load;
-    load.rank = r;
+    load.rank = o.first_rank + i;
     load.world_size = W;
     load.ep_size = o.ep_size;
-    load.log_progress = o.log && r == 0;
-    models.push_back(MR_TRY(load_model(*rank_ops[r], *ckpt, load)));
+    load.log_progress = o.log && i == 0;
+    lr.ops[i]->bind_thread();
+    lr.models.push_back(MR_TRY(load_model(*lr.ops[i], *ckpt, load)));
   }
-  Model* model = models[0].get();
-  rt.config = model->config();
+  const Model& model = *lr.models[0];
+  lr.config = model.config();
   const HostMemory host_after = host_memory();
   if (o.log)
-    MR_LOG(INFO) << "Load weight end. elapsed=" << fmt2(seconds_since(t0)) << " s, type=" << rt.config.model_type
-                 << ", dtype=" << rt.dtype_name << ", weights=" << fmt2(model->weight_bytes() / kGiB)
-                 << (W > 1 ? " GB per rank x " + std::to_string(W) + " ranks (tp " + std::to_string(W) + ", ep " +
+    MR_LOG(INFO) << "Load weight end. elapsed=" << fmt2(seconds_since(t0)) << " s, type=" << lr.config.model_type
+                 << ", dtype=" << lr.dtype_name << ", weights=" << fmt2(model.weight_bytes() / kGiB) << " GB"
+                 << (W > 1 ? " per rank x " + std::to_string(local) + " ranks here (tp " + std::to_string(W) + ", ep " +
                                  std::to_string(o.ep_size) + ")"
                            : std::string(""))
-                 << " GB, avail mem="
-                 << fmt2(ops->free_bytes() < (int64_t{1} << 60) ? ops->free_bytes() / kGiB
-                                                                : host_after.available_bytes / kGiB)
+                 << ", avail mem="
+                 << fmt2(ops0.free_bytes() < (int64_t{1} << 60) ? ops0.free_bytes() / kGiB
+                                                                 : host_after.available_bytes / kGiB)
                  << " GB, peak host RSS=" << fmt2(host_after.peak_rss_bytes / kGiB) << " GB ("
                  << fmt2(100.0 * host_after.peak_rss_bytes / std::max<double>(1, ckpt->total_bytes()))
                  << "% of the checkpoint)";
-  ckpt.reset();
 
-  // Cache pools: state slots (live + prefix snapshots) first, the rest KV pages.
-  const CacheSpec spec = model->cache_spec();
-  CacheLayout layout;
-  layout.kv_bytes_per_token = spec.kv_bytes_per_token(kv_dtype);
-  layout.state_bytes_per_slot = spec.state_bytes_per_slot();
+  // What the cache pools may use on this process's ranks.
+  const CacheSpec spec = model.cache_spec();
+  lr.layout.kv_bytes_per_token = spec.kv_bytes_per_token(lr.kv_dtype);
+  lr.layout.state_bytes_per_slot = spec.state_bytes_per_slot();
   const int running = o.max_running_requests;
   const int snapshots = o.prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
   const int64_t context_len = o.context_length > 0                  ? o.context_length
-                              : rt.config.max_position_embeddings > 0 ? rt.config.max_position_embeddings
+                              : lr.config.max_position_embeddings > 0 ? lr.config.max_position_embeddings
                                                                       : 4096;
-  int64_t budget = 0;
-  if (rt.device == "cpu") {
+  if (lr.device == "cpu") {
     // The CPU backend's "static memory" is a fraction of available RAM, capped at what
     // every running sequence at the full context would use, and at least one full context.
+    // The ranks in this process share the RAM: each gets its part.
     const double fraction = o.mem_fraction_static > 0 ? o.mem_fraction_static : defaults::kCpuMemFractionStatic;
-    const int64_t slots_bytes = layout.state_bytes_per_slot * (running + snapshots);
-    const int64_t full = layout.kv_bytes_per_token * context_len * running + slots_bytes;
+    const int64_t slots_bytes = lr.layout.state_bytes_per_slot * (running + snapshots);
+    const int64_t full = lr.layout.kv_bytes_per_token * context_len * running + slots_bytes;
     const int64_t ps = o.page_size_tokens;
-    const int64_t least = slots_bytes + layout.kv_bytes_per_token * ((std::max<int64_t>(context_len, ps) + ps - 1) / ps * ps);
-    // The ranks of a CPU group share this RAM: each gets its part.
-    budget = std::max(std::min(static_cast<int64_t>(fraction * host_after.available_bytes) / W, full), least);
+    const int64_t least =
+        slots_bytes + lr.layout.kv_bytes_per_token * ((std::max<int64_t>(context_len, ps) + ps - 1) / ps * ps);
+    lr.budget_bytes =
+        std::max(std::min(static_cast<int64_t>(fraction * host_after.available_bytes) / local, full), least);
   } else {
     // What the device arena has left once the scratch of the largest step is set aside.
-    const int64_t scratch = model->scratch_bytes(o.max_tokens_per_step, std::min<int64_t>(context_len, 32768));
-    budget = ops->free_bytes() - scratch;
+    const int64_t scratch = model.scratch_bytes(o.max_tokens_per_step, std::min<int64_t>(context_len, 32768));
+    lr.budget_bytes = ops0.free_bytes() - scratch;
   }
-  rt.cache = MR_TRY(size_cache_from_budget(layout, budget, o.page_size_tokens, running, snapshots, o.max_total_tokens));
-  rt.cache.prefix_block_tokens = o.prefix_cache ? o.prefix_block_tokens : 0;
+  return lr;
+}
 
+Result<CacheConfig> size_cache(const LoadedRanks& lr, int64_t budget_bytes, const RuntimeOptions& o) {
+  const int running = o.max_running_requests;
+  const int snapshots = o.prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
+  CacheConfig cache = MR_TRY(
+      size_cache_from_budget(lr.layout, budget_bytes, o.page_size_tokens, running, snapshots, o.max_total_tokens));
+  cache.prefix_block_tokens = o.prefix_cache ? o.prefix_block_tokens : 0;
+  return cache;
+}
+
+Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConfig& cache, const RuntimeOptions& o) {
   RunnerOptions ro;
-  ro.max_seqs_per_step = running;
+  ro.max_seqs_per_step = o.max_running_requests;
   ro.max_tokens_per_step = o.max_tokens_per_step;
   ro.cuda_graphs = o.cuda_graphs;
   ro.fail_after_steps = o.fail_after_steps;
-  if (W == 1) {
-    rt.runner = MR_TRY(ModelRunner::create(std::move(rank_ops[0]), std::move(models[0]), rt.cache, ro));
+  const int local = static_cast<int>(lr.ops.size());
+  std::unique_ptr<StepRunner> runner;
+  if (o.tp_size == 1) {
+    lr.ops[0]->bind_thread();
+    runner = MR_TRY(ModelRunner::create(std::move(lr.ops[0]), std::move(lr.models[0]), cache, ro));
   } else {
     std::vector<std::unique_ptr<ModelRunner>> ranks;
-    for (int r = 0; r < W; ++r) {
-      ro.rank = r;
-      ranks.push_back(MR_TRY(ModelRunner::create(std::move(rank_ops[r]), std::move(models[r]), rt.cache, ro)));
+    for (int i = 0; i < local; ++i) {
+      ro.rank = o.first_rank + i;
+      lr.ops[i]->bind_thread();
+      ranks.push_back(MR_TRY(ModelRunner::create(std::move(lr.ops[i]), std::move(lr.models[i]), cache, ro)));
     }
-    rt.runner = MR_TRY(ParallelRunner::create(std::move(ranks)));
+    runner = MR_TRY(ParallelRunner::create(std::move(ranks)));
   }
+  lr.ops.clear();
+  lr.models.clear();
   if (o.log) {
     // SGLang's line, which the seed's users read: dtype, #tokens, KV size; then our detail.
-    MR_LOG(INFO) << "KV Cache is allocated. dtype: " << (kv_dtype == DType::BF16 ? "bfloat16" : "float32")
-                 << ", #tokens: " << rt.cache.total_tokens() << ", KV size: " << fmt2(rt.cache.kv_bytes() / 1e9)
-                 << " GB (" << rt.cache.num_pages << " pages x " << rt.cache.page_size_tokens << " tokens, "
-                 << layout.kv_bytes_per_token << " bytes/token); state: " << rt.cache.num_state_slots << " + "
-                 << rt.cache.num_snapshot_slots << " prefix-snapshot slots x " << layout.state_bytes_per_slot
-                 << " bytes (" << fmt2(rt.cache.state_bytes() / kGiB) << " GiB)";
+    MR_LOG(INFO) << "KV Cache is allocated. dtype: " << (lr.kv_dtype == DType::BF16 ? "bfloat16" : "float32")
+                 << ", #tokens: " << cache.total_tokens() << ", KV size: " << fmt2(cache.kv_bytes() / 1e9)
+                 << " GB (" << cache.num_pages << " pages x " << cache.page_size_tokens << " tokens, "
+                 << lr.layout.kv_bytes_per_token << " bytes/token); state: " << cache.num_state_slots << " + "
+                 << cache.num_snapshot_slots << " prefix-snapshot slots x " << lr.layout.state_bytes_per_slot
+                 << " bytes (" << fmt2(cache.state_bytes() / kGiB) << " GiB)";
     MR_LOG(INFO) << "Memory pool end. avail mem="
-                 << fmt2(rt.runner->free_bytes() < (int64_t{1} << 60) ? rt.runner->free_bytes() / kGiB
-                                                                       : host_memory().available_bytes / kGiB)
+                 << fmt2(runner->free_bytes() < (int64_t{1} << 60) ? runner->free_bytes() / kGiB
+                                                                   : host_memory().available_bytes / kGiB)
                  << " GB";
   }
+  return runner;
+}
+
+Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const RuntimeOptions& o) {
+  LoadedRanks lr = MR_TRY(load_ranks(model_dir_or_repo, o));
+  Runtime rt;
+  rt.device = lr.device;
+  rt.dtype_name = lr.dtype_name;
+  rt.config = lr.config;
+  rt.cache = MR_TRY(size_cache(lr, lr.budget_bytes, o));
+  rt.runner = MR_TRY(make_runner(lr, rt.cache, o));
   return rt;
 }
 

@@ -4,10 +4,12 @@
 // backend runs. Logs the startup stages the seeds' users read: "Load weight begin/end" with
 // memory before and after (and the load's peak host RSS), the KV cache line.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/comm.h"
 #include "cache/cache_manager.h"
 #include "common/status.h"
 #include "model/config.h"
@@ -25,6 +27,16 @@ struct RuntimeOptions {
   // its shard of the weights; on the CPU backend the ranks are threads of this process.
   int tp_size = 1;
   int ep_size = 1;
+  // The ranks this process runs: [first_rank, first_rank + local_ranks) (0: all of them).
+  // Ranks in other processes are reached through make_comm(rank); without it the whole
+  // group is in this process and talks through shared memory.
+  int first_rank = 0;
+  int local_ranks = 0;
+  std::function<Result<std::unique_ptr<Communicator>>(int rank)> make_comm;
+  // CUDA: the group's NCCL id from node 0 (hex; empty: this process makes one, when it runs
+  // every rank), and NCCL even at one rank (tests: TP1 through NCCL equals the plain run).
+  std::string nccl_id_hex;
+  bool nccl_at_one_rank = false;
   double mem_fraction_static = 0;       // 0: the backend's default (defaults.h)
   int max_running_requests = defaults::kMaxRunningRequests;
   int max_tokens_per_step = defaults::kChunkedPrefillTokens;
@@ -47,6 +59,9 @@ struct Runtime {
   std::string dtype_name;  // "float32", "bfloat16"
 };
 
+// A new NCCL rendezvous id (hex) for node 0 to hand to the other nodes.
+Result<std::string> make_nccl_id_hex();
+
 // "auto" -> "cuda" when this build has the CUDA backend and a GPU is visible, else "cpu";
 // an impossible request -> "error: <reason>".
 std::string resolve_device(const std::string& requested);
@@ -63,5 +78,23 @@ bool has_cuda_backend();
 // Opens the checkpoint (a directory or an HF repo id), loads the text model onto the
 // device and sizes the cache pools from what is left. Errors are one line each.
 Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const RuntimeOptions& options);
+
+// build_runtime in its three phases, for a group spread over processes: every process
+// loads its ranks; node 0 sizes the pools from the smallest budget of all; every process
+// then makes its runner over the same cache configuration (the scheduler's slot and page
+// ids must mean the same thing everywhere).
+struct LoadedRanks {
+  std::vector<std::unique_ptr<Ops>> ops;  // one per local rank
+  std::vector<std::unique_ptr<Model>> models;
+  std::string device, dtype_name;
+  ModelConfig config;
+  DType kv_dtype = DType::F32;
+  CacheLayout layout;        // one rank's bytes per token and per state slot
+  int64_t budget_bytes = 0;  // what one rank's pools may take
+};
+Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const RuntimeOptions& options);
+Result<CacheConfig> size_cache(const LoadedRanks& loaded, int64_t budget_bytes, const RuntimeOptions& options);
+Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& loaded, const CacheConfig& cache,
+                                                const RuntimeOptions& options);
 
 }  // namespace moonrun

@@ -300,7 +300,7 @@ test('--tp-size 2 --ep-size 2 on the CPU: ranks as threads, the same greedy toke
   const srv = await startServer(['--device', 'cpu', '--tp-size', '2', '--ep-size', '2']);
   try {
     assert.match(srv.log(), /Init distributed begin\. backend=cpu, tp_size=2, ep_size=2/);
-    assert.match(srv.log(), /GB per rank x 2 ranks \(tp 2, ep 2\)/);
+    assert.match(srv.log(), /GB per rank x 2 ranks here \(tp 2, ep 2\)/);
     for (const text of ['Parallel ranks agree', 'one two three four']) {
       const ids = (await post(srv.base, '/tokenize', { model: 'moonrun-demo', prompt: text })).json.tokens;
       const r = await post(srv.base, '/v1/completions', {

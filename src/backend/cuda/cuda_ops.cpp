@@ -61,13 +61,16 @@ BatchTables tables(const BatchView& b) { return BatchTables{b.positions, b.token
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(const CudaOpsOptions& o, size_t arena_bytes)
-      : float32_(o.float32), arena_(arena_bytes) {
+  CudaOps(const CudaOpsOptions& o, size_t arena_bytes, std::unique_ptr<Communicator> comm)
+      : device_(o.device), float32_(o.float32), arena_(arena_bytes), comm_(std::move(comm)) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     blas_ = std::make_unique<Blas>(stream_);
+    if (comm_) comm_->bind_stream(stream_);
   }
   ~CudaOps() override {
+    cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
+    comm_.reset();
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     blas_.reset();
     if (host_blob_) cudaFreeHost(host_blob_);
@@ -328,7 +331,7 @@ class CudaOps final : public Ops {
     const int T = static_cast<int>(x.rows), K = static_cast<int>(ids.cols), E = w1.num_experts;
     const int inter = w1.stacked.out, D = static_cast<int>(x.cols), n_slots = T * K;
     check(w1.stacked.in == D && w2.stacked.out == D && w2.stacked.in == inter, "moe_experts shapes");
-    check(w1.first_expert == 0 && E > 0, "moe_experts: expert parallelism needs the dispatch of the parallel backend");
+    check(E > 0, "moe_experts: no experts");
     if (T == 0) return;
     ScratchScope scope(*this);
     ExpertGroups groups;
@@ -336,12 +339,14 @@ class CudaOps final : public Ops {
     groups.perm = scratch(n_slots, 1, DType::I32).as<int>();
     groups.active = scratch(E, 1, DType::I32).as<int>();
     groups.num_active = scratch(1, 1, DType::I32).as<int>();
-    group_by_expert(ids.as<int32_t>(), n_slots, E, groups, stream_);
+    group_by_expert(ids.as<int32_t>(), n_slots, w1.first_expert, E, groups, stream_);
     const int max_active = std::min(E, n_slots);
     const bool x_bf16 = x.dtype == DType::BF16;
     Tensor g = scratch(n_slots, inter, DType::F32), u = scratch(n_slots, inter, DType::F32);
     Tensor h = scratch(n_slots, inter, x.dtype);
     Tensor out = scratch(n_slots, D, DType::F32);
+    // Slots of another expert-parallel rank's experts add nothing to the combine.
+    if (parallel_size() > 1) zero(out);
     grouped_expert_linear(x.data, x_bf16, K, stacked(w1), groups, max_active, g.as<float>(), stream_);
     grouped_expert_linear(x.data, x_bf16, K, stacked(w3), groups, max_active, u.as<float>(), stream_);
     gated_activation(g, u, act, h);
@@ -405,9 +410,33 @@ class CudaOps final : public Ops {
   }
 
   // ---- execution ---------------------------------------------------------------------
-  // ---- collectives: one rank (NCCL groups are the parallel backend's) -----------------
-  void all_reduce_sum(Tensor x) override { is_f32(x, "all_reduce_sum"); }
-  void all_gather_cols(const Tensor& x, Tensor out) override { copy(x, out); }
+  // ---- collectives (NCCL, nccl_comm.h; none at one rank) -----------------------------
+  void all_reduce_sum(Tensor x) override {
+    is_f32(x, "all_reduce_sum");
+    if (comm_) comm_->all_reduce_sum(x.as<float>(), static_cast<size_t>(x.numel()));
+  }
+  void all_gather_cols(const Tensor& x, Tensor out) override {
+    is_f32(x, "all_gather_cols");
+    const int W = parallel_size();
+    check(out.rows == x.rows && out.cols == W * x.cols, "all_gather_cols: output " + shape(out));
+    if (W == 1) return copy(x, out);
+    // NCCL gathers rank-major [W, rows, cols]; each rank's block becomes its columns.
+    const size_t mark = scratch_mark();
+    Tensor gathered = scratch(W * x.rows, x.cols, DType::F32);
+    comm_->all_gather(x.as<float>(), static_cast<size_t>(x.numel()), gathered.as<float>());
+    const size_t row_bytes = static_cast<size_t>(x.cols) * sizeof(float);
+    for (int r = 0; r < W; ++r)
+      CUDA_CHECK(cudaMemcpy2DAsync(out.as<float>() + static_cast<int64_t>(r) * x.cols, out.cols * sizeof(float),
+                                   gathered.as<float>() + static_cast<int64_t>(r) * x.numel(), row_bytes, row_bytes,
+                                   x.rows, cudaMemcpyDeviceToDevice, stream_));
+    scratch_rewind(mark);
+  }
+  int parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
+  int parallel_size() const override { return comm_ ? comm_->size() : 1; }
+  void abort_collectives(const std::string& why) override {
+    if (comm_) comm_->abort(why);
+  }
+  void bind_thread() override { CUDA_CHECK(cudaSetDevice(device_)); }
 
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   bool captures() const override { return true; }
@@ -450,8 +479,10 @@ class CudaOps final : public Ops {
     graphs_.clear();
   }
 
+  int device_;
   bool float32_;
   DeviceArena arena_;
+  std::unique_ptr<Communicator> comm_;  // the rank's NCCL communicator; none at one rank
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Blas> blas_;
   int32_t* host_blob_ = nullptr;    // pinned
@@ -461,7 +492,7 @@ class CudaOps final : public Ops {
   std::vector<std::pair<int, std::vector<float>>> raw_rows_;  // sample(): rows asking for logprobs
 };
 
-Result<std::unique_ptr<Ops>> make_cuda_ops(const CudaOpsOptions& o) {
+Result<std::unique_ptr<Ops>> make_cuda_ops(const CudaOpsOptions& o, std::unique_ptr<Communicator> comm) {
   int n_devices = 0;
   if (cudaGetDeviceCount(&n_devices) != cudaSuccess || n_devices == 0) {
     (void)cudaGetLastError();
@@ -481,7 +512,7 @@ Result<std::unique_ptr<Ops>> make_cuda_ops(const CudaOpsOptions& o) {
     const size_t want = static_cast<size_t>(o.mem_fraction_static * static_cast<double>(total_bytes));
     const size_t arena = std::min(want, free_bytes > kHeadroomBytes ? free_bytes - kHeadroomBytes : 0);
     if (arena == 0) return resource_exhausted("no free memory on CUDA device " + std::to_string(o.device));
-    return std::unique_ptr<Ops>(new CudaOps(o, arena));
+    return std::unique_ptr<Ops>(new CudaOps(o, arena, std::move(comm)));
   } catch (const CudaError& e) {
     return resource_exhausted(std::string("setting up CUDA device ") + std::to_string(o.device) + ": " + e.what());
   }

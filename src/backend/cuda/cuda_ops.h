@@ -7,6 +7,7 @@
 // and per-step scratch; decode steps captured as CUDA graphs.
 #include <memory>
 
+#include "backend/comm.h"
 #include "backend/cuda/common/device_info.h"
 #include "backend/ops.h"
 #include "common/status.h"
@@ -20,6 +21,7 @@ struct CudaOpsOptions {
 };
 
 // Selects the device and reserves the arena. Errors (no device, no memory) as a Status.
-Result<std::unique_ptr<Ops>> make_cuda_ops(const CudaOpsOptions& options);
+// comm: the rank's NCCL communicator (nccl_comm.h) in a tensor/expert-parallel group.
+Result<std::unique_ptr<Ops>> make_cuda_ops(const CudaOpsOptions& options, std::unique_ptr<Communicator> comm = nullptr);
 
 }  // namespace moonrun::cuda

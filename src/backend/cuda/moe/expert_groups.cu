@@ -24,12 +24,21 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // 3. warp 0 places the slots in slot order, 32 at a time: lanes naming the same expert
 //    (__match_any_sync) take consecutive places by lane rank, so each expert's list is
 //    ascending in slot id (a stable sort).
-__global__ void group_by_expert_kernel(const int32_t* __restrict__ ids, int n_slots, int num_experts,
-                                       ExpertGroups g) {
+__global__ void group_by_expert_kernel(const int32_t* __restrict__ ids, int n_slots, int first_expert,
+                                       int num_experts, ExpertGroups g) {
+  // An expert-parallel rank holds experts [first_expert, first_expert + num_experts): a
+  // slot that chose another rank's expert is left out (-1).
+  auto local = [&](int s) {
+    const int e = ids[s] - first_expert;
+    return e >= 0 && e < num_experts ? e : -1;
+  };
   extern __shared__ int cursor[];  // [E]
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) cursor[e] = 0;
   __syncthreads();
-  for (int s = threadIdx.x; s < n_slots; s += blockDim.x) atomicAdd(&cursor[ids[s]], 1);
+  for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+    const int e = local(s);
+    if (e >= 0) atomicAdd(&cursor[e], 1);
+  }
   __syncthreads();
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
@@ -62,7 +71,7 @@ __global__ void group_by_expert_kernel(const int32_t* __restrict__ ids, int n_sl
 
   for (int base = 0; base < n_slots; base += 32) {
     const int s = base + lane;
-    const int e = s < n_slots ? ids[s] : -1;
+    const int e = s < n_slots ? local(s) : -1;
     const unsigned peers = __match_any_sync(kFullMask, e);
     int place = 0;
     if (e >= 0) place = cursor[e] + __popc(peers & lanes_below);
@@ -91,12 +100,12 @@ __global__ void combine_experts_kernel(const float* __restrict__ expert_out, con
 
 }  // namespace
 
-void group_by_expert(const int32_t* ids, int n_slots, int num_experts, const ExpertGroups& groups,
+void group_by_expert(const int32_t* ids, int n_slots, int first_expert, int num_experts, const ExpertGroups& groups,
                      cudaStream_t stream) {
   const size_t smem = sizeof(int) * static_cast<size_t>(num_experts);
   if (num_experts <= 0 || smem > 48 * 1024)
     throw CudaError("group_by_expert: " + std::to_string(num_experts) + " experts");
-  group_by_expert_kernel<<<1, 1024, smem, stream>>>(ids, n_slots, num_experts, groups);
+  group_by_expert_kernel<<<1, 1024, smem, stream>>>(ids, n_slots, first_expert, num_experts, groups);
   CUDA_CHECK_LAUNCH();
 }
 

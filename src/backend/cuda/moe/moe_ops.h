@@ -37,9 +37,11 @@ struct ExpertGroups {
   int* num_active = nullptr;  // [1]: how many entries of `active` are valid
 };
 
-// ids [n_slots] (device, each < num_experts) -> groups. Deterministic: a stable counting
-// sort (the CPU visits the same slots per expert in the same order).
-void group_by_expert(const int32_t* ids, int n_slots, int num_experts, const ExpertGroups& groups,
+// ids [n_slots] (device, global expert ids) -> groups over the experts held here,
+// [first_expert, first_expert + num_experts) (all of them at one rank); slots of other
+// experts are left out. Deterministic: a stable counting sort (the CPU visits the same
+// slots per expert in the same order).
+void group_by_expert(const int32_t* ids, int n_slots, int first_expert, int num_experts, const ExpertGroups& groups,
                      cudaStream_t stream);
 
 // For every active expert e and every slot s of e:  y[s, o] = sum_i x[s / x_row_div, i] * W_e[o, i]

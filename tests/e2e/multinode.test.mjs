@@ -1,0 +1,103 @@
+// Two nodes as two processes on this machine (--nnodes 2 over loopback, the CPU backend,
+// one rank per node): the seed's multi-node command shape. The group answers with the
+// single-rank tokens; a node that dies, or never comes, ends every process non-zero with a
+// clear message within --dist-timeout.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { EXE, DEMO, startServer, post, generate } from './harness.mjs';
+
+const TIMEOUT_S = 4;
+const basePort = () => 20000 + Math.floor(Math.random() * 20000);
+
+function group(port, rank) {
+  return ['--device', 'cpu', '--tp-size', '2', '--ep-size', '2', '--nnodes', '2', '--node-rank', String(rank),
+          '--dist-init-addr', `127.0.0.1:${port}`, '--dist-timeout', String(TIMEOUT_S)];
+}
+
+// A non-zero node: no HTTP, just its log and its exit.
+function startFollower(port) {
+  const proc = spawn(EXE, ['serve', '--model-path', DEMO, ...group(port, 1)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  proc.stdout.on('data', (d) => { log += d; });
+  proc.stderr.on('data', (d) => { log += d; });
+  const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig, at: Date.now() })));
+  return { proc, exited, log: () => log };
+}
+
+const withDeadline = (p, ms, what) => Promise.race([p, new Promise((_, rej) => setTimeout(() => rej(new Error(what)), ms))]);
+
+test('two nodes give the single-rank tokens; killing node 1 ends node 0 non-zero within --dist-timeout', async () => {
+  const port = basePort();
+  const follower = startFollower(port);
+  const srv = await startServer(group(port, 0));
+  try {
+    assert.match(srv.log(), /Node 1 joined/);
+    assert.match(srv.log(), /nnodes=2 \(one process per node/);
+    for (const text of ['Two nodes, one answer', 'counting one two three']) {
+      const ids = (await post(srv.base, '/tokenize', { model: 'moonrun-demo', prompt: text })).json.tokens;
+      const r = await post(srv.base, '/v1/completions', {
+        model: 'moonrun-demo', prompt: ids, max_tokens: 10, temperature: 0, ignore_eos: true, return_token_ids: true,
+      });
+      assert.equal(r.status, 200, r.text);
+      assert.deepEqual(r.json.choices[0].token_ids, generate(ids, 10, { device: 'cpu' }).token_ids, text);
+    }
+    const killedAt = Date.now();
+    follower.proc.kill('SIGKILL');
+    const end = await withDeadline(srv.exited, (TIMEOUT_S + 6) * 1000, 'node 0 did not exit after node 1 died');
+    assert.notEqual(end.code, 0, 'node 0 exits non-zero');
+    assert.ok(Date.now() - killedAt < (TIMEOUT_S + 6) * 1000);
+    assert.match(srv.log(), /node 1 has not answered for 4 s \(--dist-timeout\)/);
+    assert.match(srv.log(), /The distributed group failed/);
+  } finally {
+    follower.proc.kill('SIGKILL');
+    await srv.stop();
+  }
+});
+
+test('killing node 0 ends node 1 non-zero within --dist-timeout', async () => {
+  const port = basePort();
+  const follower = startFollower(port);
+  const srv = await startServer(group(port, 0));
+  try {
+    const r = await post(srv.base, '/v1/completions', { model: 'moonrun-demo', prompt: 'hello', max_tokens: 3 });
+    assert.equal(r.status, 200, r.text);
+    srv.proc.kill('SIGKILL');
+    const end = await withDeadline(follower.exited, (TIMEOUT_S + 6) * 1000, 'node 1 did not exit after node 0 died');
+    assert.equal(end.code, 1, follower.log());
+    assert.match(follower.log(), /node 0 has not answered for 4 s/);
+  } finally {
+    follower.proc.kill('SIGKILL');
+    await srv.stop();
+  }
+});
+
+test('a node that never joins: node 0 gives up after --dist-timeout, naming it', async () => {
+  const port = basePort();
+  const t0 = Date.now();
+  const proc = spawn(EXE, ['serve', '--model-path', DEMO, '--port', '0', ...group(port, 0)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  proc.stderr.on('data', (d) => { log += d; });
+  proc.stdout.on('data', (d) => { log += d; });
+  const code = await withDeadline(new Promise((resolve) => proc.on('exit', resolve)), (TIMEOUT_S + 10) * 1000, 'node 0 waited forever');
+  assert.notEqual(code, 0);
+  assert.ok(Date.now() - t0 >= TIMEOUT_S * 1000 - 500);
+  assert.match(log, /node\(s\) 1 of 2 did not join within 4 s \(--dist-timeout\)/);
+});
+
+test('a node with another configuration is refused by name', async () => {
+  const port = basePort();
+  const bad = spawn(EXE, ['serve', '--model-path', DEMO, ...group(port, 1), '--page-size', '32'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let badLog = '';
+  bad.stderr.on('data', (d) => { badLog += d; });
+  bad.stdout.on('data', (d) => { badLog += d; });
+  const proc = spawn(EXE, ['serve', '--model-path', DEMO, '--port', '0', ...group(port, 0)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  proc.stderr.on('data', (d) => { log += d; });
+  const code = await withDeadline(new Promise((resolve) => proc.on('exit', resolve)), (TIMEOUT_S + 10) * 1000, 'node 0 hung');
+  const badCode = await withDeadline(new Promise((resolve) => bad.on('exit', resolve)), (TIMEOUT_S + 10) * 1000, 'node 1 hung');
+  assert.notEqual(code, 0);
+  assert.notEqual(badCode, 0);
+  assert.match(log, /node 1 runs another configuration/);
+  assert.match(badLog, /node 0 refused this node/);
+});
