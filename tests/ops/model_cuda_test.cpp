@@ -167,6 +167,44 @@ TEST_P(CudaFixture, Float32GreedyIdsAndLogitsMatchTheReference) {
   std::printf("OPERR model/%s float32 %.3e %.1e %s\n", GetParam().c_str(), worst, tol, worst <= tol ? "ok" : "FAIL");
 }
 
+// Tensor parallelism at one GPU through NCCL (world size 1: every all-reduce a real
+// ncclAllReduce on the rank's stream, graphs capturing them): the same tokens and the same
+// logits, bit for bit, as the plain run. The multi-GPU runs need a machine with several.
+TEST_P(CudaFixture, Tp1ThroughNcclEqualsThePlainRun) {
+  REQUIRE_GPU();
+  const std::string dir = fixtures_dir() + "/" + GetParam();
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  auto run = [&](bool nccl) {
+    RuntimeOptions ro = testing::test_runtime_options("cuda", 256);
+    ro.mem_fraction_static = 0.2;
+    ro.nccl_at_one_rank = nccl;
+    Runtime rt = testing::make_runtime(dir, ro);
+    std::vector<std::vector<float>> logits;
+    std::vector<std::vector<int32_t>> ids;
+    if (!rt.runner) return std::make_pair(ids, logits);
+    for (const auto& c : expected.at("cases")) {
+      GenerateOptions opt;
+      opt.max_tokens = 6;
+      opt.keep_logits = true;
+      auto got = generate(*rt.runner, rt.cache.page_size_tokens, c.at("prompt_ids").get<std::vector<int32_t>>(), opt);
+      EXPECT_TRUE(got.is_ok()) << got.status().to_string();
+      if (!got.is_ok()) break;
+      ids.push_back(got->token_ids);
+      logits.push_back(got->logits);
+    }
+    return std::make_pair(ids, logits);
+  };
+  const auto plain = run(false);
+  const auto nccl = run(true);
+  ASSERT_FALSE(plain.first.empty());
+  ASSERT_EQ(plain.first, nccl.first);
+  ASSERT_EQ(plain.second.size(), nccl.second.size());
+  for (size_t i = 0; i < plain.second.size(); ++i) EXPECT_EQ(plain.second[i], nccl.second[i]) << "case " << i;
+  std::printf("OPERR model/%s tp1_nccl 0 exact %s\n", GetParam().c_str(),
+              plain.second == nccl.second ? "ok" : "FAIL");
+}
+
 // Batching on the GPU: each sequence alone and inside batches of 7 and 32 (prefills and
 // decodes mixed in a step) within the fixture's bf16 tolerance, and the same greedy tokens
 // wherever the alone run's top-1 margin exceeds it.
