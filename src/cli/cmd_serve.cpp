@@ -180,13 +180,11 @@ int print_dry_run(const server::ServeOptions& opt, const std::string& dir, const
   for (const auto& n : names) joined += (joined.empty() ? "" : ", ") + n;
   out += "answers_to_model: " + joined + "\n";
   std::vector<std::string> notes;
-  if (opt.nnodes != 1)
-    notes.push_back("nnodes=" + std::to_string(opt.nnodes) + ": serving across nodes is not in this build yet, so "
-                    "`serve` without --dry-run refuses this");
-  else if ((opt.tp_size != 1 || opt.ep_size != 1) && device != "cpu")
-    notes.push_back("tp_size=" + std::to_string(opt.tp_size) + ", ep_size=" + std::to_string(opt.ep_size) +
-                    ": the NCCL backend for several GPUs is not in this build yet, so `serve` without --dry-run "
-                    "refuses this on " + device + " (--device cpu runs the ranks as threads)");
+  if (opt.nnodes > 1 && opt.dist_init_addr.empty())
+    notes.push_back("--nnodes " + std::to_string(opt.nnodes) + " needs --dist-init-addr HOST:PORT (node 0's address)");
+  if (opt.nnodes > 1 && opt.tp_size % opt.nnodes != 0)
+    notes.push_back("--tp-size " + std::to_string(opt.tp_size) + " does not split over --nnodes " +
+                    std::to_string(opt.nnodes) + ": every node runs the same number of ranks");
   if (device.rfind("error: ", 0) == 0) notes.push_back(device.substr(7));
   // What the runtime will refuse at a real start (never accepted and silently ignored).
   if (opt.kv_cache_dtype.rfind("fp8", 0) == 0)

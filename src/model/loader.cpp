@@ -151,24 +151,13 @@ struct WeightLoader::Impl {
       stream(t, r * cols + c0, c1 - c0, dst, dst_first + (r - r0) * (c1 - c0), stats);
   }
 
-  // This rank's part of a [rows, cols] tensor under `rule`: rows or columns [lo, hi).
+  // This rank's part of a [rows, cols] tensor under `rule` (weight_spec.h: the same
+  // function `plan` counts with).
   bool shard_range(const std::string& name, ShardRule rule, int64_t rows, int64_t cols, int64_t& r0, int64_t& r1,
                    int64_t& c0, int64_t& c1) {
-    r0 = 0, r1 = rows, c0 = 0, c1 = cols;
-    const int w = options.world_size, r = options.rank;
-    if (w == 1 || rule == ShardRule::replicated) return true;
-    // column / vocab split the output dim: rows of the held [rows, cols] (a [1, n] vector
-    // splits its n); row splits the input dim: columns.
-    const bool split_rows = (rule == ShardRule::column || rule == ShardRule::vocab) && rows > 1;
-    const int64_t extent = split_rows ? rows : cols;
-    if (extent % w != 0) {
-      fail(invalid_argument(name + ": " + std::to_string(extent) + " " + shard_rule_name(rule) +
-                            " elements do not split evenly over " + std::to_string(w) + " ranks"));
-      return false;
-    }
-    const int64_t part = extent / w;
-    if (split_rows) r0 = r * part, r1 = r0 + part;
-    else c0 = r * part, c1 = c0 + part;
+    auto b = dense_shard(name, rule, rows, cols, ParallelRank{options.rank, options.world_size, options.ep_size});
+    if (!b.is_ok()) return fail(b.status()), false;
+    r0 = b->r0, r1 = b->r1, c0 = b->c0, c1 = b->c1;
     return true;
   }
 
@@ -254,7 +243,8 @@ void WeightLoader::experts(ExpertMatrices& dst, int layer, ExpertMatrix which, i
                             std::to_string(ep) + " expert-parallel groups"));
     return;
   }
-  const int moe_tp = W / ep, ep_rank = m.options.rank / moe_tp, moe_tp_rank = m.options.rank % moe_tp;
+  const ParallelRank pr{m.options.rank, W, ep};  // weight_spec.h: the layout plan counts with
+  const int moe_tp = pr.moe_tp(), ep_rank = pr.ep_rank(), moe_tp_rank = pr.moe_tp_rank();
   const int local = num_experts / ep, first = ep_rank * local;
   const bool split_out = which != ExpertMatrix::w2;  // w1, w3: [inter, io] rows; w2: [io, inter] columns
   const int split_extent = split_out ? out : in;

@@ -55,15 +55,15 @@ class SpecCollector final : public WeightSink {
     for (int e = 0; e < num_experts; ++e) {
       switch (cfg_.expert_quant) {
         case ExpertQuant::none:
-          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::BF16, {out, in}, ShardRule::expert});
+          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::BF16, {out, in}, ShardRule::expert, e});
           break;
         case ExpertQuant::mxfp4_packed:
-          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::U8, {out, in / 2}, ShardRule::expert});
-          out_.push_back({names_.expert(layer, e, which, parts[1]), DType::U8, {out, in / 32}, ShardRule::expert});
+          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::U8, {out, in / 2}, ShardRule::expert, e});
+          out_.push_back({names_.expert(layer, e, which, parts[1]), DType::U8, {out, in / 32}, ShardRule::expert, e});
           break;
         case ExpertQuant::mxfp4_gpt_oss:
-          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::U8, {out, in / 32, 16}, ShardRule::expert});
-          out_.push_back({names_.expert(layer, e, which, parts[1]), DType::U8, {out, in / 32}, ShardRule::expert});
+          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::U8, {out, in / 32, 16}, ShardRule::expert, e});
+          out_.push_back({names_.expert(layer, e, which, parts[1]), DType::U8, {out, in / 32}, ShardRule::expert, e});
           break;
       }
     }
@@ -95,6 +95,38 @@ bool is_alternative_shape(const TensorSpec& t, const std::vector<int64_t>& store
     if (d != 1) ++non_unit;
   }
   return n == t.numel() && non_unit <= 1;
+}
+
+Result<ShardBlock> dense_shard(const std::string& name, ShardRule rule, int64_t rows, int64_t cols,
+                               const ParallelRank& p) {
+  ShardBlock b{0, rows, 0, cols};
+  if (p.world == 1 || rule == ShardRule::replicated || rule == ShardRule::expert) return b;
+  const bool split_rows = (rule == ShardRule::column || rule == ShardRule::vocab) && rows > 1;
+  const int64_t extent = split_rows ? rows : cols;
+  if (extent % p.world != 0)
+    return invalid_argument(name + ": " + std::to_string(extent) + " " + shard_rule_name(rule) +
+                            " elements do not split evenly over " + std::to_string(p.world) + " ranks");
+  const int64_t part = extent / p.world;
+  if (split_rows) b.r0 = p.rank * part, b.r1 = b.r0 + part;
+  else b.c0 = p.rank * part, b.c1 = b.c0 + part;
+  return b;
+}
+
+uint64_t rank_tensor_bytes(const TensorSpec& t, const ParallelRank& p, int num_experts) {
+  if (p.world == 1 || t.shard == ShardRule::replicated) return t.nbytes();
+  if (t.shard == ShardRule::expert) {
+    const int per_group = num_experts / p.ep;
+    const int first = p.ep_rank() * per_group;
+    if (t.expert < first || t.expert >= first + per_group) return 0;
+    return t.nbytes() / static_cast<uint64_t>(p.moe_tp());
+  }
+  return t.nbytes() / static_cast<uint64_t>(p.world);
+}
+
+uint64_t rank_weight_bytes(const ModelConfig& cfg, const ParallelRank& p) {
+  uint64_t total = 0;
+  for (const TensorSpec& t : weight_spec(cfg)) total += rank_tensor_bytes(t, p, cfg.num_experts);
+  return total;
 }
 
 }  // namespace moonrun

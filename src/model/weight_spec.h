@@ -12,6 +12,7 @@
 
 #include "backend/tensor.h"
 #include "common/dtype.h"
+#include "common/status.h"
 #include "model/config.h"
 
 namespace moonrun {
@@ -32,9 +33,37 @@ struct TensorSpec {
   DType dtype;                 // as the release stores it
   std::vector<int64_t> shape;  // as the release stores it
   ShardRule shard = ShardRule::replicated;
+  int expert = -1;  // a routed expert's tensor: its expert id
   int64_t numel() const;
   uint64_t nbytes() const;
 };
+
+// Where a rank stands in a tensor/expert-parallel group, SGLang's layout: `world` ranks
+// split heads, dense intermediates and the vocabulary; the routed experts go to `ep`
+// groups of world/ep ranks, every rank of a group holding the group's experts with each
+// expert's intermediate dimension split among them.
+struct ParallelRank {
+  int rank = 0;
+  int world = 1;
+  int ep = 1;
+  int moe_tp() const { return world / ep; }  // ranks sharing one expert
+  int ep_rank() const { return rank / moe_tp(); }
+  int moe_tp_rank() const { return rank % moe_tp(); }
+};
+
+// The block [r0, r1) x [c0, c1) of a stored [rows, cols] tensor a rank holds under a dense
+// rule: column and vocab split the rows (a [1, n] vector its n), row the columns. An
+// extent that does not divide is an error naming the tensor. The loader reads exactly this.
+struct ShardBlock {
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+};
+Result<ShardBlock> dense_shard(const std::string& name, ShardRule rule, int64_t rows, int64_t cols,
+                               const ParallelRank& p);
+
+// The bytes of a listed tensor one rank reads (0 for another expert group's experts), and
+// their sum over the model: what `plan` reports per GPU and the loader places.
+uint64_t rank_tensor_bytes(const TensorSpec& t, const ParallelRank& p, int num_experts);
+uint64_t rank_weight_bytes(const ModelConfig& cfg, const ParallelRank& p);
 
 // Which matrix of a routed expert: w1 (gate), w3 (up) [intermediate, io], w2 (down) [io, intermediate].
 enum class ExpertMatrix { w1, w2, w3 };

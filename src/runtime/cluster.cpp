@@ -257,7 +257,10 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const ClusterOptions& o)
     if (!why.empty()) {
       impl->control.send({m[0], "WELCOME", json{{"ok", false}, {"error", why}}.dump()});
       refused = why;
-      if (k > 0 && k < o.nnodes && !joined.count(k)) return invalid_argument(why);
+      if (k > 0 && k < o.nnodes && !joined.count(k)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the refusal leave
+        return invalid_argument(why);
+      }
       continue;
     }
     joined[k] = true;

@@ -151,7 +151,8 @@ WeightBytes weight_bytes_from_config(const PlanModelShape& s) {
   GroupTable t;
   uint64_t header_bytes = 0;
   for (const TensorSpec& e : weight_spec(s.config)) {
-    t.add(role_of_tensor(e.name, &s.config), shard_of_tensor(e.name), 1, e.nbytes());
+    // The loader's own rule for the tensor (weight_spec.h), so plan splits what it splits.
+    t.add(role_of_tensor(e.name, &s.config), shard_of_rule(e.shard), 1, e.nbytes());
     // Its header entry as the safetensors writer spells it, with 11-digit offsets (shards of
     // ~16 GB): "NAME":{"dtype":"U8","shape":[3072,1792],"data_offsets":[X,Y]},
     std::string shape;
@@ -194,13 +195,31 @@ std::string role_of_tensor(const std::string& name, const ModelConfig* cfg) {
   return "norms + attention residuals";
 }
 
-Shard shard_of_tensor(const std::string& name) {
+Shard shard_of_rule(ShardRule rule) {
+  switch (rule) {
+    case ShardRule::replicated: return Shard::kReplicated;
+    case ShardRule::expert: return Shard::kExpertParallel;
+    case ShardRule::column:
+    case ShardRule::row:
+    case ShardRule::vocab: return Shard::kTensorParallel;
+  }
+  return Shard::kReplicated;
+}
+
+Shard shard_of_tensor(const std::string& name, const std::map<std::string, ShardRule>* rules) {
+  if (rules) {
+    auto it = rules->find(name);
+    if (it != rules->end()) return shard_of_rule(it->second);
+  }
+  // Tensors the model does not list (the vision tower: every rank runs it whole), or no
+  // config to list them from: by name.
   auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
   if (has(".experts.")) return Shard::kExpertParallel;
   if (name.rfind("vision_tower.", 0) == 0 || name.rfind("mm_projector.", 0) == 0)
     return Shard::kReplicated;
   if (has("norm") || has("_res_") || has(".gate.weight") || has("e_score_correction_bias") ||
-      has("q_a_proj") || has("kv_a_proj") || has("f_a_proj") || has("g_a_proj"))
+      has("q_a_proj") || has("kv_a_proj") || has("f_a_proj") || has("g_a_proj") ||
+      has("routed_expert_down_proj") || has("routed_expert_up_proj"))
     return Shard::kReplicated;
   return Shard::kTensorParallel;
 }
@@ -208,6 +227,9 @@ Shard shard_of_tensor(const std::string& name) {
 // ---- exact byte count from a checkpoint's headers -------------------------------------
 
 Result<WeightBytes> weight_bytes_from_checkpoint(const std::string& dir, const ModelConfig* config) {
+  std::map<std::string, ShardRule> rules;  // the model's listing: how the loader splits each tensor
+  if (config)
+    for (const TensorSpec& e : weight_spec(*config)) rules.emplace(e.name, e.shard);
   std::vector<fs::path> files;
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   std::error_code ec;
@@ -256,7 +278,7 @@ Result<WeightBytes> weight_bytes_from_checkpoint(const std::string& dir, const M
         return data_loss(fname + ": tensor " + name + " has no valid data_offsets");
       const uint64_t nbytes = (*off)[1].get<uint64_t>() - (*off)[0].get<uint64_t>();
       data_bytes += nbytes;
-      t.add(role_of_tensor(name, config), shard_of_tensor(name), 1, nbytes);
+      t.add(role_of_tensor(name, config), shard_of_tensor(name, config ? &rules : nullptr), 1, nbytes);
     }
     if (data_bytes + 8 + header_len > size)
       return data_loss(fname + ": tensors need " + std::to_string(data_bytes + 8 + header_len) +

@@ -5,6 +5,7 @@
 // headers (exact: the bytes on disk) or from config.json alone (computed tensor by tensor
 // from the MXFP4/bf16 layout of K3_SPEC.md sections 1-3).
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 
 #include "common/status.h"
 #include "model/config.h"
+#include "model/weight_spec.h"
 
 namespace moonrun::tools {
 
@@ -90,8 +92,10 @@ WeightBytes weight_bytes_from_config(const PlanModelShape& shape);
 // each header's tensors summed by role, headers counted as overhead.
 Result<WeightBytes> weight_bytes_from_checkpoint(const std::string& dir, const ModelConfig* config);
 
-// Which shard class a checkpoint tensor name belongs to (by the K3 name table).
-Shard shard_of_tensor(const std::string& name);
+// Which shard class a tensor belongs to: the model's own rule (weight_spec.h, what the
+// loader does) when `rules` lists it, else by name (the vision tower: replicated).
+Shard shard_of_rule(ShardRule rule);
+Shard shard_of_tensor(const std::string& name, const std::map<std::string, ShardRule>* rules = nullptr);
 // The role a tensor plays, for the weight table ("routed experts", "KDA attention", ...);
 // `config` tells MLA from KDA layers (both have q_proj/o_proj) and may be null.
 std::string role_of_tensor(const std::string& name, const ModelConfig* config);

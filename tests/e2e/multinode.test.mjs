@@ -88,14 +88,17 @@ test('a node that never joins: node 0 gives up after --dist-timeout, naming it',
 test('a node with another configuration is refused by name', async () => {
   const port = basePort();
   const bad = spawn(EXE, ['serve', '--model-path', DEMO, ...group(port, 1), '--page-size', '32'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const badExit = new Promise((resolve) => bad.on('exit', resolve));  // before it can happen
   let badLog = '';
   bad.stderr.on('data', (d) => { badLog += d; });
   bad.stdout.on('data', (d) => { badLog += d; });
   const proc = spawn(EXE, ['serve', '--model-path', DEMO, '--port', '0', ...group(port, 0)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const procExit = new Promise((resolve) => proc.on('exit', resolve));
   let log = '';
   proc.stderr.on('data', (d) => { log += d; });
-  const code = await withDeadline(new Promise((resolve) => proc.on('exit', resolve)), (TIMEOUT_S + 10) * 1000, 'node 0 hung');
-  const badCode = await withDeadline(new Promise((resolve) => bad.on('exit', resolve)), (TIMEOUT_S + 10) * 1000, 'node 1 hung');
+  const code = await withDeadline(procExit, (TIMEOUT_S + 10) * 1000, 'node 0 hung');
+  const badCode = await withDeadline(badExit, (TIMEOUT_S + 10) * 1000, 'node 1 hung')
+    .catch((e) => { bad.kill('SIGKILL'); throw new Error(e.message + ':\n' + badLog); });
   assert.notEqual(code, 0);
   assert.notEqual(badCode, 0);
   assert.match(log, /node 1 runs another configuration/);
