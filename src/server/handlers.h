@@ -40,5 +40,7 @@ int64_t unix_time_s();
 // The prompt must leave room for at least one token; max_tokens defaults to what is left.
 Status fit_context(const ServingContext& ctx, size_t prompt_tokens, int& max_tokens);
 std::string sse_data(const nlohmann::json& chunk);
+// A named SSE event, "event: <chunk.type>" then its data (the Responses and Messages streams).
+std::string sse_event(const nlohmann::json& chunk);
 
 }  // namespace moonrun::server

@@ -19,11 +19,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string event(const json& data) {
-  return "event: " + data["type"].get<std::string>() + "\ndata: " +
-         data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-}
-
 const char* anthropic_error_type(int status) {
   switch (status) {
     case 400: return "invalid_request_error";
@@ -71,24 +66,24 @@ class EventWriter {
                     {"model", model_}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
                     {"usage", {{"input_tokens", input_tokens}, {"output_tokens", 0},
                                {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", 0}}}};
-    return event({{"type", "message_start"}, {"message", message}}) + event({{"type", "ping"}});
+    return sse_event({{"type", "message_start"}, {"message", message}}) + sse_event({{"type", "ping"}});
   }
 
   std::string delta(const ParsedDelta& d) {
     std::string out;
     if (!d.reasoning.empty()) {
       if (open_ != Open::kThinking) out += open({{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}, Open::kThinking);
-      out += event({{"type", "content_block_delta"}, {"index", index_},
+      out += sse_event({{"type", "content_block_delta"}, {"index", index_},
                     {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
     }
     if (!d.content.empty()) {
       if (open_ != Open::kText) out += open({{"type", "text"}, {"text", ""}}, Open::kText);
-      out += event({{"type", "content_block_delta"}, {"index", index_}, {"delta", {{"type", "text_delta"}, {"text", d.content}}}});
+      out += sse_event({{"type", "content_block_delta"}, {"index", index_}, {"delta", {{"type", "text_delta"}, {"text", d.content}}}});
       has_text_ = true;
     }
     for (const ToolCallOut& c : d.tool_calls) {
       out += open({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::object()}}, Open::kTool);
-      out += event({{"type", "content_block_delta"}, {"index", index_},
+      out += sse_event({{"type", "content_block_delta"}, {"index", index_},
                     {"delta", {{"type", "input_json_delta"}, {"partial_json", tool_input(c.arguments).dump()}}}});
       out += close();
       ++calls_;
@@ -102,11 +97,11 @@ class EventWriter {
       out += open({{"type", "text"}, {"text", ""}}, Open::kText);
       out += close();
     }
-    out += event({{"type", "message_delta"},
+    out += sse_event({{"type", "message_delta"},
                   {"delta", {{"stop_reason", stop_reason(reason, calls_ > 0, stop_sequence)},
                              {"stop_sequence", stop_sequence.empty() ? json(nullptr) : json(stop_sequence)}}},
                   {"usage", usage_json(usage)}});
-    return out + event({{"type", "message_stop"}});
+    return out + sse_event({{"type", "message_stop"}});
   }
 
  private:
@@ -115,14 +110,14 @@ class EventWriter {
     std::string out = close();
     ++index_;
     open_ = kind;
-    return out + event({{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+    return out + sse_event({{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
   }
   std::string close() {
     if (open_ == Open::kNone) return "";
     std::string out;
     if (open_ == Open::kThinking)  // no signature: nothing to verify, the client echoes ""
-      out += event({{"type", "content_block_delta"}, {"index", index_}, {"delta", {{"type", "signature_delta"}, {"signature", ""}}}});
-    out += event({{"type", "content_block_stop"}, {"index", index_}});
+      out += sse_event({{"type", "content_block_delta"}, {"index", index_}, {"delta", {{"type", "signature_delta"}, {"signature", ""}}}});
+    out += sse_event({{"type", "content_block_stop"}, {"index", index_}});
     open_ = Open::kNone;
     return out;
   }
@@ -196,7 +191,7 @@ void handle_messages(const ServingContext& ctx, const HttpRequest& req, HttpResp
   };
   h.on_done = [] { return std::string(); };
   h.on_error = [](const Status& st) {
-    return event({{"type", "error"}, {"error", {{"type", "api_error"}, {"message", st.message()}}}});
+    return sse_event({{"type", "error"}, {"error", {{"type", "api_error"}, {"message", st.message()}}}});
   };
   stream_generation(res, g, std::move(h));
 }

@@ -21,11 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string event(const json& data) {
-  return "event: " + data["type"].get<std::string>() + "\ndata: " +
-         data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-}
-
 json to_plain(const chat::Json& v) { return json::parse(v.dump(-1, ' ', false, chat::Json::error_handler_t::replace)); }
 
 // What the response object echoes of the request, and its usage.
@@ -147,7 +142,7 @@ class EventWriter {
   size_t index() const { return output_.size(); }
   std::string emit(json e) {
     e["sequence_number"] = seq_++;
-    return event(e);
+    return sse_event(e);
   }
   std::string open_reasoning() {
     std::string out = close();

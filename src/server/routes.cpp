@@ -51,6 +51,10 @@ std::string sse_data(const json& chunk) {
   return "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
+std::string sse_event(const json& chunk) {
+  return "event: " + chunk["type"].get<std::string>() + "\n" + sse_data(chunk);
+}
+
 Status fit_context(const ServingContext& ctx, size_t prompt_tokens, int& max_tokens) {
   const int64_t limit = ctx.max_model_len;
   if (static_cast<int64_t>(prompt_tokens) >= limit)
