@@ -55,9 +55,9 @@ DevicePeaks measure_device_peaks(int device) {
     constexpr int n = 8192;
     const size_t elems = size_t{n} * n;
     bf16 *x = nullptr, *w = nullptr, *y = nullptr;
-    CUDA_CHECK(cudaMalloc(&x, elems * sizeof(bf16)));
-    CUDA_CHECK(cudaMalloc(&w, elems * sizeof(bf16)));
-    CUDA_CHECK(cudaMalloc(&y, elems * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x), elems * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w), elems * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&y), elems * sizeof(bf16)));
     // Small values: no infinities to slow anything down or trip a check.
     CUDA_CHECK(cudaMemsetAsync(x, 0x3c, elems * sizeof(bf16), stream));
     CUDA_CHECK(cudaMemsetAsync(w, 0x3c, elems * sizeof(bf16), stream));
