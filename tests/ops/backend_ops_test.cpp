@@ -300,13 +300,14 @@ TEST_P(BackendOps, RouterAndExperts) {
                  testing::download(*B.gpu, ids.g), testing::download(B.cpu, ids.c));
     expect_close(std::string("router_weights_") + B.mode(), "21x16", err(B, w), 1e-6);
   }
-  // experts: MXFP4 (the same codes on both) and dense. The second shape takes the
-  // tensor-core MXFP4 kernel for all three projections (in % 64, out % 16) with more than one
-  // 32-token tile per expert; the first leaves w2 (in 96) to the CUDA-core kernel.
+  // experts: MXFP4 (the same codes on both) and dense. The last two shapes take the
+  // tensor-core MXFP4 kernel for all three projections (in % 64, out % 16): a decode-sized
+  // batch (8-token tiles) and one with more than one 32-token tile per expert; the first
+  // leaves w2 (in 96) to the CUDA-core kernel.
   struct Shape {
     int T, Dm, I;
   };
-  for (const Shape sh : {Shape{T, Dm, I}, Shape{150, 128, 192}}) {
+  for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}}) {
     const int Tn = sh.T, Dn = sh.Dm, In = sh.I;
     std::vector<int32_t> ids;
     for (int t = 0; t < Tn; ++t)

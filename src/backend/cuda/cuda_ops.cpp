@@ -355,10 +355,10 @@ class CudaOps final : public Ops {
     Tensor out = scratch(n_slots, D, DType::F32);
     // Slots of another expert-parallel rank's experts add nothing to the combine.
     if (parallel_size() > 1) zero(out);
-    grouped_expert_linear(x.data, x_bf16, K, stacked(w1), groups, max_active, g.as<float>(), stream_);
-    grouped_expert_linear(x.data, x_bf16, K, stacked(w3), groups, max_active, u.as<float>(), stream_);
+    grouped_expert_linear(x.data, x_bf16, K, stacked(w1), groups, max_active, T, g.as<float>(), stream_);
+    grouped_expert_linear(x.data, x_bf16, K, stacked(w3), groups, max_active, T, u.as<float>(), stream_);
     gated_activation(g, u, act, h);
-    grouped_expert_linear(h.data, x_bf16, 1, stacked(w2), groups, max_active, out.as<float>(), stream_);
+    grouped_expert_linear(h.data, x_bf16, 1, stacked(w2), groups, max_active, T, out.as<float>(), stream_);
     combine_experts(out.as<float>(), weights.as<float>(), T, K, D, y.as<float>(), stream_);
   }
 

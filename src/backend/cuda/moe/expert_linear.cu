@@ -170,11 +170,11 @@ void grouped_for(const X* x, int x_row_div, const StackedExperts& m, const Exper
 }  // namespace
 
 void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
-                           const ExpertGroups& groups, int max_active, float* y, cudaStream_t stream) {
+                           const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream) {
   check_shape(m, "grouped_expert_linear");
   if (max_active <= 0) return;
   if (grouped_mxfp4_mma_supported(m, x_bf16))
-    return grouped_mxfp4_mma(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, y, stream);
+    return grouped_mxfp4_mma(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, n_tokens, y, stream);
   if (x_bf16) grouped_for(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, y, stream);
   else grouped_for(static_cast<const float*>(x), x_row_div, m, groups, max_active, y, stream);
 }

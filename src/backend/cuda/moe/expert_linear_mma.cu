@@ -8,8 +8,8 @@
 // the expert, y: the row tile) - the A operand (M = 16) of mma.sync.m16n8k16 (bf16 in, fp32
 // accumulate) - and splits the reduction dimension over its warps: warp w takes the 64-wide
 // k-slices w, w + 4, ...; the four partial tiles are summed in shared memory in warp order,
-// so the result is the same on every run. The expert's tokens are the N side, in tiles of 32
-// (four n8 fragments).
+// so the result is the same on every run. The expert's tokens are the N side, in tiles of 8,
+// 16 or 32 (one, two or four n8 fragments, by the batch's token count).
 //
 // The MMA's k positions are a permutation of the slice's: thread t (= lane % 4) feeds MMA k
 // 2t, 2t + 1, 2t + 8, 2t + 9 of step s from the slice's k 16t + 4s + 0..3, the same in A and
@@ -35,8 +35,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kRows = 16;   // per block: one m16 tile
-constexpr int kTokens = 32;  // token tile: four n8 fragments
-constexpr int kFrags = kTokens / 8;
 constexpr int kSlice = 64;  // k per warp iteration: two MXFP4 scale groups
 
 // E2M1 code -> bf16 bits (sign bit 3; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6).
@@ -72,14 +70,18 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
 }
 
 // What one thread loads for one k-slice: its 8 code bytes of rows g and g + 8, their scales,
-// and x[16t .. 16t + 15] of each token fragment's token g.
+// and x[16t .. 16t + 15] of each token fragment's token g. kFrags n8 fragments make a token
+// tile of 8 kFrags: 1 at small decode batches (few registers, many warps in flight to keep
+// the weight loads going), 4 for prefill.
+template <int kFrags>
 struct SliceLoads {
   uint2 code_a, code_b;
   uint8_t scale_a, scale_b;
   uint4 x[kFrags][2];
 };
 
-__device__ __forceinline__ void load_slice(SliceLoads& L, const uint8_t* codes_a, const uint8_t* codes_b,
+template <int kFrags>
+__device__ __forceinline__ void load_slice(SliceLoads<kFrags>& L, const uint8_t* codes_a, const uint8_t* codes_b,
                                            const uint8_t* scales_a, const uint8_t* scales_b, const bf16* const* x_rows,
                                            int n_frags, int k0, int t) {
   L.code_a = __ldg(reinterpret_cast<const uint2*>(codes_a + k0 / 2 + 8 * t));
@@ -100,6 +102,7 @@ __device__ __forceinline__ void load_slice(SliceLoads& L, const uint8_t* codes_a
 }
 
 // grid (active experts bound, out / 16), kWarps * 32 threads.
+template <int kFrags>
 __global__ void __launch_bounds__(kWarps * 32)
     grouped_mxfp4_mma_kernel(const bf16* __restrict__ x, int x_row_div, StackedExperts m, ExpertGroups g,
                              float* __restrict__ y) {
@@ -121,6 +124,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int n_slices = in / kSlice;
   __syncthreads();  // lut
 
+  constexpr int kTokens = 8 * kFrags;
   for (int tile = 0; tile < n_slots; tile += kTokens) {
     const int n_tile = min(kTokens, n_slots - tile);
     const int n_frags = (n_tile + 7) / 8;
@@ -141,10 +145,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
 
-    SliceLoads next;
+    SliceLoads<kFrags> next;
     if (warp < n_slices) load_slice(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, warp * kSlice, t);
     for (int sl = warp; sl < n_slices; sl += kWarps) {
-      const SliceLoads cur = next;
+      const SliceLoads<kFrags> cur = next;
       if (sl + kWarps < n_slices)
         load_slice(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, (sl + kWarps) * kSlice, t);
       const uint32_t sa = e8m0_bf16x2(cur.scale_a), sb = e8m0_bf16x2(cur.scale_b);
@@ -202,9 +206,12 @@ bool grouped_mxfp4_mma_supported(const StackedExperts& m, bool x_bf16) {
 }
 
 void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
-                       int max_active, float* y, cudaStream_t stream) {
+                       int max_active, int n_tokens, float* y, cudaStream_t stream) {
   const dim3 grid(max_active, m.out / kRows);
-  grouped_mxfp4_mma_kernel<<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
+  // An expert gets at most n_tokens slots (a token picks an expert once).
+  if (n_tokens <= 8) grouped_mxfp4_mma_kernel<1><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
+  else if (n_tokens <= 64) grouped_mxfp4_mma_kernel<2><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
+  else grouped_mxfp4_mma_kernel<4><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
   CUDA_CHECK_LAUNCH();
 }
 
