@@ -255,9 +255,10 @@ TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
   MixedBatch mb;
   const int T = mb.n_tokens();
   // The first shape takes the CUDA-core kernels; the second (16 heads, nope + rope and v
-  // multiples of 16) the grouped decode kernel and, in bf16, the tensor-core prefill.
+  // multiples of 16) the grouped CUDA-core decode kernel and, in bf16, the tensor-core
+  // prefill; the third (kv_lora 128) the tensor-core grouped decode in bf16.
   // MlaShape: heads, kv_lora, nope, rope, v.
-  for (const MlaShape shp : {MlaShape{4, 32, 16, 8, 24}, MlaShape{16, 32, 24, 8, 32}}) {
+  for (const MlaShape shp : {MlaShape{4, 32, 16, 8, 24}, MlaShape{16, 32, 24, 8, 32}, MlaShape{16, 128, 24, 16, 32}}) {
     const int row = shp.row_width(), P = MixedBatch::kPages * MixedBatch::kPageSize;
     const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
     const DType kv_dtype = act();

@@ -347,15 +347,16 @@ __global__ void __launch_bounds__(kThreads) attend_group_kernel(const float* __r
     // Online softmax per head: warp w takes heads 2w and 2w + 1, a lane per position.
     for (int hh = 2 * warp; hh < 2 * warp + 2; ++hh) {
       const float sc = p_s[hh * kGroupChunk + lane];
-      const float m_old = m_s[hh];
+      const float m_old = m_s[hh], l_old = l_s[hh];
       const float m_new = fmaxf(m_old, warp_max(sc));
       const float e = expf(sc - m_new);  // 0 for the positions past n
       const float sum = warp_sum(e);
       p_s[hh * kGroupChunk + lane] = e;
+      __syncwarp();  // every lane has read m_s / l_s before lane 0 rewrites them
       if (lane == 0) {
         const float factor = expf(m_old - m_new);  // 0 on the first chunk
         f_s[hh] = factor;
-        l_s[hh] = l_s[hh] * factor + sum;
+        l_s[hh] = l_old * factor + sum;
         m_s[hh] = m_new;
       }
     }
@@ -429,6 +430,196 @@ bool group_kernel_applies(int num_heads, int kv_lora, int rope, DType cache_dtyp
          (kv_lora + rope) % 8 == 0 && group_smem_bytes(kv_lora + rope) <= 200 * 1024;
 }
 
+// ---- the same on the tensor cores ------------------------------------------------------
+// With a bf16 cache the grouped decode runs its two products on mma.sync.m16n8k16: the 16
+// heads are the M side. Per chunk of 64 cached rows (staged once in shared memory): S =
+// Q_abs K^T (warp w takes keys 8w .. 8w + 7 over the 576-wide rows), an online softmax per
+// head in fp32 (warp w: heads 2w, 2w + 1), then O += P V with V the rows' first kv_lora
+// values (warp w: latent dims 64w .. 64w + 63), B fragments loaded transposed by ldmatrix.
+// Q and P are rounded to bf16 for the MMAs (as FlashMLA does); scores, softmax and
+// accumulators stay fp32. For kv_lora % 64 == 0 (<= 512) and (kv_lora + rope) % 16 == 0.
+constexpr int kMmaChunk = 64;
+
+__host__ __device__ inline int mma_row_stride(int row_width) { return row_width + 8; }  // bf16: +16 B
+
+size_t group_mma_smem_bytes(int row_width) {
+  const int st = mma_row_stride(row_width);
+  return static_cast<size_t>(kMmaChunk) * st * sizeof(bf16) +              // rows
+         static_cast<size_t>(kGroupHeads) * st * sizeof(bf16) +            // q
+         static_cast<size_t>(kGroupHeads) * kMmaChunk * sizeof(float) +    // scores
+         static_cast<size_t>(kGroupHeads) * (kMmaChunk + 8) * sizeof(bf16) +  // P
+         3 * kGroupHeads * sizeof(float);
+}
+
+__device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t smem_word(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// grid (n_tokens, num_heads / 16, n_splits), kThreads threads.
+__global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float* __restrict__ q_abs,
+                                                                    AbsorbedSource<bf16> src, int kv_lora, int rope,
+                                                                    float scale, float* __restrict__ o,
+                                                                    float* __restrict__ part_acc,
+                                                                    float* __restrict__ part_ml) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int row_width = kv_lora + rope, st = mma_row_stride(row_width);
+  bf16* rows = reinterpret_cast<bf16*>(smem_raw);                         // [64][st]
+  bf16* q_s = rows + kMmaChunk * st;                                      // [16][st]
+  float* s_s = reinterpret_cast<float*>(q_s + kGroupHeads * st);          // [16][64]
+  bf16* p_s = reinterpret_cast<bf16*>(s_s + kGroupHeads * kMmaChunk);     // [16][72]
+  float* m_s = reinterpret_cast<float*>(p_s + kGroupHeads * (kMmaChunk + 8));
+  float* l_s = m_s + kGroupHeads;
+  float* f_s = l_s + kGroupHeads;
+  constexpr int ps = kMmaChunk + 8;
+  const int t = blockIdx.x, h0 = blockIdx.y * kGroupHeads, num_heads = gridDim.y * kGroupHeads;
+  const int split = blockIdx.z, n_splits = gridDim.z;
+  const int visible = src.bind(t);
+  if (visible <= 0) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  for (int i = tid; i < kGroupHeads * row_width; i += kThreads) {
+    const int hh = i / row_width, d = i % row_width;
+    q_s[hh * st + d] = __float2bfloat16_rn(q_abs[(static_cast<int64_t>(t) * num_heads + h0) * row_width + i]);
+  }
+  if (tid < kGroupHeads) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0;
+  }
+  const int span = (visible + n_splits - 1) / n_splits;
+  const int begin = split * span, end = min(visible, begin + span);
+  const int n_vf = kv_lora / 64;  // n8 fragments of O per warp (8 at kv_lora 512)
+  const int d0 = warp * 8 * n_vf;  // this warp's first latent dim
+  float acc[8][4];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0;
+  const int pieces = row_width / 8;
+
+  for (int c0 = begin; c0 < end; c0 += kMmaChunk) {
+    const int n = min(kMmaChunk, end - c0);
+    __syncthreads();  // the previous chunk is read (the first time: q_s, m_s, l_s written)
+    for (int i = tid; i < kMmaChunk * pieces; i += kThreads) {
+      const int r = i / pieces, piece = i % pieces;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < n) v = *reinterpret_cast<const uint4*>(src.key_a(c0 + r, 0) + piece * 8);
+      *reinterpret_cast<uint4*>(rows + r * st + piece * 8) = v;
+    }
+    __syncthreads();
+    // S[16 heads][keys 8w .. 8w + 7] = Q K^T over row_width.
+    {
+      float c[4] = {0, 0, 0, 0};
+      const bf16* qa = q_s + g * st;
+      const bf16* qb = qa + 8 * st;
+      const bf16* kr = rows + (8 * warp + g) * st;
+      for (int kk = 0; kk < row_width; kk += 16) {
+        mma16816(c, smem_word(qa + kk + 2 * tq), smem_word(qb + kk + 2 * tq), smem_word(qa + kk + 2 * tq + 8),
+                 smem_word(qb + kk + 2 * tq + 8), smem_word(kr + kk + 2 * tq), smem_word(kr + kk + 2 * tq + 8));
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = 8 * warp + 2 * tq + j;
+        s_s[g * kMmaChunk + key] = key < n ? c[j] * scale : -INFINITY;
+        s_s[(g + 8) * kMmaChunk + key] = key < n ? c[2 + j] * scale : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // Online softmax: warp w takes heads 2w, 2w + 1; lane takes keys lane, lane + 32.
+    for (int hh = 2 * warp; hh < 2 * warp + 2; ++hh) {
+      const float s0 = s_s[hh * kMmaChunk + lane], s1 = s_s[hh * kMmaChunk + lane + 32];
+      const float m_old = m_s[hh], l_old = l_s[hh];
+      const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
+      const float e0 = expf(s0 - m_new), e1 = expf(s1 - m_new);  // 0 past n
+      const float sum = warp_sum(e0 + e1);
+      p_s[hh * ps + lane] = __float2bfloat16_rn(e0);
+      p_s[hh * ps + lane + 32] = __float2bfloat16_rn(e1);
+      __syncwarp();
+      if (lane == 0) {
+        const float factor = expf(m_old - m_new);  // 0 on the first chunk
+        f_s[hh] = factor;
+        l_s[hh] = l_old * factor + sum;
+        m_s[hh] = m_new;
+      }
+    }
+    __syncthreads();
+    // O[16][d0 .. d0 + 8 n_vf) = O * factor + P V.
+    const float fa = f_s[g], fb = f_s[g + 8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      acc[u][0] *= fa;
+      acc[u][1] *= fa;
+      acc[u][2] *= fb;
+      acc[u][3] *= fb;
+    }
+    const bf16* pa = p_s + g * ps;
+    const bf16* pb = pa + 8 * ps;
+#pragma unroll
+    for (int ks = 0; ks < kMmaChunk / 16; ++ks) {
+      const int k0 = 16 * ks;
+      const uint32_t a0 = smem_word(pa + k0 + 2 * tq), a1 = smem_word(pb + k0 + 2 * tq);
+      const uint32_t a2 = smem_word(pa + k0 + 2 * tq + 8), a3 = smem_word(pb + k0 + 2 * tq + 8);
+      // B = V[k0 .. k0 + 15][dims] (row-major [key][dim]): ldmatrix .trans, lanes 0-15 give
+      // the addresses of keys k0 + lane (lanes 16-31 repeat them; x2 reads lanes 0-15).
+      const bf16* vrow = rows + (k0 + (lane % 16)) * st;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (u >= n_vf) break;
+        const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(vrow + d0 + 8 * u));
+        uint32_t b0, b1;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                     : "=r"(b0), "=r"(b1)
+                     : "r"(addr));
+        mma16816(acc[u], a0, a1, a2, a3, b0, b1);
+      }
+    }
+  }
+  __syncthreads();  // the last chunk's m, l are written
+  // C fragment: heads g / g + 8, dims d0 + 8u + 2tq (+1).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int hh = g + 8 * half;
+    const int64_t th = static_cast<int64_t>(t) * num_heads + h0 + hh;
+    const float inv_l = 1.0f / l_s[hh];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      if (u >= n_vf) break;
+      const int d = d0 + 8 * u + 2 * tq;
+      if (n_splits == 1) {
+        o[th * kv_lora + d] = acc[u][2 * half] * inv_l;
+        o[th * kv_lora + d + 1] = acc[u][2 * half + 1] * inv_l;
+      } else {
+        const int64_t ts = th * n_splits + split;
+        part_acc[ts * kv_lora + d] = acc[u][2 * half];
+        part_acc[ts * kv_lora + d + 1] = acc[u][2 * half + 1];
+        if (warp == 0 && tq == 0 && u == 0) {
+          part_ml[ts * 2] = m_s[hh];
+          part_ml[ts * 2 + 1] = l_s[hh];
+        }
+      }
+    }
+  }
+}
+
+bool group_mma_applies(int num_heads, int kv_lora, int rope) {
+  return num_heads % kGroupHeads == 0 && kv_lora % 64 == 0 && kv_lora <= 512 && (kv_lora + rope) % 16 == 0 &&
+         group_mma_smem_bytes(kv_lora + rope) <= 200 * 1024;
+}
+
+void allow_group_mma_smem(size_t bytes) {
+  static std::mutex mu;
+  static size_t allowed[64] = {};
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 64 && allowed[device] >= bytes) return;
+  CUDA_CHECK(cudaFuncSetAttribute(attend_group_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(200 * 1024)));
+  if (device < 64) allowed[device] = 200 * 1024;
+}
+
 float softmax_scale(int nope, int rope) { return 1.0f / std::sqrt(static_cast<float>(nope + rope)); }
 
 int plain_splits(int n_tokens, int num_heads, int n_positions) {
@@ -497,7 +688,21 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
                          cudaStream_t stream) {
   const int H = shape.num_heads, n_splits = absorbed_splits(n_tokens, H);
   const float scale = softmax_scale(shape.nope, shape.rope);
-  if (group_kernel_applies(H, shape.kv_lora, shape.rope, cache.dtype) && n_tokens > 0) {
+  if (cache.dtype == DType::BF16 && group_mma_applies(H, shape.kv_lora, shape.rope) && n_tokens > 0) {
+    const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
+    const size_t smem = group_mma_smem_bytes(shape.row_width());
+    allow_group_mma_smem(smem);
+    float* part_acc = n_splits > 1 ? partials : nullptr;
+    float* part_ml = n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
+    attend_group_mma_kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(
+        q_abs, src, shape.kv_lora, shape.rope, scale, o_lat, part_acc, part_ml);
+    CUDA_CHECK_LAUNCH();
+    if (n_splits > 1) {
+      combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
+                                                                       shape.kv_lora, o_lat);
+      CUDA_CHECK_LAUNCH();
+    }
+  } else if (group_kernel_applies(H, shape.kv_lora, shape.rope, cache.dtype) && n_tokens > 0) {
     const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
     const size_t smem = group_smem_bytes(shape.row_width());
     allow_group_smem(smem);

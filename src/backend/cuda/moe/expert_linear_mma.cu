@@ -9,7 +9,7 @@
 // accumulate) - and splits the reduction dimension over its warps: warp w takes the 64-wide
 // k-slices w, w + 4, ...; the four partial tiles are summed in shared memory in warp order,
 // so the result is the same on every run. The expert's tokens are the N side, in tiles of 8,
-// 16 or 32 (one, two or four n8 fragments, by the batch's token count).
+// 16 or 32 (one, two or four n8 fragments: up to 8 tokens in the batch, up to 256, more).
 //
 // The MMA's k positions are a permutation of the slice's: thread t (= lane % 4) feeds MMA k
 // 2t, 2t + 1, 2t + 8, 2t + 9 of step s from the slice's k 16t + 4s + 0..3, the same in A and
@@ -210,7 +210,7 @@ void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, co
   const dim3 grid(max_active, m.out / kRows);
   // An expert gets at most n_tokens slots (a token picks an expert once).
   if (n_tokens <= 8) grouped_mxfp4_mma_kernel<1><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
-  else if (n_tokens <= 64) grouped_mxfp4_mma_kernel<2><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
+  else if (n_tokens <= 256) grouped_mxfp4_mma_kernel<2><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
   else grouped_mxfp4_mma_kernel<4><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
   CUDA_CHECK_LAUNCH();
 }
