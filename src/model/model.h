@@ -4,12 +4,15 @@
 // architecture against the ops (model/kimi_k3.cpp), so the same model runs on every backend.
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 #include <string>
 
 #include "backend/ops.h"
 #include "common/status.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/vision/preprocess.h"
 
 namespace moonrun {
 
@@ -52,6 +55,13 @@ class Model {
   // Appends each sequence's new tokens to its caches and writes the logits of
   // batch.host->logit_rows: logits [n_logit_rows, vocab] F32. Enqueued on the ops' stream.
   virtual void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) = 0;
+  // The vision tower (kimi_k3 with vision_tower.* weights): the rows that replace the
+  // prompt's media placeholder run for `images`, in prompt order, [sum of num_tokens,
+  // hidden] F32 on the host. A forward takes them through ForwardBatch::embed_rows.
+  virtual bool has_vision() const { return false; }
+  virtual std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) {
+    throw BackendError("this model has no vision tower");
+  }
   // Bytes of weights this rank holds on the backend.
   virtual size_t weight_bytes() const = 0;
   // Step temporaries a backend with a fixed arena must set aside: the scratch of a step of
