@@ -5,12 +5,14 @@
 // finished sample -> reasoning, content and tool calls. The Responses and Messages
 // handlers translate their bodies into a chat body first, so all three APIs render, sample
 // and parse exactly alike.
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "chat/chat_request.h"
 #include "chat/parse_message.h"
 #include "common/status.h"
+#include "model/vision/placeholders.h"
 #include "runtime/sampling_params.h"
 #include "server/chat_output.h"
 #include "server/generation.h"
@@ -21,8 +23,9 @@ namespace moonrun::server {
 struct PreparedChat {
   chat::ChatRequest request;
   SamplingParams params;         // max_tokens filled in, constraint attached
-  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> prompt_ids;  // each image's placeholder expanded to its rows
   chat::ParseOptions parse_options;
+  std::shared_ptr<const vision::PromptImages> images;  // null: no images
 };
 
 // body: the chat body as parsed (object key order kept; the chat format prints parts of it
