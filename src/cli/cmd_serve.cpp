@@ -24,6 +24,7 @@
 #include "engine/engine_loop.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "runtime/cluster.h"
 #include "runtime/runtime_builder.h"
 #include "server/http_server.h"
@@ -106,6 +107,7 @@ Result<std::shared_ptr<const server::ImageInputConfig>> image_input_config(const
   c->limits.max_pixels = opt.max_image_pixels;
   c->limits.max_bytes = opt.max_image_bytes;
   c->limits.max_images = opt.max_images_per_request;
+  c->limits.max_patches = Model::max_image_patches(std::max(opt.chunked_prefill_size, 1));
   return std::shared_ptr<const server::ImageInputConfig>(std::move(c));
 }
 

@@ -177,7 +177,9 @@ int64_t KimiK3::scratch_bytes(int tokens_per_step, int64_t context_tokens) const
                             2 * H * 4;
   const int64_t mla_expand =
       c.num_mla_layers > 0 ? context_tokens * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 4 * 2 : 0;
-  return per_token * std::max(tokens_per_step, 1) + mla_expand + (int64_t{256} << 20);
+  const int64_t text = per_token * std::max(tokens_per_step, 1) + mla_expand + (int64_t{256} << 20);
+  // The tower runs between steps in the same scratch: the larger of the two.
+  return std::max(text, vision_.scratch_bytes(max_image_patches(tokens_per_step)));
 }
 
 void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {

@@ -2,6 +2,7 @@
 // What the runtime knows of a model: its config, what one sequence costs in the caches, and
 // a batched forward that turns one step's tokens into logits. Written once per
 // architecture against the ops (model/kimi_k3.cpp), so the same model runs on every backend.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -59,6 +60,10 @@ class Model {
   // prompt's media placeholder run for `images`, in prompt order, [sum of num_tokens,
   // hidden] F32 on the host. A forward takes them through ForwardBatch::embed_rows.
   virtual bool has_vision() const { return false; }
+  // Patch rows one encode_images call may take on a backend whose step scratch is a fixed
+  // arena: scratch_bytes() sets aside room for this many (4 per prompt token of a step:
+  // an image whose merged rows fit one prefill chunk fits the tower).
+  static int64_t max_image_patches(int tokens_per_step) { return 4 * static_cast<int64_t>(std::max(tokens_per_step, 1)); }
   virtual std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) {
     throw BackendError("this model has no vision tower");
   }

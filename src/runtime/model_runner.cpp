@@ -137,6 +137,15 @@ Result<std::vector<float>> ModelRunner::encode_images(std::span<const vision::Im
   if (!model_->has_vision()) return unimplemented("images: the model has no vision tower (no vision_tower.* weights)");
   if (options_.rank != 0 || ops_->parallel_size() > 1)
     return unimplemented("images: the vision tower runs on a single-rank runner only (--tp-size 1)");
+  // A fixed arena holds the tower's scratch for a bounded number of patches (Model::
+  // scratch_bytes): more is a request error, not a full device that fails the backend.
+  // The same bound on every backend, so a request is refused or served alike everywhere.
+  int64_t patches = 0;
+  for (const vision::ImagePatches* im : images) patches += static_cast<int64_t>(im->grid_h) * im->grid_w;
+  const int64_t budget = Model::max_image_patches(options_.max_tokens_per_step);
+  if (patches > budget)
+    return invalid_argument("images: " + std::to_string(patches) + " patches of 14 px in one request, over this " +
+                            "server's " + std::to_string(budget) + " (4 per token of --chunked-prefill-size)");
   try {
     // The step's scratch is free between steps; the tower uses it and leaves it reset.
     ops_->reset_scratch();

@@ -16,6 +16,7 @@ Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& b
   // and preprocessed now, so a bad image is a 400 before anything is queued.
   chat::RenderOptions render;
   std::vector<int> tokens_per_image;
+  int64_t patches = 0;
   auto images = std::make_shared<vision::PromptImages>();
   for (size_t i = 0; i < out.request.messages.size(); ++i) {
     const chat::Content& content = out.request.messages[i].content;
@@ -30,6 +31,11 @@ Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& b
                                 " images in one request (--max-images-per-request)");
       images->images.push_back(MR_TRY(load_image(content.parts[k].image_url, *ctx.images, where)));
       const vision::ImagePatches& im = images->images.back();
+      patches += static_cast<int64_t>(im.grid_h) * im.grid_w;
+      if (patches > ctx.images->limits.max_patches)
+        return invalid_argument(where + ": the request's images hold " + std::to_string(patches) +
+                                " patches of 14 px, over the " + std::to_string(ctx.images->limits.max_patches) +
+                                " the vision tower takes at once (4 per token of --chunked-prefill-size)");
       render.image_prompts.push_back(vision::image_prompt(im.width, im.height));
       tokens_per_image.push_back(im.num_tokens);
     }

@@ -28,6 +28,9 @@ struct ImageLimits {
   int64_t max_pixels = 64LL << 20;
   size_t max_bytes = 20u << 20;
   int max_images = 16;
+  // Patches of all of a request's images together: what the tower may take at once
+  // (Model::max_image_patches of --chunked-prefill-size).
+  int64_t max_patches = int64_t{1} << 40;
 };
 
 // What the server needs to take images: the model's processor and placeholder id.

@@ -118,3 +118,36 @@ test('bad images are 400s naming the problem, and the server keeps serving', asy
   }
   assert.equal((await fetch(srv.base + '/health')).status, 200);
 });
+
+test('operator limits: URLs allowed but never fetched, patch budget, images per request', async () => {
+  const small = await startServer(['--allow-image-urls', '--chunked-prefill-size', '16', '--max-images-per-request', '1']);
+  try {
+    const ask = (messages) => post(small.base, '/v1/chat/completions',
+      { model: 'moonrun-demo', max_tokens: 2, temperature: 0, messages });
+    let r = await ask(imageMessage('https://example.com/cat.png'));
+    assert.equal(r.status, 400, r.text);
+    assert.match(r.json.error.message, /fetching image URLs is not supported/);
+    // 100 patches (10 x 10) over 4 x 16.
+    r = await ask(imageMessage(dataUri(makePng())));
+    assert.equal(r.status, 400, r.text);
+    assert.match(r.json.error.message, /100 patches .* over the 64 .*--chunked-prefill-size/);
+    const tiny = dataUri(makePng(28, 28));  // 2 x 2 patches, 1 token
+    r = await ask([{ role: 'user', content: [{ type: 'image_url', image_url: { url: tiny } },
+                                             { type: 'image_url', image_url: { url: tiny } }] }]);
+    assert.equal(r.status, 400, r.text);
+    assert.match(r.json.error.message, /more than 1 images .*--max-images-per-request/);
+    // 112 x 112: 8 x 8 = 64 patches, 16 rows: prefilled in chunks of 16 tokens, so the
+    // image's rows cross chunk boundaries; greedy, it must answer as the one-chunk server.
+    const mid = imageMessage(dataUri(makePng(112, 112)));
+    r = await ask(mid);
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.usage.prompt_tokens_details.image_tokens, 16);
+    const whole = await post(srv.base, '/v1/chat/completions',
+      { model: 'moonrun-demo', max_tokens: 2, temperature: 0, messages: mid });
+    assert.equal(whole.status, 200, whole.text);
+    assert.equal(whole.json.usage.prompt_tokens, r.json.usage.prompt_tokens);
+    assert.deepEqual(whole.json.choices[0].message, r.json.choices[0].message);
+  } finally {
+    await small.stop();
+  }
+});

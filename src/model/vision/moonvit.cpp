@@ -117,6 +117,19 @@ std::vector<int32_t> merge_order(int grid_h, int grid_w, int merge_h, int merge_
 
 MoonVit::MoonVit(const ModelConfig& cfg, MoonVitWeights weights) : cfg_(cfg), w_(std::move(weights)) {}
 
+int64_t MoonVit::scratch_bytes(int64_t n_patches) const {
+  if (!enabled()) return 0;
+  // encode()'s temporaries per patch row, all counted as F32: the inputs (patch values,
+  // position rows, RoPE angles, merge index), the stream and its normed copy, qkv, the
+  // attention output twice, the MLP hidden twice, the merged rows twice, and per merged
+  // token the projector's hidden twice and its output; plus alignment slack.
+  const VisionConfig& v = vc();
+  const int64_t per_patch = static_cast<int64_t>(v.patch_values()) + v.head_dim() + 1 + 6 * v.hidden_size +
+                            5 * v.qkv_hidden_size + 2 * v.intermediate_size +
+                            (2 * v.merged_width() + v.text_hidden_size) / v.merge_rows() + 2 * v.hidden_size;
+  return n_patches * per_patch * 4 + (int64_t{1} << 20);
+}
+
 std::vector<float> MoonVit::encode(Ops& ops, std::span<const vision::ImagePatches* const> images) {
   MR_CHECK(enabled()) << "MoonVit::encode without a vision tower";
   ScratchScope scope(ops);

@@ -62,6 +62,10 @@ class MoonVit {
   MoonVit(const ModelConfig& cfg, MoonVitWeights weights);
   bool enabled() const { return !w_.empty(); }
 
+  // Step scratch the tower takes for a batch of n_patches patch rows (what encode asks of
+  // Ops::scratch): a backend with a fixed arena sets this much aside.
+  int64_t scratch_bytes(int64_t n_patches) const;
+
   // The projector's rows for `images` (prompt order), [sum of num_tokens, text_hidden] F32,
   // downloaded to the host. Enqueues on ops; throws BackendError as every op does.
   std::vector<float> encode(Ops& ops, std::span<const vision::ImagePatches* const> images);
