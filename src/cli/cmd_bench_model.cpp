@@ -1,6 +1,7 @@
 // `moonrun bench-model --model DIR [--batch 1,8,32] [--context N] [--steps N] [--prefill N]
-// [--device cuda] [--dtype ...] [--disable-cuda-graph] [--json-out FILE]`: decode step
-// times per batch size and the prefill rate, through the runner alone (tools/bench_model.h).
+// [--device cuda] [--dtype ...] [--disable-cuda-graph] [--no-profile] [--json-out FILE]`: decode
+// step times per batch size beside the bandwidth floor, the prefill rate beside the GEMM peak,
+// and per-op tables, through the runner alone (tools/bench_model.h).
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -30,9 +31,14 @@ void add_bench_model_command(CLI::App& app) {
   cmd->add_option("--dtype", c->runtime.dtype, "auto | bfloat16 | float32")->capture_default_str();
   cmd->add_option("--mem-fraction-static", c->runtime.mem_fraction_static, "GPU memory fraction (0: default)");
   cmd->add_flag("--disable-cuda-graph", *no_graphs, "decode steps eagerly");
+  auto no_profile = std::make_shared<bool>(false);
+  cmd->add_flag("--no-profile", *no_profile, "skip the per-op tables (extra eager steps timed op by op)");
+  cmd->add_option("--profile-steps", c->profile_steps, "profiled decode steps per batch size")->capture_default_str();
   cmd->add_option("--json-out", *json_out, "also write the figures as JSON here");
-  cmd->callback([c, batches, json_out, no_graphs] {
+  cmd->callback([c, batches, json_out, no_graphs, no_profile] {
     tools::ModelBenchConfig config = *c;
+    config.profile = !*no_profile;
+    config.commit = kMoonrunCommit;
     config.runtime.cuda_graphs = !*no_graphs;
     config.batches.clear();
     std::stringstream ss(*batches);

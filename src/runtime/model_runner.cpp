@@ -1,7 +1,10 @@
 #include "runtime/model_runner.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
+
+#include "backend/op_profile.h"
 
 namespace moonrun {
 
@@ -169,24 +172,28 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
   output.logits.clear();
   if (input.seqs.empty()) return Status::ok();
   MR_RETURN_IF_ERROR(check(input));
+  // A profiled step runs every op through ProfiledOps, eagerly (bench-model --profile).
+  std::optional<ProfiledOps> profiled;
+  if (profile_) profiled.emplace(*ops_, *profile_);
+  Ops& ops = profiled ? static_cast<Ops&>(*profiled) : *ops_;
   const int n_seqs = static_cast<int>(input.seqs.size());
   bool decode_only = true;
   // A step with given rows uploads them inside the forward: never a replayed graph.
   for (const StepSeq& s : input.seqs) decode_only = decode_only && s.new_token_ids.size() == 1 && s.given_at.empty();
-  const bool graph = options_.cuda_graphs && ops_->captures() && decode_only && n_seqs <= options_.max_seqs_per_step;
+  const bool graph = options_.cuda_graphs && ops.captures() && decode_only && n_seqs <= options_.max_seqs_per_step;
   const int padded = graph ? decode_bucket(n_seqs, options_.max_seqs_per_step) : n_seqs;
   try {
-    ops_->reset_scratch();
+    ops.reset_scratch();
     run_state_copies(input.before);
-    if (padded > n_seqs && !pools_.state.empty()) ops_->zero(pools_.state.rows_view(pad_slot_, 1));
+    if (padded > n_seqs && !pools_.state.empty()) ops.zero(pools_.state.rows_view(pad_slot_, 1));
     build_batch(input, padded);
     for (const StepSeq& s : input.seqs) tokens_computed_ += static_cast<int64_t>(s.new_token_ids.size());
-    const BatchView view = ops_->upload_batch(batch_);
+    const BatchView view = ops.upload_batch(batch_);
     const int V = vocab();
-    const Tensor logits = ops_->scratch(view.n_logit_rows(), V, DType::F32);  // [rows, vocab]
-    const auto body = [&] { model_->forward(*ops_, view, pools_, logits); };
+    const Tensor logits = ops.scratch(view.n_logit_rows(), V, DType::F32);  // [rows, vocab]
+    const auto body = [&] { model_->forward(ops, view, pools_, logits); };
     if (graph) {
-      ops_->run_captured(static_cast<uint64_t>(padded), body);
+      ops.run_captured(static_cast<uint64_t>(padded), body);
       ++graph_replays_;
     } else {
       body();
@@ -196,7 +203,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     // Rank 0 alone answers; the other ranks of a tensor-parallel group only had to take
     // part in the forward's collectives.
     if (options_.rank != 0) {
-      ops_->synchronize();
+      ops.synchronize();
       return Status::ok();
     }
     // The logits as the model made them (a backend's sampler may edit its rows in place).
@@ -204,7 +211,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
       int n_rows = 0;
       for (const StepSeq& s : input.seqs) n_rows += s.all_logits ? static_cast<int>(s.new_token_ids.size()) : 1;
       output.logits.resize(static_cast<size_t>(n_rows) * V);
-      ops_->download(logits.rows_view(0, n_rows), output.logits.data());
+      ops.download(logits.rows_view(0, n_rows), output.logits.data());
     }
     // Each sampling sequence samples from its last logits row.
     std::vector<int32_t> rows;
@@ -218,19 +225,19 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
       bool identity = true;
       for (size_t i = 0; i < rows.size(); ++i) identity = identity && rows[i] == static_cast<int32_t>(i);
       if (!identity) {
-        Tensor index = ops_->scratch(static_cast<int64_t>(rows.size()), 1, DType::I32);
-        ops_->upload(index, 0, rows.data(), rows.size() * sizeof(int32_t));
-        to_sample = ops_->scratch(static_cast<int64_t>(rows.size()), V, DType::F32);
-        ops_->gather_rows(logits, index.as<int32_t>(), to_sample);
+        Tensor index = ops.scratch(static_cast<int64_t>(rows.size()), 1, DType::I32);
+        ops.upload(index, 0, rows.data(), rows.size() * sizeof(int32_t));
+        to_sample = ops.scratch(static_cast<int64_t>(rows.size()), V, DType::F32);
+        ops.gather_rows(logits, index.as<int32_t>(), to_sample);
       }
-      ops_->sample(to_sample, input.sampling, output.samples);
+      ops.sample(to_sample, input.sampling, output.samples);
     }
-    ops_->synchronize();
+    ops.synchronize();
   } catch (const BackendError& e) {
     // The backend's state is unknown after a failure: every later step fails too. The
     // other ranks of the group may be waiting for this one in a collective: wake them.
-    ops_->abort_collectives(e.what());
-    failed_ = internal_error(std::string(ops_->name()) + " backend failure: " + e.what());
+    ops.abort_collectives(e.what());
+    failed_ = internal_error(std::string(ops.name()) + " backend failure: " + e.what());
     return failed_;
   }
   return Status::ok();

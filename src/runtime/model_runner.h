@@ -18,6 +18,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/op_profile.h"
 #include "backend/ops.h"
 #include "backend/sampling.h"
 #include "cache/cache_manager.h"
@@ -72,6 +73,9 @@ class StepRunner {
   virtual Result<std::vector<float>> encode_images(std::span<const vision::ImagePatches* const> images) {
     return unimplemented("images: this runner has no vision tower");
   }
+  // While set, every step times its ops one by one into *profile (eagerly, no graphs);
+  // nullptr turns it off. A group profiles its rank 0. False: this runner cannot.
+  virtual bool set_op_profile(OpProfile* profile) { return false; }
 };
 
 struct RunnerOptions {
@@ -101,6 +105,10 @@ class ModelRunner final : public StepRunner {
   RunnerStats stats() const override { return {steps_, graph_replays_, tokens_computed_}; }
   int64_t free_bytes() const override { return ops_->free_bytes(); }
   Result<std::vector<float>> encode_images(std::span<const vision::ImagePatches* const> images) override;
+  bool set_op_profile(OpProfile* profile) override {
+    profile_ = profile;
+    return true;
+  }
 
  private:
   ModelRunner() = default;
@@ -118,6 +126,7 @@ class ModelRunner final : public StepRunner {
   int64_t steps_ = 0;
   int64_t graph_replays_ = 0;
   int64_t tokens_computed_ = 0;
+  OpProfile* profile_ = nullptr;
   Status failed_ = Status::ok();  // sticky: the backend's state is unknown after a failure
 };
 

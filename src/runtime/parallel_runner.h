@@ -25,6 +25,7 @@ class ParallelRunner final : public StepRunner {
   int vocab() const override { return ranks_[0]->vocab(); }
   RunnerStats stats() const override { return ranks_[0]->stats(); }
   int64_t free_bytes() const override;
+  bool set_op_profile(OpProfile* profile) override { return ranks_[0]->set_op_profile(profile); }
   int size() const { return static_cast<int>(ranks_.size()); }
   ModelRunner& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
 

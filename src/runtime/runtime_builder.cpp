@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "runtime/parallel_runner.h"
 #if MOONRUN_HAS_CUDA
+#include "backend/cuda/common/device_peaks.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/nccl_comm.h"
 #endif
@@ -103,6 +104,20 @@ Result<std::string> make_nccl_id_hex() {
   return MR_TRY(cuda::nccl_unique_id()).hex();
 #else
   return failed_precondition("NCCL needs the CUDA backend, which this build does not have");
+#endif
+}
+
+Result<DevicePeakFigures> measure_device_peaks(int cuda_device) {
+#if MOONRUN_HAS_CUDA
+  try {
+    const cuda::DevicePeaks p = cuda::measure_device_peaks(cuda_device);
+    return DevicePeakFigures{p.copy_gb_s, p.bf16_tflops};
+  } catch (const std::exception& e) {
+    return failed_precondition(std::string("measuring the GPU's copy bandwidth and GEMM rate: ") + e.what());
+  }
+#else
+  (void)cuda_device;
+  return failed_precondition("this build has no CUDA backend");
 #endif
 }
 
@@ -292,6 +307,7 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
   rt.device = lr.device;
   rt.dtype_name = lr.dtype_name;
   rt.config = lr.config;
+  rt.weight_bytes = static_cast<int64_t>(lr.models[0]->weight_bytes());
   rt.cache = MR_TRY(size_cache(lr, lr.budget_bytes, o));
   rt.runner = MR_TRY(make_runner(lr, rt.cache, o));
   return rt;

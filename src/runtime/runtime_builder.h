@@ -57,7 +57,16 @@ struct Runtime {
   ModelConfig config;
   std::string device;      // "cpu" or "cuda"
   std::string dtype_name;  // "float32", "bfloat16"
+  int64_t weight_bytes = 0;  // one rank's weights as loaded on the device
 };
+
+// The measured best of one GPU (backend/cuda/common/device_peaks.h): copy bandwidth and the
+// bf16 GEMM rate, for benchmarks' ratios. Fails on a build or machine without a GPU.
+struct DevicePeakFigures {
+  double copy_gb_s = 0;
+  double bf16_tflops = 0;
+};
+Result<DevicePeakFigures> measure_device_peaks(int cuda_device);
 
 // A new NCCL rendezvous id (hex) for node 0 to hand to the other nodes.
 Result<std::string> make_nccl_id_hex();

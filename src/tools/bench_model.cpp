@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <ctime>
+
+#include "backend/op_profile.h"
 
 #include "runtime/sequence_sampler.h"
 
@@ -27,6 +31,27 @@ std::vector<int32_t> tokens_of(int i, int n, int vocab, uint64_t seed) {
   return ids;
 }
 
+// Tokens in flight beyond which the caches are not filled by real prefill steps but taken
+// as already holding `context` positions of zeros: a decode step costs the same whatever
+// the cached values are, and a batch of 128 x 4k real prefill would take minutes.
+constexpr int64_t kMaxPrefillFillTokens = 32768;
+
+std::vector<OpFigure> op_figures(const OpProfile& p, int steps) {
+  std::vector<OpFigure> v;
+  for (const OpStat& s : p.sorted())
+    v.push_back({s.op, static_cast<double>(s.calls) / steps, 1e3 * s.seconds / steps, s.bytes / steps, s.flops / steps});
+  return v;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
 struct Seq {
   std::vector<int32_t> pages;
   int n_past = 0;
@@ -35,14 +60,48 @@ struct Seq {
 
 }  // namespace
 
+std::optional<PeerFigures> k3_slice_peer(const ModelConfig& c) {
+  if (c.hidden_size != 7168 || c.num_experts != 896 || c.num_hidden_layers != 3) return std::nullopt;
+  PeerFigures p;
+  p.source = "llama.cpp Kimi K3 port (CUDA, flash attention), one H200, 3-layer K3-width slice, 4k context "
+             "(issue #12)";
+  p.decode_tok_s = {{1, 336}, {8, 1463}, {32, 1303}, {128, 1546}};
+  p.floor_tok_s = {{1, 573}, {8, 3064}, {32, 6565}, {128, 15390}};
+  p.prefill_tok_s = 5366;
+  return p;
+}
+
+StepBytes decode_step_bytes(const ModelConfig& c, int64_t weight_bytes, bool bf16_weights, const CacheLayout& layout,
+                            int batch, int context, double* expected_experts) {
+  const double wbytes = bf16_weights ? 2.0 : 4.0;
+  int moe_layers = 0;
+  for (const LayerSpec& l : c.layers) moe_layers += l.mlp == MlpKind::moe ? 1 : 0;
+  const double expert_elems = 3.0 * c.moe_intermediate_size * c.expert_io_dim();
+  const double per_expert =
+      c.expert_quant == ExpertQuant::none ? expert_elems * wbytes : expert_elems * (0.5 + 1.0 / 32);  // MXFP4 + E8M0
+  const double all_experts = static_cast<double>(moe_layers) * c.num_experts * per_expert;
+  // The embedding table is read one row per token (unless it is also the lm_head).
+  const double table = c.tie_word_embeddings ? 0.0 : static_cast<double>(c.vocab_size) * c.hidden_size * wbytes;
+  StepBytes b;
+  b.dense = std::max(0.0, static_cast<double>(weight_bytes) - table - all_experts) + batch * c.hidden_size * wbytes;
+  // Distinct experts among batch x top-k uniform draws without replacement per token.
+  const double E = c.num_experts, K = c.num_experts_per_token;
+  const double distinct = E > 0 ? E * (1.0 - std::pow(1.0 - K / E, batch)) : 0.0;
+  if (expected_experts) *expected_experts = distinct;
+  b.experts = moe_layers * distinct * per_expert;
+  b.kv_cache = static_cast<double>(batch) * context * layout.kv_bytes_per_token;
+  b.state = 2.0 * batch * layout.state_bytes_per_slot;
+  return b;
+}
+
 Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   if (c.batches.empty()) return invalid_argument("--batch: at least one batch size");
   for (int b : c.batches)
     if (b < 1) return invalid_argument("--batch: sizes must be >= 1, got " + std::to_string(b));
-  if (c.context_tokens < 1 || c.decode_steps < 1 || c.warmup_steps < 0)
-    return invalid_argument("--context and --steps must be >= 1, --warmup >= 0");
+  if (c.context_tokens < 1 || c.decode_steps < 1 || c.warmup_steps < 0 || c.profile_steps < 1)
+    return invalid_argument("--context, --steps and --profile-steps must be >= 1, --warmup >= 0");
   const int max_batch = *std::max_element(c.batches.begin(), c.batches.end());
-  const int per_seq = c.context_tokens + c.warmup_steps + c.decode_steps + 1;
+  const int per_seq = c.context_tokens + c.warmup_steps + c.decode_steps + c.profile_steps + 1;
   RuntimeOptions ro = c.runtime;
   ro.max_running_requests = max_batch;
   ro.prefix_cache = false;
@@ -50,26 +109,46 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   const int ps = ro.page_size_tokens;
   const int pages_per_seq = (std::max(per_seq, c.prefill_tokens) + ps - 1) / ps;
   ro.max_total_tokens = static_cast<int64_t>(max_batch) * pages_per_seq * ps;
-  ro.max_tokens_per_step = std::max({c.context_tokens, c.prefill_tokens, max_batch});
+  const bool prefill_fill = static_cast<int64_t>(max_batch) * c.context_tokens <= kMaxPrefillFillTokens;
+  ro.max_tokens_per_step = std::max({prefill_fill ? c.context_tokens : 1, c.prefill_tokens, max_batch});
+
+  ModelBenchReport report;
+  const std::string device = resolve_device(ro.device);
+  if (device == "cuda") {
+    // Before the model takes the memory: the copy and GEMM buffers live outside the arena.
+    const DevicePeakFigures peaks = MR_TRY(measure_device_peaks(ro.cuda_device));
+    report.copy_gb_s = peaks.copy_gb_s;
+    report.bf16_tflops = peaks.bf16_tflops;
+    const std::vector<GpuDescription> gpus = visible_gpus();
+    if (ro.cuda_device < static_cast<int>(gpus.size())) report.gpu = gpus[ro.cuda_device].name;
+  }
   Runtime rt = MR_TRY(build_runtime(c.model, ro));
   StepRunner& runner = *rt.runner;
   const int vocab = rt.config.vocab_size;
 
-  ModelBenchReport report;
   report.model = c.model;
   report.device = rt.device;
   report.dtype = rt.dtype_name;
+  report.date = utc_now();
+  report.commit = c.commit;
+  report.weight_bytes = static_cast<double>(rt.weight_bytes);
   report.cuda_graphs = rt.device == "cuda" && ro.cuda_graphs;
   report.context_tokens = c.context_tokens;
+  report.caches_prefilled = prefill_fill;
+  report.peer = k3_slice_peer(rt.config);
   SamplingParams greedy;
   greedy.temperature = 0;
   StepOutput out;
+  OpProfile profile;
 
   for (int b : c.batches) {
     // Fresh sequences: slot i, pages [i * pages_per_seq, (i + 1) * pages_per_seq).
     std::vector<Seq> seqs(b);
     for (int i = 0; i < b; ++i) {
       for (int p = 0; p < pages_per_seq; ++p) seqs[i].pages.push_back(i * pages_per_seq + p);
+      seqs[i].n_past = c.context_tokens;
+      seqs[i].last = tokens_of(i, 1, vocab, c.seed + 7)[0];
+      if (!prefill_fill) continue;
       const std::vector<int32_t> prompt = tokens_of(i, c.context_tokens, vocab, c.seed);
       StepInput in;
       in.before.push_back({-1, i});
@@ -81,12 +160,20 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
       in.seqs.push_back(s);
       SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
       MR_RETURN_IF_ERROR(runner.step(in, out));
-      seqs[i].n_past = c.context_tokens;
       seqs[i].last = out.samples[0].token;
     }
+    const int total_steps = c.warmup_steps + c.decode_steps + (c.profile ? c.profile_steps : 0);
     double timed_s = 0;
-    for (int step = 0; step < c.warmup_steps + c.decode_steps; ++step) {
+    bool profiling = false;
+    for (int step = 0; step < total_steps; ++step) {
+      if (c.profile && step == c.warmup_steps + c.decode_steps) {
+        profile.clear();
+        profiling = runner.set_op_profile(&profile);
+        if (!profiling) break;
+      }
       StepInput in;
+      if (step == 0 && !prefill_fill)
+        for (int i = 0; i < b; ++i) in.before.push_back({-1, i});  // a clean state; the KV rows stay zero
       std::vector<int32_t> last(b);
       for (int i = 0; i < b; ++i) {
         last[i] = seqs[i].last;
@@ -101,7 +188,7 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
       }
       const auto t0 = std::chrono::steady_clock::now();
       MR_RETURN_IF_ERROR(runner.step(in, out));
-      if (step >= c.warmup_steps) timed_s += seconds_since(t0);
+      if (step >= c.warmup_steps && !profiling) timed_s += seconds_since(t0);
       for (int i = 0; i < b; ++i) {
         seqs[i].n_past += 1;
         seqs[i].last = out.samples[i].token;
@@ -111,6 +198,17 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     f.batch = b;
     f.step_ms = 1e3 * timed_s / c.decode_steps;
     f.tok_s = b * c.decode_steps / timed_s;
+    f.bytes = decode_step_bytes(rt.config, rt.weight_bytes, rt.dtype_name == "bfloat16", rt.cache.layout, b,
+                                c.context_tokens, &f.expected_experts);
+    if (report.copy_gb_s > 0) {
+      f.floor_tok_s = b / (f.bytes.total() / (report.copy_gb_s * 1e9));
+      f.floor_ratio = f.tok_s / f.floor_tok_s;
+    }
+    if (profiling) {
+      runner.set_op_profile(nullptr);
+      f.ops = op_figures(profile, c.profile_steps);
+      f.profiled_step_ms = 1e3 * profile.total_seconds() / c.profile_steps;
+    }
     report.decode.push_back(f);
   }
   double tok_s_b1 = 0;
@@ -122,51 +220,206 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     const std::vector<int32_t> prompt = tokens_of(999, c.prefill_tokens, vocab, c.seed);
     std::vector<int32_t> pages(pages_per_seq);
     for (int p = 0; p < pages_per_seq; ++p) pages[p] = p;
-    StepInput in;
-    in.before.push_back({-1, 0});
-    StepSeq s;
-    s.new_token_ids = prompt;
-    s.state_slot = 0;
-    s.pages = pages;
-    s.sample = true;
-    in.seqs.push_back(s);
-    SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
+    const auto prefill_once = [&]() -> Status {
+      StepInput in;
+      in.before.push_back({-1, 0});
+      StepSeq s;
+      s.new_token_ids = prompt;
+      s.state_slot = 0;
+      s.pages = pages;
+      s.sample = true;
+      in.seqs.push_back(s);
+      SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
+      return runner.step(in, out);
+    };
     const auto t0 = std::chrono::steady_clock::now();
-    MR_RETURN_IF_ERROR(runner.step(in, out));
+    MR_RETURN_IF_ERROR(prefill_once());
     report.prefill_tokens = c.prefill_tokens;
     report.prefill_s = seconds_since(t0);
     report.prefill_tok_s = c.prefill_tokens / report.prefill_s;
+    if (c.profile && (profile.clear(), runner.set_op_profile(&profile))) {
+      const Status st = prefill_once();
+      runner.set_op_profile(nullptr);
+      MR_RETURN_IF_ERROR(st);
+      report.prefill_ops = op_figures(profile, 1);
+      double flops = 0;
+      for (const OpFigure& o : report.prefill_ops) flops += o.flops;
+      report.prefill_tflops = flops / report.prefill_s / 1e12;
+      if (report.bf16_tflops > 0) report.prefill_peak_ratio = report.prefill_tflops / report.bf16_tflops;
+    }
   }
   return report;
 }
 
-std::string format_model_bench(const ModelBenchReport& r) {
+namespace {
+
+double peer_at(const std::vector<std::pair<int, double>>& v, int batch) {
+  for (const auto& [b, x] : v)
+    if (b == batch) return x;
+  return 0;
+}
+
+std::string ops_table(const std::vector<OpFigure>& ops, double step_ms, double copy_gb_s, double tflops) {
   std::string s;
-  char line[256];
-  std::snprintf(line, sizeof line, "moonrun bench-model: %s on %s (%s, CUDA graphs %s), %d tokens of context\n",
-                r.model.c_str(), r.device.c_str(), r.dtype.c_str(), r.cuda_graphs ? "on" : "off", r.context_tokens);
-  s += line;
-  s += "| batch | decode step (ms) | tok/s | tok/s vs batch 1 |\n|---:|---:|---:|---:|\n";
-  for (const DecodeFigure& f : r.decode) {
-    std::snprintf(line, sizeof line, "| %d | %.3f | %.1f | %.2fx |\n", f.batch, f.step_ms, f.tok_s, f.speedup_vs_b1);
+  char line[512];
+  s += "| op | calls | ms | % of ops | MB moved | GB/s | / copy bw | TFLOP/s |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  double total = 0;
+  for (const OpFigure& o : ops) total += o.ms;
+  for (const OpFigure& o : ops) {
+    const double gbs = o.ms > 0 ? o.bytes / (o.ms * 1e-3) / 1e9 : 0;
+    const double tf = o.ms > 0 ? o.flops / (o.ms * 1e-3) / 1e12 : 0;
+    char bw[32] = "-", rate[64] = "-";
+    if (copy_gb_s > 0) std::snprintf(bw, sizeof bw, "%.2f", gbs / copy_gb_s);
+    if (o.flops > 0 && tflops > 0) std::snprintf(rate, sizeof rate, "%.1f (%.2f of peak)", tf, tf / tflops);
+    else if (o.flops > 0) std::snprintf(rate, sizeof rate, "%.3f", tf);
+    std::snprintf(line, sizeof line, "| %s | %.0f | %.3f | %.1f | %.1f | %.0f | %s | %s |\n", o.op.c_str(), o.calls,
+                  o.ms, total > 0 ? 100 * o.ms / total : 0, o.bytes / 1e6, gbs, bw, rate);
     s += line;
   }
-  if (r.prefill_tokens > 0) {
-    std::snprintf(line, sizeof line, "prefill: %d tokens in %.3f s = %.1f tok/s\n", r.prefill_tokens, r.prefill_s,
-                  r.prefill_tok_s);
+  std::snprintf(line, sizeof line, "| **sum of ops** (each timed alone, eager) | | %.3f | 100 | | | | |\n", total);
+  s += line;
+  if (step_ms > 0) {
+    std::snprintf(line, sizeof line, "| real step (as timed above) | | %.3f | | | | | |\n", step_ms);
     s += line;
   }
   return s;
 }
 
+}  // namespace
+
+std::string format_model_bench(const ModelBenchReport& r) {
+  std::string s;
+  char line[512];
+  std::snprintf(line, sizeof line, "moonrun bench-model: %s on %s%s%s (%s, CUDA graphs %s), %d tokens of context%s\n",
+                r.model.c_str(), r.device.c_str(), r.gpu.empty() ? "" : " ", r.gpu.c_str(), r.dtype.c_str(),
+                r.cuda_graphs ? "on" : "off", r.context_tokens,
+                r.caches_prefilled ? " (prefilled)" : " (positions only: cached rows are zeros)");
+  s += line;
+  std::snprintf(line, sizeof line, "commit %s, %s; weights on the device %.2f GB\n", r.commit.c_str(), r.date.c_str(),
+                r.weight_bytes / 1e9);
+  s += line;
+  if (r.copy_gb_s > 0) {
+    std::snprintf(line, sizeof line,
+                  "measured in this run: copy bandwidth %.0f GB/s (device-to-device, read + write), bf16 GEMM %.0f "
+                  "TFLOP/s (8192^3, cuBLASLt)\n",
+                  r.copy_gb_s, r.bf16_tflops);
+    s += line;
+  }
+  s += "floor = the bytes a step must move (dense weights once + expected distinct experts + KV rows + KDA state "
+       "read and written) / copy bandwidth\n\n";
+  const bool peer = r.peer.has_value();
+  s += "| batch | step (ms) | tok/s | vs b=1 | MB/step (dense + experts + kv + state) | experts/layer | floor tok/s | "
+       "achieved / floor";
+  s += peer ? " | llama.cpp tok/s | moonrun / llama.cpp | issue's floor tok/s |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n"
+            : " |\n|---:|---:|---:|---:|---|---:|---:|---:|\n";
+  for (const DecodeFigure& f : r.decode) {
+    std::snprintf(line, sizeof line, "| %d | %.3f | %.1f | %.2fx | %.1f (%.1f + %.1f + %.1f + %.1f) | %.1f | %.0f | %.2f |",
+                  f.batch, f.step_ms, f.tok_s, f.speedup_vs_b1, f.bytes.total() / 1e6, f.bytes.dense / 1e6,
+                  f.bytes.experts / 1e6, f.bytes.kv_cache / 1e6, f.bytes.state / 1e6, f.expected_experts,
+                  f.floor_tok_s, f.floor_ratio);
+    s += line;
+    if (peer) {
+      const double p = peer_at(r.peer->decode_tok_s, f.batch);
+      std::snprintf(line, sizeof line, " %.0f | %.2f | %.0f |", p, p > 0 ? f.tok_s / p : 0,
+                    peer_at(r.peer->floor_tok_s, f.batch));
+      s += line;
+    }
+    s += "\n";
+  }
+  if (r.prefill_tokens > 0) {
+    std::snprintf(line, sizeof line, "\nprefill: %d tokens in %.3f s = %.1f tok/s", r.prefill_tokens, r.prefill_s,
+                  r.prefill_tok_s);
+    s += line;
+    if (r.prefill_tflops > 0) {
+      std::snprintf(line, sizeof line, ", %.1f TFLOP/s counted = %.2f of the measured bf16 GEMM peak",
+                    r.prefill_tflops, r.prefill_peak_ratio);
+      s += line;
+    }
+    if (peer && r.peer->prefill_tok_s > 0) {
+      std::snprintf(line, sizeof line, "; llama.cpp %.0f tok/s, moonrun / llama.cpp %.2f", r.peer->prefill_tok_s,
+                    r.prefill_tok_s / r.peer->prefill_tok_s);
+      s += line;
+    }
+    s += "\n";
+  }
+  if (peer) s += "peer: " + r.peer->source + "\n";
+  for (const DecodeFigure& f : r.decode) {
+    if (f.ops.empty()) continue;
+    std::snprintf(line, sizeof line, "\nper-op, decode batch %d (profiled step %.3f ms):\n", f.batch, f.profiled_step_ms);
+    s += line;
+    s += ops_table(f.ops, f.step_ms, r.copy_gb_s, r.bf16_tflops);
+  }
+  if (!r.prefill_ops.empty()) {
+    std::snprintf(line, sizeof line, "\nper-op, prefill of %d tokens:\n", r.prefill_tokens);
+    s += line;
+    s += ops_table(r.prefill_ops, 1e3 * r.prefill_s, r.copy_gb_s, r.bf16_tflops);
+  }
+  return s;
+}
+
+namespace {
+nlohmann::json ops_json(const std::vector<OpFigure>& ops, double copy_gb_s, double tflops) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const OpFigure& o : ops) {
+    const double gbs = o.ms > 0 ? o.bytes / (o.ms * 1e-3) / 1e9 : 0;
+    const double tf = o.ms > 0 ? o.flops / (o.ms * 1e-3) / 1e12 : 0;
+    a.push_back({{"op", o.op},
+                 {"calls", o.calls},
+                 {"ms", o.ms},
+                 {"bytes", o.bytes},
+                 {"flops", o.flops},
+                 {"gb_s", gbs},
+                 {"bandwidth_ratio", copy_gb_s > 0 ? gbs / copy_gb_s : 0},
+                 {"tflops", tf},
+                 {"peak_ratio", tflops > 0 ? tf / tflops : 0}});
+  }
+  return a;
+}
+}  // namespace
+
 nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
-  nlohmann::json j = {{"model", r.model},           {"device", r.device}, {"dtype", r.dtype},
-                      {"cuda_graphs", r.cuda_graphs}, {"context_tokens", r.context_tokens}};
+  nlohmann::json j = {{"model", r.model},
+                      {"device", r.device},
+                      {"gpu", r.gpu},
+                      {"date", r.date},
+                      {"commit", r.commit},
+                      {"dtype", r.dtype},
+                      {"cuda_graphs", r.cuda_graphs},
+                      {"context_tokens", r.context_tokens},
+                      {"caches_prefilled", r.caches_prefilled},
+                      {"copy_tb_s", r.copy_gb_s / 1e3},
+                      {"bf16_gemm_tflops", r.bf16_tflops},
+                      {"weight_bytes", r.weight_bytes}};
   j["decode"] = nlohmann::json::array();
-  for (const DecodeFigure& f : r.decode)
-    j["decode"].push_back(
-        {{"batch", f.batch}, {"step_ms", f.step_ms}, {"tok_s", f.tok_s}, {"speedup_vs_b1", f.speedup_vs_b1}});
-  if (r.prefill_tokens > 0) j["prefill"] = {{"tokens", r.prefill_tokens}, {"seconds", r.prefill_s}, {"tok_s", r.prefill_tok_s}};
+  for (const DecodeFigure& f : r.decode) {
+    nlohmann::json d = {{"batch", f.batch},
+                        {"step_ms", f.step_ms},
+                        {"tok_s", f.tok_s},
+                        {"speedup_vs_b1", f.speedup_vs_b1},
+                        {"bytes", f.bytes.total()},
+                        {"bytes_parts",
+                         {{"dense", f.bytes.dense}, {"experts", f.bytes.experts}, {"kv_cache", f.bytes.kv_cache},
+                          {"state", f.bytes.state}}},
+                        {"expected_experts_per_layer", f.expected_experts},
+                        {"floor_tok_s", f.floor_tok_s},
+                        {"floor_ratio", f.floor_ratio},
+                        {"profiled_step_ms", f.profiled_step_ms},
+                        {"ops", ops_json(f.ops, r.copy_gb_s, r.bf16_tflops)}};
+    j["decode"].push_back(d);
+  }
+  if (r.prefill_tokens > 0) {
+    j["prefill"] = {{"tokens", r.prefill_tokens}, {"seconds", r.prefill_s}, {"tok_s", r.prefill_tok_s},
+                    {"tflops", r.prefill_tflops}, {"ops", ops_json(r.prefill_ops, r.copy_gb_s, r.bf16_tflops)}};
+    j["prefill_tok_s"] = r.prefill_tok_s;
+    j["prefill_peak_ratio"] = r.prefill_peak_ratio;
+  }
+  if (r.peer) {
+    nlohmann::json p = {{"source", r.peer->source}, {"prefill_tok_s", r.peer->prefill_tok_s}};
+    p["decode"] = nlohmann::json::array();
+    for (const auto& [b, x] : r.peer->decode_tok_s)
+      p["decode"].push_back({{"batch", b}, {"tok_s", x}, {"floor_tok_s", peer_at(r.peer->floor_tok_s, b)}});
+    j["peer"] = p;
+  }
   return j;
 }
 

@@ -6,6 +6,7 @@
 // step's CUDA graph), with sampling on the device and the token ids back on the host, as
 // the engine runs them.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,25 @@ struct ModelBenchConfig {
   int warmup_steps = 3;
   int decode_steps = 32;
   int prefill_tokens = 0;           // > 0: also time one prompt of this many tokens
+  bool profile = true;              // per-op tables (extra, eager steps after the timed ones)
+  int profile_steps = 3;
+  std::string commit;               // recorded in the JSON
   uint64_t seed = 1;
+};
+
+// One op's share of a profiled step (backend/op_profile.h), per step.
+struct OpFigure {
+  std::string op;
+  double calls = 0, ms = 0, bytes = 0, flops = 0;
+};
+
+// The bytes one decode step must move at least, by part: the floor's terms.
+struct StepBytes {
+  double dense = 0;        // every weight but the embedding table and the routed experts
+  double experts = 0;      // expected distinct experts for the batch, every MoE layer
+  double kv_cache = 0;     // each sequence's cached rows, read once
+  double state = 0;        // each sequence's recurrent state, read and written
+  double total() const { return dense + experts + kv_cache + state; }
 };
 
 struct DecodeFigure {
@@ -32,19 +51,49 @@ struct DecodeFigure {
   double step_ms = 0;        // mean wall time of one decode step (forward + sampling)
   double tok_s = 0;          // batch / step time
   double speedup_vs_b1 = 0;  // tok_s / tok_s at batch 1 (0 when batch 1 was not run)
+  StepBytes bytes;           // what the floor counts
+  double floor_tok_s = 0;    // batch / (bytes / measured copy bandwidth); 0 without it
+  double floor_ratio = 0;    // tok_s / floor_tok_s
+  double expected_experts = 0;  // distinct experts per MoE layer, uniform routing
+  std::vector<OpFigure> ops;    // the profiled step, largest first
+  double profiled_step_ms = 0;  // the ops' sum in the profiled (eager, synchronised) steps
+};
+
+// Figures another engine reached on the same model shape (for the ratios), and the floor
+// its publisher computed.
+struct PeerFigures {
+  std::string source;
+  std::vector<std::pair<int, double>> decode_tok_s;  // (batch, tok/s)
+  std::vector<std::pair<int, double>> floor_tok_s;
+  double prefill_tok_s = 0;
 };
 
 struct ModelBenchReport {
-  std::string model, device, dtype;
+  std::string model, device, dtype, gpu, date, commit;
   bool cuda_graphs = false;
   int context_tokens = 0;
+  bool caches_prefilled = true;  // false: positions only (the cached values are zeros)
+  double copy_gb_s = 0, bf16_tflops = 0;  // measured in this run (GPU); 0 on the CPU
+  double weight_bytes = 0;
   std::vector<DecodeFigure> decode;
   int prefill_tokens = 0;
   double prefill_s = 0, prefill_tok_s = 0;
+  double prefill_tflops = 0;      // counted GEMM/attention FLOPs / prefill time (needs the profile)
+  double prefill_peak_ratio = 0;  // prefill_tflops / bf16_tflops
+  std::vector<OpFigure> prefill_ops;
+  std::optional<PeerFigures> peer;
 };
 
+// Issue #12's llama.cpp figures for the K3-width 3-layer slice at 4k context on one H200,
+// when the model has that shape (hidden 7168, 896 experts, 3 layers); nullopt otherwise.
+std::optional<PeerFigures> k3_slice_peer(const ModelConfig& config);
+// Bytes a decode step of `batch` sequences at `context` tokens must move (see StepBytes).
+StepBytes decode_step_bytes(const ModelConfig& config, int64_t weight_bytes, bool bf16_weights,
+                            const CacheLayout& layout, int batch, int context, double* expected_experts = nullptr);
+
 Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& config);
-// The table, with the ratio to batch 1 last.
+// The tables: decode (with the floor and peer ratios last), prefill, then one per-op table
+// per profiled step.
 std::string format_model_bench(const ModelBenchReport& report);
 nlohmann::json model_bench_to_json(const ModelBenchReport& report);
 
