@@ -8,18 +8,15 @@
 
 namespace moonrun::server {
 
-Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body) {
-  PreparedChat out;
-  out.request = MR_TRY(chat::parse_chat_request(body));
-
+Result<ChatPrompt> chat_prompt(const ServingContext& ctx, const chat::ChatRequest& request,
+                               chat::RenderOptions render) {
   // Images, in message order (the order the chat format consumes them): each one decoded
   // and preprocessed now, so a bad image is a 400 before anything is queued.
-  chat::RenderOptions render;
   std::vector<int> tokens_per_image;
   int64_t patches = 0;
   auto images = std::make_shared<vision::PromptImages>();
-  for (size_t i = 0; i < out.request.messages.size(); ++i) {
-    const chat::Content& content = out.request.messages[i].content;
+  for (size_t i = 0; i < request.messages.size(); ++i) {
+    const chat::Content& content = request.messages[i].content;
     if (content.num_images() == 0) continue;
     for (size_t k = 0; k < content.parts.size(); ++k) {
       if (content.parts[k].kind != chat::ContentPart::Kind::kImage) continue;
@@ -41,7 +38,8 @@ Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& b
     }
   }
 
-  auto segments = MR_TRY(chat::render_chat(ctx.chat_format, out.request, render));
+  ChatPrompt out;
+  auto segments = MR_TRY(chat::render_chat(ctx.chat_format, request, render));
   std::vector<uint32_t> ids;
   for (const auto& s : segments) ctx.tokenizer->encode_append(s.text, s.allow_special, ids);
   out.prompt_ids.assign(ids.begin(), ids.end());
@@ -50,6 +48,15 @@ Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& b
     out.prompt_ids = MR_TRY(vision::expand_placeholders(out.prompt_ids, images->placeholder_id, tokens_per_image));
     out.images = std::move(images);
   }
+  return out;
+}
+
+Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body) {
+  PreparedChat out;
+  out.request = MR_TRY(chat::parse_chat_request(body));
+  ChatPrompt prompt = MR_TRY(chat_prompt(ctx, out.request));
+  out.prompt_ids = std::move(prompt.prompt_ids);
+  out.images = std::move(prompt.images);
 
   // The sampling fields read the same body (unordered is fine for them).
   const nlohmann::json plain = nlohmann::json::parse(body.dump(-1, ' ', false, chat::Json::error_handler_t::replace));

@@ -89,6 +89,10 @@ test('streaming: the usage chunk carries the image tokens', async () => {
   for await (const chunk of stream) if (chunk.usage) usage = chunk.usage;
   assert.ok(usage, 'a usage chunk');
   assert.equal(usage.prompt_tokens_details.image_tokens, 25);
+  // /tokenize counts the prompt as the chat endpoint bills it: the image's 25 rows included.
+  const tok = await post(srv.base, '/tokenize', { model: 'moonrun-demo', messages: imageMessage(dataUri(makePng())) });
+  assert.equal(tok.status, 200, tok.text);
+  assert.equal(tok.json.count, usage.prompt_tokens);
 });
 
 test('bad images are 400s naming the problem, and the server keeps serving', async () => {
