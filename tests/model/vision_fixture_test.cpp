@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -23,6 +25,8 @@
 #include "model/vision/image_decode.h"
 #include "model/vision/placeholders.h"
 #include "model/vision/preprocess.h"
+#include "cache/cache_manager.h"
+#include "engine/engine.h"
 #include "runtime/generate.h"
 
 namespace moonrun {
@@ -132,6 +136,47 @@ TEST_F(VisionFixture, TowerRowsAndLogitsMatchTheReference) {
     EXPECT_LE(worst, tol);
     EXPECT_EQ(got->logits.size(), static_cast<size_t>(opt.max_tokens) * V);
   }
+}
+
+// Both cases at once through the engine with 16-token prefill chunks: the image rows cross
+// chunk boundaries and share steps with the other request's decode, and the greedy ids
+// are still the reference's (its margins, >= 0.04, dwarf the chunking's float noise).
+TEST_F(VisionFixture, EngineWithChunkedPrefillGivesTheReferenceTokens) {
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 512, 2);
+  ro.max_tokens_per_step = 64;  // the runner's bound (the tower takes 4 patches per token: 256 >= 240)
+  ro.page_size_tokens = 16;
+  Runtime rt = testing::make_runtime(vision_dir(), ro);
+  ASSERT_TRUE(rt.runner);
+  CacheManager cache(rt.cache);
+  Engine engine(EngineConfig{{.max_running_requests = 2, .max_tokens_per_step = 16}, 128, {}, 0}, cache, *rt.runner,
+                nullptr);
+  const int32_t placeholder = config_.at("media_placeholder_token_id").get<int32_t>();
+  uint64_t id = 0;
+  for (const auto& c : expected_.at("cases")) {
+    auto images = std::make_shared<vision::PromptImages>();
+    images->placeholder_id = placeholder;
+    std::vector<int> rows;
+    for (const auto& f : c.at("images")) {
+      images->images.push_back(load(f.get<std::string>()));
+      rows.push_back(images->images.back().num_tokens);
+    }
+    auto prompt = vision::expand_placeholders(c.at("prompt_ids").get<std::vector<int32_t>>(), placeholder, rows);
+    ASSERT_TRUE(prompt.is_ok());
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = c.at("max_tokens").get<int>();
+    p.ignore_eos = true;
+    const Status st = engine.add_request(id++, *prompt, p, images);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+  }
+  std::map<uint64_t, std::vector<int32_t>> got;
+  std::vector<RequestOutput> outs;
+  int steps = 0;
+  for (; engine.has_work() && steps < 1000; ++steps) ASSERT_TRUE(engine.step(outs).is_ok());
+  for (const auto& o : outs) got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  EXPECT_GT(steps, 7);  // 104 prompt positions in 16-token steps
+  for (uint64_t i = 0; i < id; ++i)
+    EXPECT_EQ(got[i], expected_.at("cases")[i].at("greedy_ids").get<std::vector<int32_t>>()) << "case " << i;
 }
 
 // The command line: --image files and one placeholder per image in --token-ids.
