@@ -141,7 +141,9 @@ test('operator limits: URLs allowed but never fetched, patch budget, images per 
     assert.equal(r.status, 400, r.text);
     assert.match(r.json.error.message, /more than 1 images .*--max-images-per-request/);
     // 112 x 112: 8 x 8 = 64 patches, 16 rows: prefilled in chunks of 16 tokens, so the
-    // image's rows cross chunk boundaries; greedy, it must answer as the one-chunk server.
+    // image's rows cross chunk boundaries. Same prompt as the one-chunk server; on the CPU
+    // the same greedy answer too (tests/model/vision_fixture_test.cpp holds the strict
+    // check against the reference; a bf16 GPU run may round the two chunkings apart).
     const mid = imageMessage(dataUri(makePng(112, 112)));
     r = await ask(mid);
     assert.equal(r.status, 200, r.text);
@@ -150,7 +152,9 @@ test('operator limits: URLs allowed but never fetched, patch budget, images per 
       { model: 'moonrun-demo', max_tokens: 2, temperature: 0, messages: mid });
     assert.equal(whole.status, 200, whole.text);
     assert.equal(whole.json.usage.prompt_tokens, r.json.usage.prompt_tokens);
-    assert.deepEqual(whole.json.choices[0].message, r.json.choices[0].message);
+    assert.equal(whole.json.usage.prompt_tokens_details.image_tokens, 16);
+    const cpu = /Backend: cpu|backend=cpu/.test(small.log());
+    if (cpu) assert.deepEqual(whole.json.choices[0].message, r.json.choices[0].message);
   } finally {
     await small.stop();
   }
