@@ -283,29 +283,34 @@ TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
   Backends& B = b();
   MixedBatch mb;
   const int T = mb.n_tokens();
-  MlaShape shp{4, 32, 16, 8, 24};  // heads, kv_lora, nope, rope, v
-  const int row = shp.row_width(), P = MixedBatch::kPages * MixedBatch::kPageSize;
-  const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
-  const DType kv_dtype = act();
-  // A pool already holding rows of the past positions.
-  const std::vector<float> pool = normal(static_cast<size_t>(P) * row, 50);
-  Pair ckv = put(B, normal(T * row, 51, 2.0f), T, row);
-  Pair nw = put(B, optest::random_uniform(shp.kv_lora, 52, 0.5f, 1.5f), 1, shp.kv_lora);
-  Pair q = put(B, normal(T * shp.num_heads * (shp.nope + shp.rope), 53), T, shp.num_heads * (shp.nope + shp.rope));
-  MatrixPair kv_b = put_matrix(B, normal(shp.num_heads * (shp.nope + shp.v_dim) * shp.kv_lora, 54, 0.2f),
-                               shp.num_heads * (shp.nope + shp.v_dim), shp.kv_lora);
-  for (MlaMode mode : {MlaMode::kAuto, MlaMode::kPlain, MlaMode::kAbsorbed}) {
-    const char* name = mode == MlaMode::kAuto ? "auto" : mode == MlaMode::kPlain ? "plain" : "absorbed";
-    Pair cache = put(B, pool, P, row, kv_dtype);
-    const KvLayer kc{cache.c.data, DType::F32, MixedBatch::kPageSize, row};
-    const KvLayer kg{cache.g.data, kv_dtype, MixedBatch::kPageSize, row};
-    B.cpu.mla_store(ckv.c, nw.c, 1e-6f, vc, kc);
-    B.gpu->mla_store(ckv.g, nw.g, 1e-6f, vg, kg);
-    expect_close(std::string("mla_store_") + name + "_" + B.mode(), "76rows", err(B, cache), B.tol(4e-3));
-    Pair o = out(B, T, shp.num_heads * shp.v_dim);
-    B.cpu.mla_attention(q.c, kv_b.c, vc, kc, shp, mode, o.c);
-    B.gpu->mla_attention(q.g, kv_b.g, vg, kg, shp, mode, o.g);
-    expect_close(std::string("mla_attention_") + name + "_" + B.mode(), "3seqs", err(B, o), B.tol(2e-2));
+  // The first shape takes the CUDA-core kernels; the second (16 heads, nope + rope and v
+  // multiples of 16) the grouped decode kernel and, in bf16, the tensor-core prefill.
+  // MlaShape: heads, kv_lora, nope, rope, v.
+  for (const MlaShape shp : {MlaShape{4, 32, 16, 8, 24}, MlaShape{16, 32, 24, 8, 32}}) {
+    const int row = shp.row_width(), P = MixedBatch::kPages * MixedBatch::kPageSize;
+    const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
+    const DType kv_dtype = act();
+    // A pool already holding rows of the past positions.
+    const std::vector<float> pool = normal(static_cast<size_t>(P) * row, 50);
+    Pair ckv = put(B, normal(T * row, 51, 2.0f), T, row);
+    Pair nw = put(B, optest::random_uniform(shp.kv_lora, 52, 0.5f, 1.5f), 1, shp.kv_lora);
+    Pair q = put(B, normal(T * shp.num_heads * (shp.nope + shp.rope), 53), T, shp.num_heads * (shp.nope + shp.rope));
+    MatrixPair kv_b = put_matrix(B, normal(shp.num_heads * (shp.nope + shp.v_dim) * shp.kv_lora, 54, 0.2f),
+                                 shp.num_heads * (shp.nope + shp.v_dim), shp.kv_lora);
+    for (MlaMode mode : {MlaMode::kAuto, MlaMode::kPlain, MlaMode::kAbsorbed}) {
+      const char* name = mode == MlaMode::kAuto ? "auto" : mode == MlaMode::kPlain ? "plain" : "absorbed";
+      Pair cache = put(B, pool, P, row, kv_dtype);
+      const KvLayer kc{cache.c.data, DType::F32, MixedBatch::kPageSize, row};
+      const KvLayer kg{cache.g.data, kv_dtype, MixedBatch::kPageSize, row};
+      B.cpu.mla_store(ckv.c, nw.c, 1e-6f, vc, kc);
+      B.gpu->mla_store(ckv.g, nw.g, 1e-6f, vg, kg);
+      expect_close(std::string("mla_store_") + name + "_" + B.mode(), "76rows", err(B, cache), B.tol(4e-3));
+      Pair o = out(B, T, shp.num_heads * shp.v_dim);
+      B.cpu.mla_attention(q.c, kv_b.c, vc, kc, shp, mode, o.c);
+      B.gpu->mla_attention(q.g, kv_b.g, vg, kg, shp, mode, o.g);
+      expect_close(std::string("mla_attention_") + name + "_" + B.mode(),
+                   "3seqs_" + std::to_string(shp.num_heads) + "heads", err(B, o), B.tol(2e-2));
+    }
   }
 }
 
@@ -324,48 +329,57 @@ TEST_P(BackendOps, RouterAndExperts) {
                  testing::download(*B.gpu, ids.g), testing::download(B.cpu, ids.c));
     expect_close(std::string("router_weights_") + B.mode(), "21x16", err(B, w), 1e-6);
   }
-  // experts: MXFP4 (the same codes on both) and dense
-  std::vector<int32_t> ids;
-  for (int t = 0; t < T; ++t)
-    for (int k = 0; k < K; ++k) ids.push_back((t * 5 + k * 3) % (E - 3));  // not every expert
-  Pair id = put_i32(B, ids, T, K);
-  Pair wt = put(B, optest::random_uniform(T * K, 62, 0.0f, 1.0f), T, K);
-  Pair x = put(B, normal(T * Dm, 63), T, Dm, act());
-  for (bool mxfp4 : {true, false}) {
-    auto experts = [&](int out_f, int in_f, uint64_t seed) {
-      ExpertMatrices c, g;
-      c.num_experts = g.num_experts = E;
-      c.stacked.out = g.stacked.out = out_f;
-      c.stacked.in = g.stacked.in = in_f;
-      if (mxfp4) {
-        std::vector<uint8_t> codes(static_cast<size_t>(E) * out_f * in_f / 2), scales(static_cast<size_t>(E) * out_f * in_f / 32);
-        testing::Rng r(seed);
-        for (auto& v : codes) v = static_cast<uint8_t>(r.bits());
-        for (auto& v : scales) v = static_cast<uint8_t>(120 + r.bits() % 5);
-        for (Ops* ops : {static_cast<Ops*>(&B.cpu), B.gpu.get()}) {
-          ExpertMatrices& m = ops == &B.cpu ? c : g;
-          m.stacked.w = ops->alloc(static_cast<int64_t>(E) * out_f, in_f / 2, DType::U8, "codes");
-          m.stacked.scales = ops->alloc(static_cast<int64_t>(E) * out_f, in_f / 32, DType::U8, "scales");
-          ops->upload(m.stacked.w, 0, codes.data(), codes.size());
-          ops->upload(m.stacked.scales, 0, scales.data(), scales.size());
+  // experts: MXFP4 (the same codes on both) and dense. The last two shapes take the
+  // tensor-core MXFP4 kernel for all three projections (in % 64, out % 16): a decode-sized
+  // batch (8-token tiles) and one with more than one 32-token tile per expert; the first
+  // leaves w2 (in 96) to the CUDA-core kernel.
+  struct Shape {
+    int T, Dm, I;
+  };
+  for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}}) {
+    const int Tn = sh.T, Dn = sh.Dm, In = sh.I;
+    std::vector<int32_t> ids;
+    for (int t = 0; t < Tn; ++t)
+      for (int k = 0; k < K; ++k) ids.push_back((t * 5 + k * 3) % (E - 3));  // not every expert
+    Pair id = put_i32(B, ids, Tn, K);
+    Pair wt = put(B, optest::random_uniform(Tn * K, 62, 0.0f, 1.0f), Tn, K);
+    Pair x = put(B, normal(Tn * Dn, 63), Tn, Dn, act());
+    for (bool mxfp4 : {true, false}) {
+      auto experts = [&](int out_f, int in_f, uint64_t seed) {
+        ExpertMatrices c, g;
+        c.num_experts = g.num_experts = E;
+        c.stacked.out = g.stacked.out = out_f;
+        c.stacked.in = g.stacked.in = in_f;
+        if (mxfp4) {
+          std::vector<uint8_t> codes(static_cast<size_t>(E) * out_f * in_f / 2), scales(static_cast<size_t>(E) * out_f * in_f / 32);
+          testing::Rng r(seed);
+          for (auto& v : codes) v = static_cast<uint8_t>(r.bits());
+          for (auto& v : scales) v = static_cast<uint8_t>(120 + r.bits() % 5);
+          for (Ops* ops : {static_cast<Ops*>(&B.cpu), B.gpu.get()}) {
+            ExpertMatrices& m = ops == &B.cpu ? c : g;
+            m.stacked.w = ops->alloc(static_cast<int64_t>(E) * out_f, in_f / 2, DType::U8, "codes");
+            m.stacked.scales = ops->alloc(static_cast<int64_t>(E) * out_f, in_f / 32, DType::U8, "scales");
+            ops->upload(m.stacked.w, 0, codes.data(), codes.size());
+            ops->upload(m.stacked.scales, 0, scales.data(), scales.size());
+          }
+        } else {
+          Pair w = put(B, normal(static_cast<size_t>(E) * out_f * in_f, seed, 0.1f), static_cast<int64_t>(E) * out_f,
+                       in_f, B.gpu->weight_dtype());
+          c.stacked.w = w.c;
+          g.stacked.w = w.g;
         }
-      } else {
-        Pair w = put(B, normal(static_cast<size_t>(E) * out_f * in_f, seed, 0.1f), static_cast<int64_t>(E) * out_f,
-                     in_f, B.gpu->weight_dtype());
-        c.stacked.w = w.c;
-        g.stacked.w = w.g;
-      }
-      return std::pair{c, g};
-    };
-    auto [w1c, w1g] = experts(I, Dm, 70);
-    auto [w3c, w3g] = experts(I, Dm, 71);
-    auto [w2c, w2g] = experts(Dm, I, 72);
-    Pair y = out(B, T, Dm);
-    const ActivationParams ap{true, 4.0f, 25.0f};
-    B.cpu.moe_experts(x.c, id.c, wt.c, w1c, w3c, w2c, ap, y.c);
-    B.gpu->moe_experts(x.g, id.g, wt.g, w1g, w3g, w2g, ap, y.g);
-    expect_close(std::string("moe_experts_") + (mxfp4 ? "mxfp4_" : "dense_") + B.mode(), "21x64", err(B, y),
-                 B.tol(2e-2));
+        return std::pair{c, g};
+      };
+      auto [w1c, w1g] = experts(In, Dn, 70);
+      auto [w3c, w3g] = experts(In, Dn, 71);
+      auto [w2c, w2g] = experts(Dn, In, 72);
+      Pair y = out(B, Tn, Dn);
+      const ActivationParams ap{true, 4.0f, 25.0f};
+      B.cpu.moe_experts(x.c, id.c, wt.c, w1c, w3c, w2c, ap, y.c);
+      B.gpu->moe_experts(x.g, id.g, wt.g, w1g, w3g, w2g, ap, y.g);
+      expect_close(std::string("moe_experts_") + (mxfp4 ? "mxfp4_" : "dense_") + B.mode(),
+                   std::to_string(Tn) + "x" + std::to_string(Dn) + "x" + std::to_string(In), err(B, y), B.tol(2e-2));
+    }
   }
 }
 

@@ -331,10 +331,18 @@ class CudaOps final : public Ops {
       const int P = s.n_past + s.n_new;
       const int32_t* pages = batch.page_table + s.page_start;
       Tensor latents = scratch(P, shp.kv_lora, act_dtype());
+      mla_gather_latents(cache, pages, P, shp.kv_lora, act_dtype() == DType::BF16, latents.data, stream_);
+      if (!float32_ && mla_flash_prefill_supported(shp)) {
+        // bf16: flash attention on the tensor cores over bf16 keys and values.
+        Tensor kv16 = scratch(P, static_cast<int64_t>(H) * (shp.nope + shp.v_dim), DType::BF16);
+        linear(latents, kv_b, kv16);
+        mla_flash_prefill(q.as<float>() + s.token_start * q_width, kv16.as<bf16>(), cache, pages, s.n_new, s.n_past,
+                          shp, o.as<float>() + s.token_start * o_width, stream_);
+        continue;
+      }
       Tensor kv = scratch(P, static_cast<int64_t>(H) * (shp.nope + shp.v_dim), DType::F32);
       Tensor partials =
           scratch(static_cast<int64_t>(mla_plain_partial_floats(s.n_new, H, P, shp.v_dim)) + 1, 1, DType::F32);
-      mla_gather_latents(cache, pages, P, shp.kv_lora, act_dtype() == DType::BF16, latents.data, stream_);
       linear(latents, kv_b, kv);
       mla_attend_plain(q.as<float>() + s.token_start * q_width, kv.as<float>(), cache, pages, s.n_new, s.n_past, shp,
                        o.as<float>() + s.token_start * o_width, partials.as<float>(), stream_);
@@ -370,10 +378,10 @@ class CudaOps final : public Ops {
     Tensor out = scratch(n_slots, D, DType::F32);
     // Slots of another expert-parallel rank's experts add nothing to the combine.
     if (parallel_size() > 1) zero(out);
-    grouped_expert_linear(x.data, x_bf16, K, stacked(w1), groups, max_active, g.as<float>(), stream_);
-    grouped_expert_linear(x.data, x_bf16, K, stacked(w3), groups, max_active, u.as<float>(), stream_);
+    grouped_expert_linear(x.data, x_bf16, K, stacked(w1), groups, max_active, T, g.as<float>(), stream_);
+    grouped_expert_linear(x.data, x_bf16, K, stacked(w3), groups, max_active, T, u.as<float>(), stream_);
     gated_activation(g, u, act, h);
-    grouped_expert_linear(h.data, x_bf16, 1, stacked(w2), groups, max_active, out.as<float>(), stream_);
+    grouped_expert_linear(h.data, x_bf16, 1, stacked(w2), groups, max_active, T, out.as<float>(), stream_);
     combine_experts(out.as<float>(), weights.as<float>(), T, K, D, y.as<float>(), stream_);
   }
 

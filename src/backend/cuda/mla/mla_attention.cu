@@ -21,6 +21,7 @@
 // rewrite: decode 0.29 ms absorbed, a 4-token chunk 0.31 ms plain, a 512-token prompt 4.2 ms.)
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include "common/check.h"
 #include "backend/cuda/common/cuda_check.h"
@@ -254,6 +255,180 @@ __global__ void expand_output_kernel(const float* __restrict__ o_lat, const W* _
   }
 }
 
+// ---- decode over all heads of a group at once -------------------------------------------
+// The absorbed key and value are the same cache row for every head, so the kernel above,
+// which runs one block per (token, head), reads each row num_heads times (96 in K3: at
+// batch 128 over 4k positions that is 58 GB a layer). This one runs one block per (token,
+// group of 16 heads, split) and stages each chunk of 32 rows in shared memory once for the
+// 16 heads: scores for 16 x 32 (head, position) pairs, an online softmax per head, and the
+// 16 x kv_lora accumulators, all fp32 as above. For bf16 caches with num_heads % 16 == 0.
+constexpr int kGroupHeads = 16;
+constexpr int kGroupChunk = 32;
+constexpr int kMaxLatent = 512;  // accumulators per thread: 4 heads x 8 dims; 64 x 8 = 512 dims
+
+__host__ __device__ inline int group_row_stride(int row_width) { return row_width + 2; }  // bf16, +4 B: banks
+
+size_t group_smem_bytes(int row_width) {
+  return static_cast<size_t>(kGroupHeads) * row_width * sizeof(float) +                 // q
+         static_cast<size_t>(kGroupChunk) * group_row_stride(row_width) * sizeof(bf16) +  // rows
+         static_cast<size_t>(kGroupHeads) * kGroupChunk * sizeof(float) +                 // p
+         3 * kGroupHeads * sizeof(float);                                                 // m, l, factor
+}
+
+// grid (n_tokens, num_heads / 16, n_splits), kThreads threads.
+__global__ void __launch_bounds__(kThreads) attend_group_kernel(const float* __restrict__ q_abs,
+                                                                AbsorbedSource<bf16> src, int kv_lora, int rope,
+                                                                float scale, float* __restrict__ o,
+                                                                float* __restrict__ part_acc,
+                                                                float* __restrict__ part_ml) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int row_width = kv_lora + rope, stride = group_row_stride(row_width);
+  float* q_s = reinterpret_cast<float*>(smem_raw);                          // [16][row_width]
+  bf16* rows = reinterpret_cast<bf16*>(q_s + kGroupHeads * row_width);      // [32][stride]
+  float* p_s = reinterpret_cast<float*>(rows + kGroupChunk * stride);       // [16][32]
+  float* m_s = p_s + kGroupHeads * kGroupChunk;                             // [16]
+  float* l_s = m_s + kGroupHeads;                                           // [16]
+  float* f_s = l_s + kGroupHeads;                                           // [16]
+  const int t = blockIdx.x, h0 = blockIdx.y * kGroupHeads, num_heads = gridDim.y * kGroupHeads;
+  const int split = blockIdx.z, n_splits = gridDim.z;
+  const int visible = src.bind(t);
+  if (visible <= 0) return;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  for (int i = tid; i < kGroupHeads * row_width; i += kThreads)
+    q_s[i] = q_abs[(static_cast<int64_t>(t) * num_heads + h0) * row_width + i];
+  if (tid < kGroupHeads) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0;
+  }
+  const int span = (visible + n_splits - 1) / n_splits;
+  const int begin = split * span, end = min(visible, begin + span);
+  // Value accumulators: heads ah0 .. ah0 + 3, latent dims j0 .. j0 + 7.
+  const int ah0 = (tid / 64) * 4, j0 = (tid % 64) * 8;
+  const bool owns_dims = j0 < kv_lora;
+  float acc[4][8];
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[a][j] = 0;
+  // Scores: head sh, positions sp and sp + 16.
+  const int sh = tid / 16, sp = tid % 16;
+  const int pieces = row_width / 8;  // 16-byte pieces per row
+
+  for (int c0 = begin; c0 < end; c0 += kGroupChunk) {
+    const int n = min(kGroupChunk, end - c0);
+    __syncthreads();  // the previous chunk's rows and p are read
+    for (int i = tid; i < kGroupChunk * pieces; i += kThreads) {
+      const int r = i / pieces, piece = i % pieces;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < n) v = *reinterpret_cast<const uint4*>(src.key_a(c0 + r, 0) + piece * 8);
+      // The padded stride is 4-byte aligned only: store as words.
+      uint32_t* dst = reinterpret_cast<uint32_t*>(rows + r * stride + piece * 8);
+      dst[0] = v.x;
+      dst[1] = v.y;
+      dst[2] = v.z;
+      dst[3] = v.w;
+    }
+    __syncthreads();
+    {
+      const float* qh = q_s + sh * row_width;
+      const __nv_bfloat162* ka = reinterpret_cast<const __nv_bfloat162*>(rows + sp * stride);
+      const __nv_bfloat162* kb = reinterpret_cast<const __nv_bfloat162*>(rows + (sp + 16) * stride);
+      float s0 = 0, s1 = 0;
+      for (int d = 0; d < row_width / 2; ++d) {
+        const float2 qq = *reinterpret_cast<const float2*>(qh + 2 * d);
+        const float2 x0 = __bfloat1622float2(ka[d]), x1 = __bfloat1622float2(kb[d]);
+        s0 = fmaf(qq.x, x0.x, fmaf(qq.y, x0.y, s0));
+        s1 = fmaf(qq.x, x1.x, fmaf(qq.y, x1.y, s1));
+      }
+      p_s[sh * kGroupChunk + sp] = sp < n ? s0 * scale : -INFINITY;
+      p_s[sh * kGroupChunk + sp + 16] = sp + 16 < n ? s1 * scale : -INFINITY;
+    }
+    __syncthreads();
+    // Online softmax per head: warp w takes heads 2w and 2w + 1, a lane per position.
+    for (int hh = 2 * warp; hh < 2 * warp + 2; ++hh) {
+      const float sc = p_s[hh * kGroupChunk + lane];
+      const float m_old = m_s[hh];
+      const float m_new = fmaxf(m_old, warp_max(sc));
+      const float e = expf(sc - m_new);  // 0 for the positions past n
+      const float sum = warp_sum(e);
+      p_s[hh * kGroupChunk + lane] = e;
+      if (lane == 0) {
+        const float factor = expf(m_old - m_new);  // 0 on the first chunk
+        f_s[hh] = factor;
+        l_s[hh] = l_s[hh] * factor + sum;
+        m_s[hh] = m_new;
+      }
+    }
+    __syncthreads();
+    if (owns_dims) {
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const float f = f_s[ah0 + a];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[a][j] *= f;
+      }
+      for (int r = 0; r < n; ++r) {
+        const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(rows + r * stride + j0);
+        float vv[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 x = __bfloat1622float2(v[j]);
+          vv[2 * j] = x.x;
+          vv[2 * j + 1] = x.y;
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+          const float p = p_s[(ah0 + a) * kGroupChunk + r];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[a][j] = fmaf(p, vv[j], acc[a][j]);
+        }
+      }
+    }
+  }
+  __syncthreads();  // the last chunk's m, l are written
+  if (!owns_dims) return;
+#pragma unroll
+  for (int a = 0; a < 4; ++a) {
+    const int h = h0 + ah0 + a;
+    const int64_t th = static_cast<int64_t>(t) * num_heads + h;
+    if (n_splits == 1) {
+      const float inv_l = 1.0f / l_s[ah0 + a];
+      float* ot = o + th * kv_lora + j0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ot[j] = acc[a][j] * inv_l;
+    } else {
+      const int64_t ts = th * n_splits + split;
+      float* pa = part_acc + ts * kv_lora + j0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) pa[j] = acc[a][j];
+      if (j0 == 0) {
+        part_ml[ts * 2] = m_s[ah0 + a];
+        part_ml[ts * 2 + 1] = l_s[ah0 + a];
+      }
+    }
+  }
+}
+
+// Opts the kernel in to more than 48 KB of dynamic shared memory, once per device (the
+// attribute is per context) and outside any stream capture's way: the first call of a
+// process usually comes from an eager step, and the call is not a stream operation.
+void allow_group_smem(size_t bytes) {
+  static std::mutex mu;
+  static size_t allowed[64] = {};
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 64 && allowed[device] >= bytes) return;
+  CUDA_CHECK(cudaFuncSetAttribute(attend_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(200 * 1024)));
+  if (device < 64) allowed[device] = 200 * 1024;
+}
+
+bool group_kernel_applies(int num_heads, int kv_lora, int rope, DType cache_dtype) {
+  return cache_dtype == DType::BF16 && num_heads % kGroupHeads == 0 && kv_lora % 8 == 0 && kv_lora <= kMaxLatent &&
+         (kv_lora + rope) % 8 == 0 && group_smem_bytes(kv_lora + rope) <= 200 * 1024;
+}
+
 float softmax_scale(int nope, int rope) { return 1.0f / std::sqrt(static_cast<float>(nope + rope)); }
 
 int plain_splits(int n_tokens, int num_heads, int n_positions) {
@@ -265,6 +440,11 @@ int plain_splits(int n_tokens, int num_heads, int n_positions) {
 }
 
 int absorbed_splits(int n_tokens, int num_heads) {
+  if (num_heads % kGroupHeads == 0) {
+    // The grouped kernel: (token, head group) pairs, two blocks per SM of an H200's 132.
+    const int pairs = std::max(1, n_tokens * (num_heads / kGroupHeads));
+    return std::clamp((264 + pairs - 1) / pairs, 1, kMaxSplits);
+  }
   return std::clamp(kTargetBlocks / std::max(1, n_tokens * num_heads), 1, kMaxSplits);
 }
 
@@ -317,7 +497,21 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
                          cudaStream_t stream) {
   const int H = shape.num_heads, n_splits = absorbed_splits(n_tokens, H);
   const float scale = softmax_scale(shape.nope, shape.rope);
-  if (cache.dtype == DType::BF16) {
+  if (group_kernel_applies(H, shape.kv_lora, shape.rope, cache.dtype) && n_tokens > 0) {
+    const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
+    const size_t smem = group_smem_bytes(shape.row_width());
+    allow_group_smem(smem);
+    float* part_acc = n_splits > 1 ? partials : nullptr;
+    float* part_ml = n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
+    attend_group_kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(
+        q_abs, src, shape.kv_lora, shape.rope, scale, o_lat, part_acc, part_ml);
+    CUDA_CHECK_LAUNCH();
+    if (n_splits > 1) {
+      combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
+                                                                       shape.kv_lora, o_lat);
+      CUDA_CHECK_LAUNCH();
+    }
+  } else if (cache.dtype == DType::BF16) {
     const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
     launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, n_splits, o_lat, partials,
                   stream);

@@ -52,6 +52,12 @@ void mla_gather_latents(const KvLayer& cache, const int32_t* pages, int n_positi
 void mla_attend_plain(const float* q, const float* kv, const KvLayer& cache, const int32_t* pages, int n_tokens,
                       int n_past, const MlaShape& shape, float* o, float* partials, cudaStream_t stream);
 
+// The same on the tensor cores (mla_flash_prefill.cu): kv bf16, bf16 operands, fp32 softmax
+// and accumulation; for nope + rope and v multiples of 16 (K3: 192 and 128).
+bool mla_flash_prefill_supported(const MlaShape& shape);
+void mla_flash_prefill(const float* q, const bf16* kv, const KvLayer& cache, const int32_t* pages, int n_tokens,
+                       int n_past, const MlaShape& shape, float* o, cudaStream_t stream);
+
 // ---- absorbed: the batch ----------------------------------------------------------------
 // q_abs[t, h] = [W_uk_h^T q_nope[t, h] | q_pe[t, h]]; q_abs [n_tokens, H, kv_lora + rope] fp32.
 void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaShape& shape, const BatchTables& batch,

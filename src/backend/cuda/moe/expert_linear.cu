@@ -10,7 +10,8 @@
 // bf16), dequantises the chunk once and applies it to every token of the tile, so the weight
 // bytes (the decode bottleneck) stream coalesced and are read once per tile. The sum order is
 // fixed (per lane in chunk order, then a butterfly), so results are run-to-run identical.
-// Tensor-core MMA with in-register dequantisation (Marlin-style) is the known next step.
+// The tensor-core kernel (expert_linear_mma.cu) takes the MXFP4 x bf16 shapes it supports;
+// this one stays the reference and runs the rest (fp32 mode, dense experts, odd widths).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -169,9 +170,11 @@ void grouped_for(const X* x, int x_row_div, const StackedExperts& m, const Exper
 }  // namespace
 
 void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
-                           const ExpertGroups& groups, int max_active, float* y, cudaStream_t stream) {
+                           const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream) {
   check_shape(m, "grouped_expert_linear");
   if (max_active <= 0) return;
+  if (grouped_mxfp4_mma_supported(m, x_bf16))
+    return grouped_mxfp4_mma(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, n_tokens, y, stream);
   if (x_bf16) grouped_for(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, y, stream);
   else grouped_for(static_cast<const float*>(x), x_row_div, m, groups, max_active, y, stream);
 }

@@ -48,7 +48,14 @@ void group_by_expert(const int32_t* ids, int n_slots, int first_expert, int num_
 // x: rows of width in, bf16 (x_bf16) or fp32; x_row_div = top_k reads token rows, 1 slot
 // rows; y: [n_slots, out] fp32. max_active bounds the active experts (min(E, n_slots)).
 void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
-                           const ExpertGroups& groups, int max_active, float* y, cudaStream_t stream);
+                           const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream);
+
+// The tensor-core path of grouped_expert_linear (expert_linear_mma.cu), which takes it
+// whenever it applies: bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Exposed so the op
+// tests can hold the two kernels against each other.
+bool grouped_mxfp4_mma_supported(const StackedExperts& m, bool x_bf16);
+void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
+                       int max_active, int n_tokens, float* y, cudaStream_t stream);
 
 // y[t, c] = sum_k weights[t, k] * expert_out[t * top_k + k, c], k ascending (the CPU's order).
 // expert_out [n_tokens * top_k, dim], weights [n_tokens, top_k], y [n_tokens, dim] fp32.

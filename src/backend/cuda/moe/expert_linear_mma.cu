@@ -1,0 +1,218 @@
+// The MXFP4 routed-expert GEMM on the tensor cores (W4A16, Hopper has no FP4
+// MMA): the same y[s, o] = sum_i x[s / x_row_div, i] * W_e[o, i] as
+// expert_linear.cu's CUDA-core kernel, for bf16 activations and MXFP4 weights
+// with in % 64 == 0 and out % 16 == 0 (every K3 expert shape). The CUDA-core
+// kernel stays the reference beside it and takes every other shape.
+//
+// Layout of the work. A block of 4 warps owns 16 output rows of one active expert (grid x:
+// the expert, y: the row tile) - the A operand (M = 16) of mma.sync.m16n8k16 (bf16 in, fp32
+// accumulate) - and splits the reduction dimension over its warps: warp w takes the 64-wide
+// k-slices w, w + 4, ...; the four partial tiles are summed in shared memory in warp order,
+// so the result is the same on every run. The expert's tokens are the N side, in tiles of 8,
+// 16 or 32 (one, two or four n8 fragments, by the batch's token count).
+//
+// The MMA's k positions are a permutation of the slice's: thread t (= lane % 4) feeds MMA k
+// 2t, 2t + 1, 2t + 8, 2t + 9 of step s from the slice's k 16t + 4s + 0..3, the same in A and
+// B, so the sum is unchanged and every thread's operands are contiguous: the code bytes
+// 8t .. 8t + 7 of its two rows (g = lane / 4 and g + 8), one 8-byte load each, and x[16t ..
+// 16t + 15] of its token, two 16-byte loads - no shared-memory staging, no barrier in the
+// loop. The next slice's loads are issued before the current slice's MMAs. Each nibble
+// becomes a bf16 through a 16-entry table and is multiplied by the group's E8M0 scale as a
+// bf16 power of two: exact (a code has two significant bits), so the products the MMA
+// accumulates in fp32 are the CPU's code * scale * x products; only the summation order
+// differs. Weights are read once per token tile: once per step at decode batch sizes.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/moe/moe_ops.h"
+
+namespace moonrun::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRows = 16;   // per block: one m16 tile
+constexpr int kSlice = 64;  // k per warp iteration: two MXFP4 scale groups
+
+// E2M1 code -> bf16 bits (sign bit 3; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6).
+__constant__ uint16_t kE2m1Bf16[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+                                       0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+
+// E8M0 scale 2^(s - 127) as a bf16 pair: the exponent field itself; s = 0 is the bf16
+// subnormal 2^-127, s = 255 is NaN (as cpu::e8m0_scale).
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t s) {
+  const uint32_t b = s == 0 ? 0x0040u : (s == 255 ? 0x7FC0u : (s << 7));
+  return b | (b << 16);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r =
+      __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// One code byte (k in the low nibble, k + 1 in the high) times its scale, as a bf16 pair.
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t byte, uint32_t scale2, const uint16_t* lut) {
+  const uint32_t pair = static_cast<uint32_t>(lut[byte & 0xFu]) | (static_cast<uint32_t>(lut[byte >> 4]) << 16);
+  return bf16x2_mul(pair, scale2);
+}
+
+__device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// What one thread loads for one k-slice: its 8 code bytes of rows g and g + 8, their scales,
+// and x[16t .. 16t + 15] of each token fragment's token g. kFrags n8 fragments make a token
+// tile of 8 kFrags: 1 at small decode batches (few registers, many warps in flight to keep
+// the weight loads going), 4 for prefill.
+template <int kFrags>
+struct SliceLoads {
+  uint2 code_a, code_b;
+  uint8_t scale_a, scale_b;
+  uint4 x[kFrags][2];
+};
+
+template <int kFrags>
+__device__ __forceinline__ void load_slice(SliceLoads<kFrags>& L, const uint8_t* codes_a, const uint8_t* codes_b,
+                                           const uint8_t* scales_a, const uint8_t* scales_b, const bf16* const* x_rows,
+                                           int n_frags, int k0, int t) {
+  L.code_a = __ldg(reinterpret_cast<const uint2*>(codes_a + k0 / 2 + 8 * t));
+  L.code_b = __ldg(reinterpret_cast<const uint2*>(codes_b + k0 / 2 + 8 * t));
+  // k 16t .. 16t + 15 lies in scale group k0 / 32 + t / 2.
+  L.scale_a = __ldg(scales_a + k0 / 32 + t / 2);
+  L.scale_b = __ldg(scales_b + k0 / 32 + t / 2);
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f) {
+    if (f < n_frags && x_rows[f] != nullptr) {
+      const uint4* p = reinterpret_cast<const uint4*>(x_rows[f] + k0 + 16 * t);
+      L.x[f][0] = __ldg(p);
+      L.x[f][1] = __ldg(p + 1);
+    } else {
+      L.x[f][0] = L.x[f][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// grid (active experts bound, out / 16), kWarps * 32 threads.
+template <int kFrags>
+__global__ void __launch_bounds__(kWarps * 32)
+    grouped_mxfp4_mma_kernel(const bf16* __restrict__ x, int x_row_div, StackedExperts m, ExpertGroups g,
+                             float* __restrict__ y) {
+  __shared__ float partial[kWarps - 1][kFrags][4][32];
+  __shared__ uint16_t lut[16];
+  if (static_cast<int>(blockIdx.x) >= *g.num_active) return;  // uniform over the block
+  if (threadIdx.x < 16) lut[threadIdx.x] = kE2m1Bf16[threadIdx.x];
+  const int e = g.active[blockIdx.x];
+  const int begin = g.offsets[e], n_slots = g.offsets[e + 1] - begin;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t = lane % 4;
+  const int in = m.in, out = m.out;
+  const int row0 = blockIdx.y * kRows;
+  const int64_t row_a = static_cast<int64_t>(e) * out + row0 + gid, row_b = row_a + 8;
+  const uint8_t* codes = static_cast<const uint8_t*>(m.w);
+  const uint8_t* codes_a = codes + row_a * (in / 2);
+  const uint8_t* codes_b = codes + row_b * (in / 2);
+  const uint8_t* scales_a = m.scales + row_a * (in / 32);
+  const uint8_t* scales_b = m.scales + row_b * (in / 32);
+  const int n_slices = in / kSlice;
+  __syncthreads();  // lut
+
+  constexpr int kTokens = 8 * kFrags;
+  for (int tile = 0; tile < n_slots; tile += kTokens) {
+    const int n_tile = min(kTokens, n_slots - tile);
+    const int n_frags = (n_tile + 7) / 8;
+    // Token 8f + g of the tile: its x row (nullptr past the tile's end).
+    const bf16* x_rows[kFrags];
+    int slot_of[kFrags][2];  // the C fragment's tokens 8f + 2t, 8f + 2t + 1
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) {
+      const int n = 8 * f + gid;
+      x_rows[f] = n < n_tile ? x + static_cast<int64_t>(g.perm[begin + tile + n] / x_row_div) * in : nullptr;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int nc = 8 * f + 2 * t + j;
+        slot_of[f][j] = nc < n_tile ? g.perm[begin + tile + nc] : -1;
+      }
+    }
+    float acc[kFrags][4];
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
+
+    SliceLoads<kFrags> next;
+    if (warp < n_slices) load_slice(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, warp * kSlice, t);
+    for (int sl = warp; sl < n_slices; sl += kWarps) {
+      const SliceLoads<kFrags> cur = next;
+      if (sl + kWarps < n_slices)
+        load_slice(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, (sl + kWarps) * kSlice, t);
+      const uint32_t sa = e8m0_bf16x2(cur.scale_a), sb = e8m0_bf16x2(cur.scale_b);
+      const uint32_t wa[2] = {cur.code_a.x, cur.code_a.y}, wb[2] = {cur.code_b.x, cur.code_b.y};
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        // Step s takes k 16t + 4s .. + 3: code bytes 2s and 2s + 1 of the thread's eight.
+        const uint32_t byte0a = (wa[s / 2] >> (16 * (s % 2))) & 0xFFu, byte1a = (wa[s / 2] >> (16 * (s % 2) + 8)) & 0xFFu;
+        const uint32_t byte0b = (wb[s / 2] >> (16 * (s % 2))) & 0xFFu, byte1b = (wb[s / 2] >> (16 * (s % 2) + 8)) & 0xFFu;
+        const uint32_t a0 = dequant_pair(byte0a, sa, lut), a2 = dequant_pair(byte1a, sa, lut);
+        const uint32_t a1 = dequant_pair(byte0b, sb, lut), a3 = dequant_pair(byte1b, sb, lut);
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f) {
+          if (f >= n_frags) break;  // uniform over the warp
+          // x[16t + 4s .. + 3]: word 2s (k + 0, 1) and 2s + 1 (k + 2, 3) of the 8 loaded.
+          const uint4 xv = cur.x[f][s / 2];
+          const uint32_t b0 = s % 2 == 0 ? xv.x : xv.z, b1 = s % 2 == 0 ? xv.y : xv.w;
+          mma_bf16(acc[f], a0, a1, a2, a3, b0, b1);
+        }
+      }
+    }
+    // Warps 1..3 hand their partial tiles to warp 0, which adds them in warp order.
+    if (warp > 0) {
+#pragma unroll
+      for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[warp - 1][f][i][lane] = acc[f][i];
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int f = 0; f < kFrags; ++f) {
+        if (f >= n_frags) break;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          for (int w = 0; w < kWarps - 1; ++w) acc[f][i] += partial[w][f][i][lane];
+        // C fragment: rows g / g + 8, tokens 2t / 2t + 1.
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int64_t s = slot_of[f][j];
+          if (s < 0) continue;
+          y[s * out + row0 + gid] = acc[f][j];
+          y[s * out + row0 + gid + 8] = acc[f][2 + j];
+        }
+      }
+    }
+    __syncthreads();  // partial is free for the next tile
+  }
+}
+
+}  // namespace
+
+bool grouped_mxfp4_mma_supported(const StackedExperts& m, bool x_bf16) {
+  return x_bf16 && m.kind == StackedExperts::Kind::mxfp4 && m.in % kSlice == 0 && m.out % kRows == 0;
+}
+
+void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
+                       int max_active, int n_tokens, float* y, cudaStream_t stream) {
+  const dim3 grid(max_active, m.out / kRows);
+  // An expert gets at most n_tokens slots (a token picks an expert once).
+  if (n_tokens <= 8) grouped_mxfp4_mma_kernel<1><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
+  else if (n_tokens <= 64) grouped_mxfp4_mma_kernel<2><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
+  else grouped_mxfp4_mma_kernel<4><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moonrun::cuda
