@@ -28,6 +28,11 @@ struct ForwardBatch {
   std::vector<BatchSeq> seqs;
   std::vector<int32_t> page_table;  // the sequences' page tables, concatenated
   std::vector<int32_t> logit_rows;  // token rows whose logits the step returns, in order
+  // Token rows whose input row is given rather than looked up in the embedding table (an
+  // image's rows from the vision tower): row embed_rows[i] takes
+  // embed_values[i * hidden, (i + 1) * hidden). The model uploads them (host only).
+  std::vector<int32_t> embed_rows;
+  std::vector<float> embed_values;
 
   int n_tokens() const { return static_cast<int>(token_ids.size()); }
   int n_seqs() const { return static_cast<int>(seqs.size()); }

@@ -89,6 +89,20 @@ void ProfiledOps::attn_res_mix(const Tensor& prefix, const Tensor& blocks, int n
 void ProfiledOps::gather_rows(const Tensor& x, const int32_t* rows, Tensor y) {
   timed("gather_rows", 2 * bytes_of(y), 0, [&] { in_.gather_rows(x, rows, y); });
 }
+void ProfiledOps::gelu(const Tensor& x, bool tanh_approx, Tensor y) {
+  timed(tanh_approx ? "gelu_tanh" : "gelu", bytes_of(x) + bytes_of(y), 0, [&] { in_.gelu(x, tanh_approx, y); });
+}
+void ProfiledOps::vision_attention(const Tensor& qkv, const Tensor& rope, std::span<const int32_t> seq_starts,
+                                   int num_heads, int head_dim, Tensor out) {
+  // Each image's rows attend to each other: 2 * n^2 * H * d multiply-adds for scores and values.
+  double flops = 0;
+  for (size_t s = 0; s + 1 < seq_starts.size(); ++s) {
+    const double n = seq_starts[s + 1] - seq_starts[s];
+    flops += 4.0 * n * n * num_heads * head_dim;
+  }
+  timed("vision_attention", bytes_of(qkv) + bytes_of(rope) + bytes_of(out), flops,
+        [&] { in_.vision_attention(qkv, rope, seq_starts, num_heads, head_dim, out); });
+}
 void ProfiledOps::short_conv(const Tensor& x, const Tensor& weight, const BatchView& batch, StateLayer window,
                              bool silu, Tensor y) {
   // The window of K-1 rows per sequence is read and written back.

@@ -122,6 +122,28 @@ class Ops {
   // y[i] = x[rows[i]]; rows in backend memory (e.g. BatchView::logit_rows).
   virtual void gather_rows(const Tensor& x, const int32_t* rows, Tensor y) = 0;
 
+  // ---- the vision tower (MoonViT-V2; model/vision/) ------------------------------------
+  // Not every backend runs the tower: the defaults throw, so a backend (or a wrapper such
+  // as a profiler) that lacks them fails by name instead of computing something else.
+  //
+  // y = GELU(x) elementwise: the tanh approximation (the tower's MLP, gelu_pytorch_tanh)
+  // when tanh_approx, else the exact erf form (the projector's nn.GELU). x F32 [R, n];
+  // y F32 or act dtype, same shape (may alias x when F32).
+  virtual void gelu(const Tensor& x, bool tanh_approx, Tensor y) {
+    throw BackendError("gelu: not implemented by this backend");
+  }
+  // Bidirectional multi-head attention within each image, with 2-D rotary embedding.
+  // qkv [T, 3 * H * d] F32, each row [q | k | v], each part H heads of d (the tower's
+  // packed wqkv output). rope [T, d] F32: for rotary pair i of every head, cos at 2i and
+  // sin at 2i + 1; q and k pairs (2i, 2i+1) are rotated by it before the scores.
+  // seq_starts (host, n_images + 1 entries, from 0 to T): image s owns rows
+  // [seq_starts[s], seq_starts[s+1]) and attends to those alone. Scores scaled by d^-1/2,
+  // softmax in fp32. out [T, H * d] F32.
+  virtual void vision_attention(const Tensor& qkv, const Tensor& rope, std::span<const int32_t> seq_starts,
+                                int num_heads, int head_dim, Tensor out) {
+    throw BackendError("vision_attention: not implemented by this backend");
+  }
+
   // ---- KDA (linear attention over state slots) ---------------------------------------
   // Causal depthwise conv over each sequence's rows, continuing from its slot's window
   // ([K-1, D] at window.slot(s), oldest row first), then SiLU when silu; the windows are

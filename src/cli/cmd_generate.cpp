@@ -4,13 +4,23 @@
 // {"prompt_tokens": n, "token_ids": [...]} (+ "logits_shape" with --logits-out, whose file
 // holds float32 little-endian logits, one row per generated token). Sampling is the
 // server's: the same seed gives the same tokens as a request to `moonrun serve`.
+// `--image FILE` (repeatable, in prompt order): the token ids hold the model's media
+// placeholder (<|media_pad|>) once per image, as the chat format writes it; each one is
+// expanded to its image's rows (vision/placeholders.h) and "prompt_tokens" counts them.
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/vision/image_decode.h"
+#include "model/vision/placeholders.h"
+#include "model/vision/preprocess.h"
 #include "runtime/generate.h"
 #include "runtime/runtime_builder.h"
 
@@ -34,7 +44,9 @@ struct GenerateArgs {
   bool disable_cuda_graph = false;
   int tp_size = 1;
   int ep_size = 1;
+  std::vector<std::string> images;
 };
+
 
 [[noreturn]] void fail(int code, const std::string& message) {
   std::fprintf(stderr, "moonrun generate: %s\n", message.c_str());
@@ -65,12 +77,41 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
   return ids;
 }
 
+// The images' patches, through the model's processor (the files' bytes as a request's
+// data: URI would carry them).
+std::vector<vision::ImagePatches> load_images(const std::vector<std::string>& files, const std::string& model) {
+  std::vector<vision::ImagePatches> out;
+  if (files.empty()) return out;
+  auto dir = resolve_model_path(model);
+  if (!dir.is_ok()) fail(2, dir.status().message());
+  std::ifstream cin(*dir + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(cin, nullptr, false);
+  if (j.is_discarded()) fail(2, *dir + "/config.json: not valid JSON");
+  auto cfg = parse_model_config(j, *dir + "/config.json");
+  if (!cfg.is_ok()) fail(2, cfg.status().message());
+  if (!cfg->vision.enabled) fail(2, "--image: the model has no vision tower (config.json's vision_config)");
+  auto proc = vision::load_image_processor_config(*dir, cfg->vision);
+  if (!proc.is_ok()) fail(2, proc.status().message());
+  for (const std::string& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) fail(2, "--image " + f + ": cannot be read");
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto decoded = vision::decode_image(bytes, int64_t{1} << 30);
+    if (!decoded.is_ok()) fail(2, "--image " + f + ": " + decoded.status().message());
+    auto patches = vision::preprocess_image(*decoded, *proc);
+    if (!patches.is_ok()) fail(2, "--image " + f + ": " + patches.status().message());
+    out.push_back(std::move(patches).value());
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace {
 
 void run_generate(const GenerateArgs& a) {
   std::vector<int32_t> prompt = parse_token_ids(a.token_ids);
+  const std::vector<vision::ImagePatches> images = load_images(a.images, a.model);
   if (a.max_tokens < 0) fail(2, "--max-tokens must be >= 0");
   if (a.temperature < 0) fail(2, "--temperature must be >= 0");
   GenerateOptions opt;
@@ -81,6 +122,18 @@ void run_generate(const GenerateArgs& a) {
   opt.sampling.seed = a.seed;
   opt.keep_logits = !a.logits_out.empty();
   if (Status st = opt.sampling.validate(); !st.is_ok()) fail(2, st.message());
+
+  int32_t placeholder_id = -1;
+  if (!images.empty()) {
+    // Expanded before the runtime is sized: the prompt's length counts each image's rows.
+    std::ifstream cin(*resolve_model_path(a.model) + "/config.json");
+    placeholder_id = nlohmann::json::parse(cin).value("media_placeholder_token_id", -1);
+    std::vector<int> rows;
+    for (const auto& im : images) rows.push_back(im.num_tokens);
+    auto expanded = vision::expand_placeholders(prompt, placeholder_id, rows);
+    if (!expanded.is_ok()) fail(2, "--image: " + expanded.status().message());
+    prompt = std::move(expanded).value();
+  }
 
   // One sequence: one state slot, pages for the prompt and the generated tokens.
   RuntimeOptions ro;
@@ -105,6 +158,14 @@ void run_generate(const GenerateArgs& a) {
     if (id >= cfg.vocab_size)
       fail(2, "--token-ids: token id " + std::to_string(id) + " is outside the vocabulary (vocab_size " +
                   std::to_string(cfg.vocab_size) + ")");
+  if (!images.empty()) {
+    std::vector<const vision::ImagePatches*> pointers;
+    for (const auto& im : images) pointers.push_back(&im);
+    auto rows = rt->runner->encode_images(pointers);
+    if (!rows.is_ok()) fail(1, rows.status().message());
+    opt.given_rows = std::move(rows).value();
+    opt.given_at = vision::placeholder_positions(prompt, placeholder_id);
+  }
   Result<GenerateResult> result = generate(*rt->runner, ro.page_size_tokens, prompt, opt);
   if (!result.is_ok()) fail(1, result.status().message());
 
@@ -140,6 +201,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--model", args->model, "checkpoint directory or Hugging Face repo id")->required();
   cmd->add_option("--token-ids", args->token_ids, "prompt token ids, comma-separated (used verbatim, no BOS)")
       ->required();
+  cmd->add_option("--image", args->images,
+                  "an image file (repeatable, prompt order); the token ids hold the media placeholder once per image");
   cmd->add_option("--max-tokens", args->max_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--seed", args->seed, "sampling seed (temperature > 0)")->capture_default_str();

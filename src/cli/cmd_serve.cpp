@@ -24,9 +24,11 @@
 #include "engine/engine_loop.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "runtime/cluster.h"
 #include "runtime/runtime_builder.h"
 #include "server/http_server.h"
+#include "server/image_input.h"
 #include "server/serve_options.h"
 
 namespace moonrun::cli {
@@ -86,6 +88,29 @@ Result<ModelConfig> read_model_config(const std::string& dir) {
 }
 
 // The runtime settings the serve flags ask for.
+// What chat requests' images need (server/image_input.h): null when the checkpoint has no
+// vision tower, or when the model is split over ranks (the tower runs on one rank only
+// today); image parts are then 400s that say so.
+Result<std::shared_ptr<const server::ImageInputConfig>> image_input_config(const server::ServeOptions& opt,
+                                                                           const std::string& dir) {
+  const ModelConfig cfg = MR_TRY(read_model_config(dir));
+  if (!cfg.vision.enabled) return std::shared_ptr<const server::ImageInputConfig>();
+  if (opt.tp_size * opt.nnodes > 1) {
+    MR_LOG(WARNING) << "The model has a vision tower, but images are not served at --tp-size " << opt.tp_size
+                    << " x --nnodes " << opt.nnodes << " yet (the tower runs on a single rank): image inputs get 400";
+    return std::shared_ptr<const server::ImageInputConfig>();
+  }
+  auto c = std::make_shared<server::ImageInputConfig>();
+  c->processor = MR_TRY(vision::load_image_processor_config(dir, cfg.vision));
+  c->placeholder_id = cfg.media_placeholder_token_id;
+  c->limits.allow_urls = opt.allow_image_urls;
+  c->limits.max_pixels = opt.max_image_pixels;
+  c->limits.max_bytes = opt.max_image_bytes;
+  c->limits.max_images = opt.max_images_per_request;
+  c->limits.max_patches = Model::max_image_patches(std::max(opt.chunked_prefill_size, 1));
+  return std::shared_ptr<const server::ImageInputConfig>(std::move(c));
+}
+
 RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   RuntimeOptions ro;
   ro.device = opt.device;
@@ -355,6 +380,12 @@ int run_serve(server::ServeOptions opt) {
   ctx.tokenizer = tok;
   ctx.engine = loop->get();
   ctx.metrics = &metrics;
+  auto images = image_input_config(opt, *dir);
+  if (!images.is_ok()) {
+    std::fprintf(stderr, "moonrun serve: %s\n", images.status().message().c_str());
+    return 2;
+  }
+  ctx.images = std::move(images).value();
 
   server::HttpServer http(ctx);
   st = http.bind();

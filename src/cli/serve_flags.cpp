@@ -160,6 +160,15 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                 "Turn the prefix cache off (prompts sharing a prefix are then prefilled in full)");
   cmd->add_flag("--disable-cuda-graph,--enforce-eager", o.disable_cuda_graph,
                 "Run decode steps eagerly instead of replaying captured CUDA graphs");
+  cmd->add_flag("--allow-image-urls", o.allow_image_urls,
+                "Consider http(s) image URLs (off: they are 400s; this server never fetches them, it takes data: URIs)");
+  cmd->add_option("--max-image-pixels", o.max_image_pixels,
+                  "Images whose header declares more pixels (width x height) get 400 before decoding")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--max-image-bytes", o.max_image_bytes, "Larger images (decoded from base64) get 400")
+      ->capture_default_str()->check(CLI::Range(size_t{1}, size_t{1} << 34));
+  cmd->add_option("--max-images-per-request", o.max_images_per_request, "More images in one request get 400")
+      ->capture_default_str()->check(CLI::Range(0, 4096));
   cmd->add_option("--reasoning-parser", o.reasoning_parser, "kimi_k3 | kimi_k2 (default: from the model)");
   cmd->add_option("--tool-call-parser", o.tool_call_parser, "kimi_k3 | kimi_k2 (default: from the model)");
   cmd->add_option("--tp-size,--tensor-parallel-size,--tp", o.tp_size, "Tensor-parallel size")->capture_default_str();

@@ -74,13 +74,25 @@ Status Engine::validate(const std::vector<int32_t>& prompt_ids, const SamplingPa
   return Status::ok();
 }
 
-Status Engine::add_request(uint64_t request_id, std::vector<int32_t> prompt_ids, const SamplingParams& params) {
+Status Engine::add_request(uint64_t request_id, std::vector<int32_t> prompt_ids, const SamplingParams& params,
+                           std::shared_ptr<const vision::PromptImages> images) {
   MR_RETURN_IF_ERROR(validate(prompt_ids, params));
   if (has_request(request_id)) return invalid_argument("duplicate request id " + std::to_string(request_id));
   const int max_queued = scheduler_.config().max_queued_requests;
   if (max_queued >= 0 && scheduler_.num_waiting() + params.n > max_queued) {
     return resource_exhausted("the waiting queue is full (" + std::to_string(scheduler_.num_waiting()) +
                               " waiting, --max-queued-requests " + std::to_string(max_queued) + "); retry later");
+  }
+  std::vector<int32_t> image_positions;
+  std::shared_ptr<const std::vector<float>> image_rows;
+  if (images && !images->images.empty()) {
+    image_positions = vision::placeholder_positions(prompt_ids, images->placeholder_id);
+    if (static_cast<int>(image_positions.size()) != images->num_tokens())
+      return invalid_argument("images: the prompt holds " + std::to_string(image_positions.size()) +
+                              " media placeholder tokens for images of " + std::to_string(images->num_tokens()) +
+                              " rows");
+    const auto pointers = images->pointers();
+    image_rows = std::make_shared<const std::vector<float>>(MR_TRY(runner_.encode_images(pointers)));
   }
   std::vector<int64_t>& group = groups_[request_id];
   for (int i = 0; i < params.n; ++i) {
@@ -97,6 +109,8 @@ Status Engine::add_request(uint64_t request_id, std::vector<int32_t> prompt_ids,
         params.max_tokens > 0 ? params.max_tokens : config_.max_model_len - req->num_prompt_tokens();
     req->text = OutputText(detokenize_, params.stop);
     if (params.make_constraint) req->constraint = params.make_constraint();
+    req->image_positions = image_positions;
+    req->image_rows = image_rows;
     const Status st = scheduler_.add(req.get());
     MR_CHECK(st.is_ok()) << st.message();  // room was checked above
     totals_.prompt_tokens_total += req->num_prompt_tokens();
@@ -164,6 +178,7 @@ void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) 
   input.seqs.clear();
   input.sampling = SamplingBatch{};
   step_tokens_.resize(scheduled.seqs.size());
+  step_given_.resize(scheduled.seqs.size());
   for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
     const ScheduledSeq& s = scheduled.seqs[i];
     Request* req = s.req;
@@ -172,6 +187,19 @@ void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) 
     for (int t = 0; t < s.n_new_tokens; ++t) ids.push_back(req->token_at(req->num_computed_tokens + t));
     StepSeq seq;
     seq.new_token_ids = ids;
+    if (req->has_images()) {
+      // The image rows whose positions this chunk covers: a contiguous run of them.
+      const int from = req->num_computed_tokens, to = from + s.n_new_tokens;
+      const auto& pos = req->image_positions;
+      const size_t lo = std::lower_bound(pos.begin(), pos.end(), from) - pos.begin();
+      const size_t hi = std::lower_bound(pos.begin(), pos.end(), to) - pos.begin();
+      std::vector<int32_t>& given = step_given_[i];
+      given.clear();
+      for (size_t k = lo; k < hi; ++k) given.push_back(pos[k] - from);
+      const size_t hidden = req->image_rows->size() / pos.size();
+      seq.given_at = given;
+      seq.given_rows = std::span<const float>(*req->image_rows).subspan(lo * hidden, (hi - lo) * hidden);
+    }
     seq.n_past = req->num_computed_tokens;
     seq.state_slot = cache_.state_slot(req->seq_id);
     seq.pages = cache_.page_table(req->seq_id);

@@ -84,8 +84,11 @@ class Engine {
   // Checks a request against the limits (thread-safe: reads only the fixed configuration).
   // invalid_argument for bad params or token ids, out_of_range for the context length.
   Status validate(const std::vector<int32_t>& prompt_ids, const SamplingParams& params) const;
-  // Validates and queues params.n sequences under request_id (which must be new).
-  Status add_request(uint64_t request_id, std::vector<int32_t> prompt_ids, const SamplingParams& params);
+  // Validates and queues params.n sequences under request_id (which must be new). With
+  // images, prompt_ids holds each image's expanded placeholder run (vision/placeholders.h);
+  // the vision tower runs here, once for the n samples.
+  Status add_request(uint64_t request_id, std::vector<int32_t> prompt_ids, const SamplingParams& params,
+                     std::shared_ptr<const vision::PromptImages> images = nullptr);
   // Frees the request's caches now and emits its finished (kAbort) outputs. No-op if unknown.
   void abort_request(uint64_t request_id, std::vector<RequestOutput>& outputs);
   // Ends every request with error (finish_reason kError): the engine cannot go on.
@@ -123,6 +126,7 @@ class Engine {
   std::vector<int32_t> banned_;                    // EOS and stop tokens (min_tokens), per row
   std::vector<uint32_t> mask_;                     // a constraint's allowed tokens, per row
   std::vector<std::vector<int32_t>> step_tokens_;  // each scheduled sequence's new tokens this step
+  std::vector<std::vector<int32_t>> step_given_;   // each one's image rows among them (StepSeq::given_at)
 };
 
 }  // namespace moonrun

@@ -74,7 +74,8 @@ void EngineLoop::stop() {
 }
 
 Result<std::shared_ptr<RequestStream>> EngineLoop::submit(std::vector<int32_t> prompt_ids,
-                                                          const SamplingParams& params) {
+                                                          const SamplingParams& params,
+                                                          std::shared_ptr<const vision::PromptImages> images) {
   // Validation reads only the fixed configuration: safe off the loop thread, and the caller
   // gets the 400 at once.
   MR_RETURN_IF_ERROR(engine_->validate(prompt_ids, params));
@@ -93,7 +94,7 @@ Result<std::shared_ptr<RequestStream>> EngineLoop::submit(std::vector<int32_t> p
   const uint64_t id = next_id_++;
   auto stream = std::make_shared<RequestStream>(id, params.n);
   streams_.emplace(id, stream);
-  inbox_.push_back({id, std::move(prompt_ids), params});
+  inbox_.push_back({id, std::move(prompt_ids), params, std::move(images)});
   cv_.notify_all();
   return stream;
 }
@@ -185,7 +186,7 @@ void EngineLoop::run() {
           }
           continue;
         }
-        const Status st = engine_->add_request(s.id, s.prompt_ids, s.params);
+        const Status st = engine_->add_request(s.id, s.prompt_ids, s.params, s.images);
         if (st.code() == StatusCode::kResourceExhausted) {
           deferred_seqs += s.params.n;
           deferred_.push_back(std::move(s));

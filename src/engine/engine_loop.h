@@ -81,7 +81,9 @@ class EngineLoop {
   // Refuse new requests (unavailable); running and waiting ones go on.
   void begin_drain() { accepting_ = false; }
 
-  Result<std::shared_ptr<RequestStream>> submit(std::vector<int32_t> prompt_ids, const SamplingParams& params);
+  // images: the prompt's images (its ids hold their expanded placeholder runs), or none.
+  Result<std::shared_ptr<RequestStream>> submit(std::vector<int32_t> prompt_ids, const SamplingParams& params,
+                                                std::shared_ptr<const vision::PromptImages> images = nullptr);
   // The request's caches are freed before the next step; its stream ends with kAbort.
   void abort(uint64_t request_id);
 
@@ -105,6 +107,7 @@ class EngineLoop {
     uint64_t id;
     std::vector<int32_t> prompt_ids;
     SamplingParams params;
+    std::shared_ptr<const vision::PromptImages> images;
   };
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable cv_;

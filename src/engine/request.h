@@ -13,6 +13,7 @@
 
 #include "common/check.h"
 #include "engine/output_text.h"
+#include "model/vision/placeholders.h"
 #include "runtime/sampling_params.h"
 #include "runtime/sequence_sampler.h"
 #include "runtime/token_constraint.h"
@@ -53,6 +54,13 @@ struct Request {
   SequenceSampler sampler;
   OutputText text;
   std::unique_ptr<TokenConstraint> constraint;  // params.make_constraint(), or none
+
+  // Images: the prompt positions of the expanded placeholder run and the vision tower's
+  // rows for them ([positions, hidden] F32, shared by the n samples). Such a prompt is not
+  // prefix-cached: its token ids do not say which image it held.
+  std::vector<int32_t> image_positions;
+  std::shared_ptr<const std::vector<float>> image_rows;
+  bool has_images() const { return !image_positions.empty(); }
 
   int num_prompt_tokens() const { return static_cast<int>(prompt_ids.size()); }
   int num_output_tokens() const { return static_cast<int>(output_ids.size()); }

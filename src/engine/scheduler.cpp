@@ -81,7 +81,7 @@ SchedulerOutput Scheduler::schedule() {
       Request* req = waiting_.front();
       MR_CHECK_EQ(req->num_computed_tokens, 0);
       // A cached prefix of the prompt: its pages are shared and its state restored.
-      const int cached = cache_.match_prefix(req->seq_id, req->prompt_ids);
+      const int cached = req->has_images() ? 0 : cache_.match_prefix(req->seq_id, req->prompt_ids);
       const int n_new = chunk(req, std::min(req->num_tokens() - cached, budget), cached);
       if (!cache_.allocate(req->seq_id, cached + n_new)) {
         cache_.free(req->seq_id);  // gives back what match_prefix shared
@@ -109,7 +109,7 @@ int Scheduler::chunk(const Request* req, int n_new, int from) const {
 
 void Scheduler::plan_snapshot(const Request* req, int n_new) {
   const int end = req->num_computed_tokens + n_new;
-  if (end <= req->num_prompt_tokens())
+  if (end <= req->num_prompt_tokens() && !req->has_images())
     cache_.plan_snapshot(req->seq_id, std::span<const int32_t>(req->prompt_ids).first(end));
 }
 

@@ -319,6 +319,18 @@ Result<ModelConfig> parse_model_config(const json& config, const std::string& so
     MR_RETURN_IF_ERROR(top.get_int("eos_token_id", cfg.eos_token_id, false, cfg.eos_token_id));
     MR_RETURN_IF_ERROR(top.get_int("pad_token_id", cfg.pad_token_id, false, cfg.pad_token_id));
     MR_RETURN_IF_ERROR(top.get_int("media_placeholder_token_id", cfg.media_placeholder_token_id, false, -1));
+    // The tower runs in the checkpoint's dtype (its RMSNorm eps follows it): torch_dtype, or
+    // transformers 5's "dtype", at the top level or in text_config.
+    std::string dtype_name;
+    for (const json* level : {&config, &tc})
+      for (const char* key : {"torch_dtype", "dtype"})
+        if (dtype_name.empty() && level->contains(key) && (*level)[key].is_string())
+          dtype_name = (*level)[key].get<std::string>();
+    cfg.vision = MR_TRY(parse_vision_config(config.contains("vision_config") ? config["vision_config"] : json(),
+                                            dtype_name, cfg.hidden_size, source));
+    if (cfg.vision.enabled && cfg.media_placeholder_token_id < 0)
+      return failed_precondition(source + ": media_placeholder_token_id is missing (the vision tower's rows "
+                                          "replace that token in the prompt)");
   } else if (cfg.model_type == "kimi_linear") {
     cfg.tensor_prefix = "model.";
     cfg.lm_head_name = "lm_head.weight";

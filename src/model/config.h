@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "model/vision/vision_config.h"
 
 namespace moonrun {
 
@@ -90,6 +91,9 @@ struct ModelConfig {
   int num_expert_group = 1;
   int topk_group = 1;
   ExpertQuant expert_quant = ExpertQuant::none;
+
+  // kimi_k3: the MoonViT-V2 tower and projector (vision.enabled false: text only).
+  VisionConfig vision;
 
   std::vector<LayerSpec> layers;  // [num_hidden_layers]
   int num_kda_layers = 0;

@@ -96,7 +96,28 @@ json demo_model_config(int n_base_tokens) {
           {"pad_token_id", n_base_tokens + 255},
           {"media_placeholder_token_id", n_base_tokens + 21},
           {"tie_word_embeddings", false},
-          {"text_config", text}};
+          {"torch_dtype", "bfloat16"},
+          {"text_config", text},
+          // A small MoonViT-V2 (K3's layout: RMSNorm, tanh-GELU MLP, 2-D RoPE, 2x2 merge,
+          // patchmergerv2 projector) so images take the whole path: 128 x 128 -> 25 rows.
+          {"vision_config", {{"patch_size", 14},
+                             {"merge_kernel_size", {2, 2}},
+                             {"init_pos_emb_height", 16},
+                             {"init_pos_emb_width", 16},
+                             {"init_pos_emb_time", 4},
+                             {"pos_emb_type", "divided_fixed"},
+                             {"vt_num_attention_heads", 2},
+                             {"vt_num_hidden_layers", 2},
+                             {"vt_hidden_size", 64},
+                             {"vt_intermediate_size", 128},
+                             {"qkv_hidden_size", 64},
+                             {"merge_type", "sd2_tpool"},
+                             {"mm_projector_type", "patchmergerv2"},
+                             {"mm_hidden_size", 64},
+                             {"projector_hidden_act", "gelu"},
+                             {"projector_ln_eps", 1e-5},
+                             {"text_hidden_size", 128},
+                             {"media_placeholder_token_id", n_base_tokens + 21}}}};
 }
 
 json demo_tokenizer_config(int n_base_tokens) {

@@ -131,6 +131,7 @@ void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSi
   }
   if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
   else l.mat(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
+  describe_moonvit_weights(cfg, w.vision, sink);
 }
 
 // ---- the model ---------------------------------------------------------------------------
@@ -144,7 +145,8 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
       kda_shape_(kda_shape(cfg)),
       mla_dims_(mla_dims(cfg)),
       moe_dims_(moe_dims(cfg)),
-      act_(activation_params(cfg)) {
+      act_(activation_params(cfg)),
+      vision_(cfg, std::move(w_.vision)) {
   // check_parallel_split() made sure these divide.
   kda_shape_.num_heads /= tp.size;
   mla_dims_.attn.num_heads /= tp.size;
@@ -175,7 +177,9 @@ int64_t KimiK3::scratch_bytes(int tokens_per_step, int64_t context_tokens) const
                             2 * H * 4;
   const int64_t mla_expand =
       c.num_mla_layers > 0 ? context_tokens * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 4 * 2 : 0;
-  return per_token * std::max(tokens_per_step, 1) + mla_expand + (int64_t{256} << 20);
+  const int64_t text = per_token * std::max(tokens_per_step, 1) + mla_expand + (int64_t{256} << 20);
+  // The tower runs between steps in the same scratch: the larger of the two.
+  return std::max(text, vision_.scratch_bytes(max_image_patches(tokens_per_step)));
 }
 
 void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
@@ -199,6 +203,16 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
   ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
   ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
+  // Rows whose input is given (the vision tower's rows at an image's placeholders; the
+  // reference's _merge_input_ids_with_image_features) replace their lookups.
+  const ForwardBatch& host = *batch.host;
+  if (!host.embed_rows.empty()) {
+    const int64_t n = static_cast<int64_t>(host.embed_rows.size());
+    MR_CHECK(host.embed_values.size() == static_cast<size_t>(n * H)) << "embed_values: " << n << " rows of " << H;
+    Tensor given = ops.scratch(n, H, DType::F32);  // [n, hidden]
+    ops.upload(given, 0, host.embed_values.data(), host.embed_values.size() * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) ops.copy(given.rows_view(i, 1), h.rows_view(host.embed_rows[i], 1));
+  }
 
   // Attention Residuals: the completed block summaries, block i at rows [i*T, (i+1)*T).
   const int max_blocks = B > 0 ? (cfg_.num_hidden_layers + B - 1) / B : 0;

@@ -11,6 +11,7 @@
 #include "model/layers/mlp.h"
 #include "model/layers/moe.h"
 #include "model/model.h"
+#include "model/vision/moonvit.h"
 #include "model/weight_spec.h"
 
 namespace moonrun {
@@ -33,6 +34,7 @@ struct KimiK3Weights {
   Tensor norm;                                        // [1, hidden] F32
   Tensor output_attn_res_norm, output_attn_res_proj;  // [1, hidden] F32 each
   Matrix lm_head;  // [vocab, hidden]; embed_tokens when tied
+  MoonVitWeights vision;  // kimi_k3 with a vision tower (config.vision.enabled)
 };
 
 // The one listing of the model's tensors (names, stored shapes, shard rules), filling `w`
@@ -55,6 +57,10 @@ class KimiK3 final : public Model {
   CacheSpec cache_spec() const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
   size_t weight_bytes() const override { return weight_bytes_; }
+  bool has_vision() const override { return vision_.enabled(); }
+  std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) override {
+    return vision_.encode(ops, images);
+  }
   int64_t scratch_bytes(int tokens_per_step, int64_t context_tokens) const override;
 
   // Which evaluation order the attention layers use; kAuto is the reference's choice
@@ -77,6 +83,7 @@ class KimiK3 final : public Model {
   ActivationParams act_;
   KdaMode kda_mode_ = KdaMode::kAuto;
   MlaMode mla_mode_ = MlaMode::kAuto;
+  MoonVit vision_;
 };
 
 }  // namespace moonrun

@@ -2,14 +2,18 @@
 // What the runtime knows of a model: its config, what one sequence costs in the caches, and
 // a batched forward that turns one step's tokens into logits. Written once per
 // architecture against the ops (model/kimi_k3.cpp), so the same model runs on every backend.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 #include <string>
 
 #include "backend/ops.h"
 #include "common/status.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/vision/preprocess.h"
 
 namespace moonrun {
 
@@ -52,6 +56,17 @@ class Model {
   // Appends each sequence's new tokens to its caches and writes the logits of
   // batch.host->logit_rows: logits [n_logit_rows, vocab] F32. Enqueued on the ops' stream.
   virtual void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) = 0;
+  // The vision tower (kimi_k3 with vision_tower.* weights): the rows that replace the
+  // prompt's media placeholder run for `images`, in prompt order, [sum of num_tokens,
+  // hidden] F32 on the host. A forward takes them through ForwardBatch::embed_rows.
+  virtual bool has_vision() const { return false; }
+  // Patch rows one encode_images call may take on a backend whose step scratch is a fixed
+  // arena: scratch_bytes() sets aside room for this many (4 per prompt token of a step:
+  // an image whose merged rows fit one prefill chunk fits the tower).
+  static int64_t max_image_patches(int tokens_per_step) { return 4 * static_cast<int64_t>(std::max(tokens_per_step, 1)); }
+  virtual std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) {
+    throw BackendError("this model has no vision tower");
+  }
   // Bytes of weights this rank holds on the backend.
   virtual size_t weight_bytes() const = 0;
   // Step temporaries a backend with a fixed arena must set aside: the scratch of a step of

@@ -36,15 +36,20 @@ struct Law {
 
 Law law_of(const TensorSpec& t) {
   const std::string& n = t.name;
-  if (ends_with(n, "norm.weight") || ends_with(n, "layernorm.weight")) return {0.9, 1.1};
+  if (ends_with(n, "norm.weight") || ends_with(n, "layernorm.weight") || ends_with(n, ".norm0.weight") ||
+      ends_with(n, ".norm1.weight"))
+    return {0.9, 1.1};
   if (ends_with(n, "_res_proj.weight")) return {-0.5, 0.5};
   if (ends_with(n, ".A_log")) return {0, 0, true};
   if (ends_with(n, ".dt_bias") || ends_with(n, "conv1d.weight")) return {-0.5, 0.5};
   // Wide correction biases keep routing decisions away from ties (K3_SPEC.md §6).
   if (ends_with(n, "e_score_correction_bias")) return {-0.5, 0.5};
   if (ends_with(n, "embed_tokens.weight")) return {-1, 1};
-  // A [out, in] projection: uniform with variance 1/in.
-  const double b = std::sqrt(3.0 / static_cast<double>(t.shape.back()));
+  // A [out, in] projection: uniform with variance 1/in. A kernel [out, c, kh, kw] (the
+  // vision tower's patch embedding) reads c * kh * kw inputs per output.
+  double fan_in = static_cast<double>(t.shape.back());
+  if (t.shape.size() == 4) fan_in = static_cast<double>(t.shape[1] * t.shape[2] * t.shape[3]);
+  const double b = std::sqrt(3.0 / fan_in);
   return {-b, b};
 }
 

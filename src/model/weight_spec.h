@@ -109,7 +109,8 @@ class WeightSink {
 // Every text-model tensor in the release's dtypes: A_log, dt_bias, the KDA conv weights
 // [D, 1, K], o_norm and the router's e_score_correction_bias in F32; MXFP4 experts as U8
 // weight_packed [out, in/2] + weight_scale [out, in/32] (gpt-oss: blocks [out, in/32, 16] +
-// scales [out, in/32]); everything else BF16. Vision tower tensors are not listed.
+// scales [out, in/32]); everything else BF16. With a vision tower (config.vision.enabled),
+// its vision_tower.* and mm_projector.* tensors (BF16) follow the text model's.
 std::vector<TensorSpec> weight_spec(const ModelConfig& cfg);
 
 // Stored shapes the reference loader also accepts for a tensor (beyond the expected one):

@@ -46,6 +46,10 @@ Result<GenerateResult> generate(StepRunner& runner, int page_size_tokens, const 
     seq.state_slot = 0;
     seq.pages = pages;
     seq.sample = true;
+    if (k == 0) {
+      seq.given_at = opt.given_at;
+      seq.given_rows = opt.given_rows;
+    }
     in.sampling = SamplingBatch{};
     sampler.add_row(in.sampling, k, {});
     MR_RETURN_IF_ERROR(runner.step(in, out));

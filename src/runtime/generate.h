@@ -19,6 +19,10 @@ struct GenerateOptions {
   // Teacher forcing: when set, token k+1 is fed forced_ids[k] whatever was picked (the
   // picks are still returned), so logits stay aligned with a reference's sequence.
   std::vector<int32_t> forced_ids;
+  // Image rows for the prompt (StepRunner::encode_images): prompt position given_at[i]
+  // takes row i of given_rows instead of its embedding.
+  std::vector<int32_t> given_at;
+  std::vector<float> given_rows;
 };
 
 struct GenerateResult {

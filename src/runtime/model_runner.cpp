@@ -82,6 +82,15 @@ Status ModelRunner::check(const StepInput& input) const {
           return invalid_argument(where + "KV page " + std::to_string(seq.pages[p]) + " is not in the pool");
     }
     if (seq.sample) ++n_sampling;
+    if (!seq.given_at.empty()) {
+      if (seq.given_rows.size() != seq.given_at.size() * static_cast<size_t>(cfg.hidden_size))
+        return invalid_argument(where + std::to_string(seq.given_at.size()) + " given rows but " +
+                                std::to_string(seq.given_rows.size()) + " values (hidden " +
+                                std::to_string(cfg.hidden_size) + ")");
+      for (int32_t at : seq.given_at)
+        if (at < 0 || at >= static_cast<int32_t>(seq.new_token_ids.size()))
+          return invalid_argument(where + "given row " + std::to_string(at) + " is not one of its new tokens");
+    }
   }
   if (n_sampling != input.sampling.rows.size())
     return invalid_argument(std::to_string(n_sampling) + " sequences sample but the step has " +
@@ -102,7 +111,11 @@ void ModelRunner::build_batch(const StepInput& input, int padded_seqs) {
   batch_.seqs.clear();
   batch_.page_table.clear();
   batch_.logit_rows.clear();
+  batch_.embed_rows.clear();
+  batch_.embed_values.clear();
   for (const StepSeq& s : input.seqs) {
+    for (int32_t at : s.given_at) batch_.embed_rows.push_back(batch_.n_tokens() + at);
+    batch_.embed_values.insert(batch_.embed_values.end(), s.given_rows.begin(), s.given_rows.end());
     const int n_new = static_cast<int>(s.new_token_ids.size());
     const int n_pages = static_cast<int>(
         std::min<int64_t>(s.pages.size(), (s.n_past + n_new + cache_.page_size_tokens - 1) / cache_.page_size_tokens));
@@ -122,6 +135,33 @@ void ModelRunner::run_state_copies(const std::vector<StateCopy>& copies) {
   }
 }
 
+Result<std::vector<float>> ModelRunner::encode_images(std::span<const vision::ImagePatches* const> images) {
+  if (!failed_.is_ok()) return failed_;
+  if (!model_->has_vision()) return unimplemented("images: the model has no vision tower (no vision_tower.* weights)");
+  if (options_.rank != 0 || ops_->parallel_size() > 1)
+    return unimplemented("images: the vision tower runs on a single-rank runner only (--tp-size 1)");
+  // A fixed arena holds the tower's scratch for a bounded number of patches (Model::
+  // scratch_bytes): more is a request error, not a full device that fails the backend.
+  // The same bound on every backend, so a request is refused or served alike everywhere.
+  int64_t patches = 0;
+  for (const vision::ImagePatches* im : images) patches += static_cast<int64_t>(im->grid_h) * im->grid_w;
+  const int64_t budget = Model::max_image_patches(options_.max_tokens_per_step);
+  if (patches > budget)
+    return invalid_argument("images: " + std::to_string(patches) + " patches of 14 px in one request, over this " +
+                            "server's " + std::to_string(budget) + " (4 per token of --chunked-prefill-size)");
+  try {
+    // The step's scratch is free between steps; the tower uses it and leaves it reset.
+    ops_->reset_scratch();
+    std::vector<float> rows = model_->encode_images(*ops_, images);
+    ops_->synchronize();
+    return rows;
+  } catch (const BackendError& e) {
+    ops_->abort_collectives(e.what());
+    failed_ = internal_error(std::string(ops_->name()) + " backend failure in the vision tower: " + e.what());
+    return failed_;
+  }
+}
+
 Status ModelRunner::step(const StepInput& input, StepOutput& output) {
   if (!failed_.is_ok()) return failed_;
   if (options_.fail_after_steps >= 0 && steps_ >= options_.fail_after_steps)
@@ -138,7 +178,8 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
   Ops& ops = profiled ? static_cast<Ops&>(*profiled) : *ops_;
   const int n_seqs = static_cast<int>(input.seqs.size());
   bool decode_only = true;
-  for (const StepSeq& s : input.seqs) decode_only = decode_only && s.new_token_ids.size() == 1;
+  // A step with given rows uploads them inside the forward: never a replayed graph.
+  for (const StepSeq& s : input.seqs) decode_only = decode_only && s.new_token_ids.size() == 1 && s.given_at.empty();
   const bool graph = options_.cuda_graphs && ops.captures() && decode_only && n_seqs <= options_.max_seqs_per_step;
   const int padded = graph ? decode_bucket(n_seqs, options_.max_seqs_per_step) : n_seqs;
   try {

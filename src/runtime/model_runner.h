@@ -34,6 +34,10 @@ struct StepSeq {
   std::span<const int32_t> pages;  // covers n_past + n tokens
   bool sample = false;             // pick a token after the last new one (its row in StepInput::sampling)
   bool all_logits = false;         // logits for every new token (StepInput::return_logits)
+  // Input rows given instead of embedding lookups (an image's rows from the vision tower):
+  // new token given_at[i] takes row i of given_rows, [given_at.size(), hidden] F32.
+  std::span<const int32_t> given_at;
+  std::span<const float> given_rows;
 };
 
 struct StepInput {
@@ -64,6 +68,11 @@ class StepRunner {
   virtual RunnerStats stats() const { return {}; }
   // Bytes the backend can still hand out (a device arena's; the CPU answers INT64_MAX).
   virtual int64_t free_bytes() const { return INT64_MAX; }
+  // The vision tower's rows for a prompt's images, in prompt order (Model::encode_images),
+  // [sum of num_tokens, hidden] F32: what StepSeq::given_rows then carries.
+  virtual Result<std::vector<float>> encode_images(std::span<const vision::ImagePatches* const> images) {
+    return unimplemented("images: this runner has no vision tower");
+  }
   // While set, every step times its ops one by one into *profile (eagerly, no graphs);
   // nullptr turns it off. A group profiles its rank 0. False: this runner cannot.
   virtual bool set_op_profile(OpProfile* profile) { return false; }
@@ -95,6 +104,7 @@ class ModelRunner final : public StepRunner {
   const CachePools& pools() const { return pools_; }
   RunnerStats stats() const override { return {steps_, graph_replays_, tokens_computed_}; }
   int64_t free_bytes() const override { return ops_->free_bytes(); }
+  Result<std::vector<float>> encode_images(std::span<const vision::ImagePatches* const> images) override;
   bool set_op_profile(OpProfile* profile) override {
     profile_ = profile;
     return true;

@@ -25,12 +25,19 @@ json tool_calls_json(const std::vector<ToolCallOut>& calls, int first_index, boo
 }
 
 json usage_json(const Usage& u, int reasoning_tokens) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"reasoning_tokens", reasoning_tokens},
-          {"completion_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  json usage = {{"prompt_tokens", u.prompt_tokens},
+                {"completion_tokens", u.completion_tokens},
+                {"total_tokens", u.prompt_tokens + u.completion_tokens},
+                {"reasoning_tokens", reasoning_tokens},
+                {"completion_tokens_details", {{"reasoning_tokens", reasoning_tokens}}},
+                {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  // The seed's shape for an image prompt: prompt_tokens_details.image_tokens (and the same
+  // count at the top level, beside reasoning_tokens). Text-only answers keep vLLM's shape.
+  if (u.image_tokens > 0) {
+    usage["prompt_tokens_details"]["image_tokens"] = u.image_tokens;
+    usage["image_tokens"] = u.image_tokens;
+  }
+  return usage;
 }
 
 json chat_logprobs(const ServingContext& ctx, const std::vector<SampleResult>& lps) {
@@ -68,7 +75,7 @@ void handle_chat_completions(const ServingContext& ctx, const HttpRequest& req, 
   if (!ids_flag.is_ok()) return send_error(res, bad_request(ids_flag.status().message(), "return_token_ids"));
 
   const chat::ChatFormat format = ctx.chat_format;
-  auto gen = Generation::start(*ctx.engine, *ctx.metrics, chat->prompt_ids, chat->params);
+  auto gen = Generation::start(*ctx.engine, *ctx.metrics, chat->prompt_ids, chat->params, chat->images);
   if (!gen.is_ok()) return send_error(res, from_status(gen.status()));
   const std::string id = new_response_id("chatcmpl");
   const int64_t created = unix_time_s();

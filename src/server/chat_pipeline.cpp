@@ -2,22 +2,61 @@
 
 #include "chat/render_chat.h"
 #include "server/handlers.h"
+#include "server/image_input.h"
 #include "server/output_constraint.h"
 #include "server/sampling_request.h"
 
 namespace moonrun::server {
 
-Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body) {
-  PreparedChat out;
-  out.request = MR_TRY(chat::parse_chat_request(body));
-  for (const auto& m : out.request.messages)
-    if (m.content.num_images() > 0)
-      return unimplemented("messages: image inputs are not supported by this server's model yet");
+Result<ChatPrompt> chat_prompt(const ServingContext& ctx, const chat::ChatRequest& request,
+                               chat::RenderOptions render) {
+  // Images, in message order (the order the chat format consumes them): each one decoded
+  // and preprocessed now, so a bad image is a 400 before anything is queued.
+  std::vector<int> tokens_per_image;
+  int64_t patches = 0;
+  auto images = std::make_shared<vision::PromptImages>();
+  for (size_t i = 0; i < request.messages.size(); ++i) {
+    const chat::Content& content = request.messages[i].content;
+    if (content.num_images() == 0) continue;
+    for (size_t k = 0; k < content.parts.size(); ++k) {
+      if (content.parts[k].kind != chat::ContentPart::Kind::kImage) continue;
+      const std::string where = "messages[" + std::to_string(i) + "].content[" + std::to_string(k) + "].image_url";
+      if (!ctx.images)
+        return invalid_argument(where + ": this model takes no images (its checkpoint has no vision tower)");
+      if (static_cast<int>(images->images.size()) >= ctx.images->limits.max_images)
+        return invalid_argument(where + ": more than " + std::to_string(ctx.images->limits.max_images) +
+                                " images in one request (--max-images-per-request)");
+      images->images.push_back(MR_TRY(load_image(content.parts[k].image_url, *ctx.images, where)));
+      const vision::ImagePatches& im = images->images.back();
+      patches += static_cast<int64_t>(im.grid_h) * im.grid_w;
+      if (patches > ctx.images->limits.max_patches)
+        return invalid_argument(where + ": the request's images hold " + std::to_string(patches) +
+                                " patches of 14 px, over the " + std::to_string(ctx.images->limits.max_patches) +
+                                " the vision tower takes at once (4 per token of --chunked-prefill-size)");
+      render.image_prompts.push_back(vision::image_prompt(im.width, im.height));
+      tokens_per_image.push_back(im.num_tokens);
+    }
+  }
 
-  auto segments = MR_TRY(chat::render_chat(ctx.chat_format, out.request));
+  ChatPrompt out;
+  auto segments = MR_TRY(chat::render_chat(ctx.chat_format, request, render));
   std::vector<uint32_t> ids;
   for (const auto& s : segments) ctx.tokenizer->encode_append(s.text, s.allow_special, ids);
   out.prompt_ids.assign(ids.begin(), ids.end());
+  if (!images->images.empty()) {
+    images->placeholder_id = ctx.images->placeholder_id;
+    out.prompt_ids = MR_TRY(vision::expand_placeholders(out.prompt_ids, images->placeholder_id, tokens_per_image));
+    out.images = std::move(images);
+  }
+  return out;
+}
+
+Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body) {
+  PreparedChat out;
+  out.request = MR_TRY(chat::parse_chat_request(body));
+  ChatPrompt prompt = MR_TRY(chat_prompt(ctx, out.request));
+  out.prompt_ids = std::move(prompt.prompt_ids);
+  out.images = std::move(prompt.images);
 
   // The sampling fields read the same body (unordered is fine for them).
   const nlohmann::json plain = nlohmann::json::parse(body.dump(-1, ' ', false, chat::Json::error_handler_t::replace));

@@ -5,12 +5,15 @@
 // finished sample -> reasoning, content and tool calls. The Responses and Messages
 // handlers translate their bodies into a chat body first, so all three APIs render, sample
 // and parse exactly alike.
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "chat/chat_request.h"
 #include "chat/parse_message.h"
+#include "chat/render_chat.h"
 #include "common/status.h"
+#include "model/vision/placeholders.h"
 #include "runtime/sampling_params.h"
 #include "server/chat_output.h"
 #include "server/generation.h"
@@ -21,9 +24,20 @@ namespace moonrun::server {
 struct PreparedChat {
   chat::ChatRequest request;
   SamplingParams params;         // max_tokens filled in, constraint attached
-  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> prompt_ids;  // each image's placeholder expanded to its rows
   chat::ParseOptions parse_options;
+  std::shared_ptr<const vision::PromptImages> images;  // null: no images
 };
+
+// A chat request's prompt ids in the checkpoint's format: its images loaded (image_input.h),
+// each rendered as its image prompt with the placeholder expanded to its rows. What
+// prepare_chat and /tokenize share, so /tokenize counts what usage.prompt_tokens will.
+struct ChatPrompt {
+  std::vector<int32_t> prompt_ids;
+  std::shared_ptr<const vision::PromptImages> images;  // null: no images
+};
+Result<ChatPrompt> chat_prompt(const ServingContext& ctx, const chat::ChatRequest& request,
+                               chat::RenderOptions render = {});
 
 // body: the chat body as parsed (object key order kept; the chat format prints parts of it
 // back byte for byte). Errors are request errors (400s) naming the field.

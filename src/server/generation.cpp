@@ -30,14 +30,16 @@ Status shutdown_cut_status() {
 
 Result<std::unique_ptr<Generation>> Generation::start(EngineLoop& engine, Metrics& metrics,
                                                       std::vector<int32_t> prompt_ids,
-                                                      const SamplingParams& params) {
+                                                      const SamplingParams& params,
+                                                      std::shared_ptr<const vision::PromptImages> images) {
   auto g = std::unique_ptr<Generation>(new Generation());
   g->engine_ = &engine;
   g->metrics_ = &metrics;
   g->n_ = params.n;
   g->usage_.prompt_tokens = static_cast<int>(prompt_ids.size());
+  g->usage_.image_tokens = images ? images->num_tokens() : 0;
   g->start_ = std::chrono::steady_clock::now();
-  auto stream = engine.submit(std::move(prompt_ids), params);
+  auto stream = engine.submit(std::move(prompt_ids), params, std::move(images));
   if (!stream.is_ok()) return stream.status();
   g->stream_ = std::move(stream).value();
   if (RequestRecord* rec = current_request()) {

@@ -54,9 +54,10 @@ struct SampleOutcome {
 };
 
 struct Usage {
-  int prompt_tokens = 0;
+  int prompt_tokens = 0;  // image rows included (each is a position, as in vLLM)
   int completion_tokens = 0;
   int cached_tokens = 0;
+  int image_tokens = 0;   // the prompt's image rows (prompt_tokens_details.image_tokens)
 };
 
 class Generation {
@@ -64,7 +65,8 @@ class Generation {
   // Submits; the Status maps to the HTTP error (400 / 503).
   static Result<std::unique_ptr<Generation>> start(EngineLoop& engine, Metrics& metrics,
                                                    std::vector<int32_t> prompt_ids,
-                                                   const SamplingParams& params);
+                                                   const SamplingParams& params,
+                                                   std::shared_ptr<const vision::PromptImages> images = nullptr);
   ~Generation();  // aborts when not finished (a dead client)
 
   // Waits for the next output (up to timeout); false when none came.

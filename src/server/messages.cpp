@@ -148,7 +148,7 @@ void handle_messages(const ServingContext& ctx, const HttpRequest& req, HttpResp
   for (const auto& w : prepared->request.warnings) MR_LOG(WARNING) << w;
   auto chat = std::make_shared<PreparedChat>(std::move(prepared).value());
 
-  auto gen = Generation::start(*ctx.engine, *ctx.metrics, chat->prompt_ids, chat->params);
+  auto gen = Generation::start(*ctx.engine, *ctx.metrics, chat->prompt_ids, chat->params, chat->images);
   if (!gen.is_ok()) return send_anthropic_error(res, from_status(gen.status()));
   const std::string id = new_response_id("msg");
   const chat::ChatFormat format = ctx.chat_format;

@@ -222,7 +222,7 @@ void handle_responses(const ServingContext& ctx, const HttpRequest& req, HttpRes
   frame->temperature = chat->params.temperature;
   frame->top_p = chat->params.top_p;
 
-  auto gen = Generation::start(*ctx.engine, *ctx.metrics, chat->prompt_ids, chat->params);
+  auto gen = Generation::start(*ctx.engine, *ctx.metrics, chat->prompt_ids, chat->params, chat->images);
   if (!gen.is_ok()) return send_error(res, from_status(gen.status()));
   const chat::ChatFormat format = ctx.chat_format;
 

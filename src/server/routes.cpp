@@ -1,5 +1,7 @@
 #include "server/routes.h"
 
+#include "server/chat_pipeline.h"
+
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -212,9 +214,10 @@ void tokenize(const ServingContext& ctx, const HttpRequest& req, HttpResponse& r
     auto agp = json_bool(body, "add_generation_prompt", true);
     if (!agp.is_ok()) return send_error(res, bad_request(agp.status().message(), "add_generation_prompt"));
     opts.add_generation_prompt = *agp;
-    auto segments = chat::render_chat(ctx.chat_format, *request, opts);
-    if (!segments.is_ok()) return send_error(res, from_status(segments.status()));
-    for (const auto& s : *segments) ctx.tokenizer->encode_append(s.text, s.allow_special, ids);
+    // Images count as the chat endpoint counts them: each one's expanded placeholder run.
+    auto prompt = chat_prompt(ctx, *request, opts);
+    if (!prompt.is_ok()) return send_error(res, from_status(prompt.status()));
+    ids.assign(prompt->prompt_ids.begin(), prompt->prompt_ids.end());
   } else {
     auto p = body.find("prompt");
     if (p == body.end() || !p->is_string())

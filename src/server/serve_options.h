@@ -51,6 +51,11 @@ struct ServeOptions {
   std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bf16|bfloat16|float32 (fp8 is refused: no fp8 cache yet)
   bool disable_radix_cache = false;     // --disable-radix-cache / --no-enable-prefix-caching
   bool disable_cuda_graph = false;      // --disable-cuda-graph / --enforce-eager: eager decode steps
+  // Images (image_url content parts; docs/api.md "Images").
+  bool allow_image_urls = false;            // --allow-image-urls: http(s) image URLs are considered (else 400)
+  int64_t max_image_pixels = 64LL << 20;     // --max-image-pixels: declared width x height beyond is a 400
+  size_t max_image_bytes = 20u << 20;       // --max-image-bytes: one image's decoded (not base64) bytes
+  int max_images_per_request = 16;          // --max-images-per-request
   // Chat.
   std::string reasoning_parser;     // --reasoning-parser kimi_k3|kimi_k2 (default: from model)
   std::string tool_call_parser;     // --tool-call-parser kimi_k3|kimi_k2 (default: from model)

@@ -10,6 +10,7 @@
 #include "chat/tokenizer.h"
 #include "engine/engine_loop.h"
 #include "server/metrics.h"
+#include "server/image_input.h"
 #include "server/serve_options.h"
 
 namespace moonrun::server {
@@ -25,6 +26,9 @@ struct ServingContext {
   chat::ChatFormat chat_format = chat::ChatFormat::kKimiK3;
   std::shared_ptr<const chat::Tokenizer> tokenizer;
   EngineLoop* engine = nullptr;
+  // Images on chat requests (server/image_input.h); null when the model has no vision
+  // tower: an image part is then a 400.
+  std::shared_ptr<const ImageInputConfig> images;
   Metrics* metrics = nullptr;
 };
 

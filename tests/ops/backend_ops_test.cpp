@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "model/layers/kda.h"
+#include "model/vision/moonvit.h"
 #include "op_test_util.h"
 
 namespace moonrun {
@@ -161,6 +162,34 @@ TEST_P(BackendOps, DenseOps) {
   B.gpu->gather_rows(x.g, rows.g.as<int32_t>(), gth.g);
   expect_exact(std::string("gather_rows_") + B.mode(), "4of37", testing::download(*B.gpu, gth.g),
                testing::download(B.cpu, gth.c));
+}
+
+// ---- the vision tower ----------------------------------------------------------------------
+
+// GELU in both forms, and the tower's attention over two images of different sizes (rows
+// of one must not see the other's) with 2-D RoPE angles as model/vision/moonvit builds them.
+TEST_P(BackendOps, VisionOps) {
+  Backends& B = b();
+  const int T = 61, n = 300;
+  Pair x = put(B, normal(T * n, 40, 2.0f), T, n);
+  for (bool tanh_approx : {true, false}) {
+    Pair y = out(B, T, n, act());
+    B.cpu.gelu(x.c, tanh_approx, y.c);
+    B.gpu->gelu(x.g, tanh_approx, y.g);
+    expect_close(std::string(tanh_approx ? "gelu_tanh_" : "gelu_exact_") + B.mode(), "61x300", err(B, y),
+                 B.tol(4e-3));
+  }
+  const int heads = 3, d = 32, first = 25;  // images of 25 (5 x 5) and 36 (6 x 6) patches
+  Pair qkv = put(B, normal(T * 3 * heads * d, 41), T, 3 * heads * d);
+  std::vector<float> rope = rope_table(5, 5, d);
+  const std::vector<float> second = rope_table(6, 6, d);
+  rope.insert(rope.end(), second.begin(), second.end());
+  Pair r = put(B, rope, T, d);
+  const std::vector<int32_t> starts = {0, first, T};
+  Pair o = out(B, T, heads * d);
+  B.cpu.vision_attention(qkv.c, r.c, starts, heads, d, o.c);
+  B.gpu->vision_attention(qkv.g, r.g, starts, heads, d, o.g);
+  expect_close(std::string("vision_attention_") + B.mode(), "25+36x3x32", err(B, o), 2e-5);
 }
 
 // ---- the mixed batch of the attention tests -------------------------------------------

@@ -14,6 +14,7 @@
 #include "backend/cpu/mxfp4.h"
 #include "backend/cpu/router.h"
 #include "backend/cpu/sample.h"
+#include "backend/cpu/vision.h"
 
 namespace moonrun::cpu {
 
@@ -176,6 +177,23 @@ void CpuOps::attn_res_mix(const Tensor& prefix, const Tensor& blocks, int n_bloc
   for (int i = 0; i < n_blocks; ++i) ptrs[i] = f32(blocks) + i * T * H;
   cpu::attn_res_mix(f32(prefix), ptrs.data(), n_blocks, static_cast<int>(T), static_cast<int>(H), f32(w_norm),
                     f32(w_proj), eps, f32(out));
+}
+
+void CpuOps::gelu(const Tensor& x, bool tanh_approx, Tensor y) {
+  check_same_shape(x, y, "gelu");
+  cpu::gelu(f32(x), x.numel(), tanh_approx, f32(y));
+}
+
+void CpuOps::vision_attention(const Tensor& qkv, const Tensor& rope, std::span<const int32_t> seq_starts,
+                              int num_heads, int head_dim, Tensor out) {
+  const int64_t width = static_cast<int64_t>(num_heads) * head_dim;
+  MR_CHECK(qkv.cols == 3 * width && out.cols == width && rope.cols == head_dim && head_dim % 2 == 0)
+      << "vision_attention: qkv [" << qkv.rows << ", " << qkv.cols << "], rope [" << rope.rows << ", " << rope.cols
+      << "], out [" << out.rows << ", " << out.cols << "] for " << num_heads << " heads of " << head_dim;
+  MR_CHECK(qkv.rows == out.rows && rope.rows == qkv.rows && !seq_starts.empty() && seq_starts.front() == 0 &&
+           seq_starts.back() == qkv.rows)
+      << "vision_attention: images must cover the " << qkv.rows << " rows";
+  cpu::vision_attention(f32(qkv), f32(rope), seq_starts, num_heads, head_dim, f32(out));
 }
 
 void CpuOps::gather_rows(const Tensor& x, const int32_t* rows, Tensor y) {

@@ -46,6 +46,10 @@ class CpuOps final : public Ops {
                     const Tensor& w_proj, float eps, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, Tensor y) override;
 
+  void gelu(const Tensor& x, bool tanh_approx, Tensor y) override;
+  void vision_attention(const Tensor& qkv, const Tensor& rope, std::span<const int32_t> seq_starts, int num_heads,
+                        int head_dim, Tensor out) override;
+
   void short_conv(const Tensor& x, const Tensor& weight, const BatchView& batch, StateLayer window, bool silu,
                   Tensor y) override;
   void l2norm_rows(Tensor x, float scale) override;

@@ -22,6 +22,7 @@
 #include "backend/cuda/mla/mla_ops.h"
 #include "backend/cuda/moe/moe_ops.h"
 #include "backend/cuda/sample/sample_ops.h"
+#include "backend/cuda/vision/vision_ops.h"
 
 namespace moonrun::cuda {
 
@@ -220,6 +221,28 @@ class CudaOps final : public Ops {
     check(x.cols == y.cols && x.dtype == y.dtype, "gather_rows: " + shape(x) + " into " + shape(y));
     cuda::gather_rows(x.data, static_cast<size_t>(x.cols) * dtype_size_bytes(x.dtype), rows, static_cast<int>(y.rows),
                       y.data, stream_);
+  }
+
+  // ---- the vision tower --------------------------------------------------------------
+  void gelu(const Tensor& x, bool tanh_approx, Tensor y) override {
+    is_f32(x, "gelu");
+    same_shape(x, y, "gelu");
+    if (y.dtype == DType::BF16) cuda::gelu(x.as<float>(), x.numel(), tanh_approx, y.as<bf16>(), stream_);
+    else cuda::gelu(x.as<float>(), x.numel(), tanh_approx, y.as<float>(), stream_);
+  }
+  void vision_attention(const Tensor& qkv, const Tensor& rope, std::span<const int32_t> seq_starts, int num_heads,
+                        int head_dim, Tensor out) override {
+    is_f32(qkv, "vision_attention");
+    is_f32(out, "vision_attention");
+    const int64_t width = static_cast<int64_t>(num_heads) * head_dim;
+    check(qkv.cols == 3 * width && out.cols == width && rope.cols == head_dim && head_dim % 2 == 0 &&
+              head_dim <= cuda::kMaxVisionHeadDim && qkv.rows == out.rows && rope.rows == qkv.rows,
+          "vision_attention: qkv " + shape(qkv) + " rope " + shape(rope) + " out " + shape(out));
+    check(!seq_starts.empty() && seq_starts.front() == 0 && seq_starts.back() == qkv.rows,
+          "vision_attention: the images must cover the rows");
+    for (size_t s = 0; s + 1 < seq_starts.size(); ++s)
+      cuda::vision_attention(qkv.as<float>(), rope.as<float>(), seq_starts[s], seq_starts[s + 1] - seq_starts[s],
+                             num_heads, head_dim, out.as<float>(), stream_);
   }
 
   // ---- KDA ---------------------------------------------------------------------------

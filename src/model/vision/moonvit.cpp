@@ -1,0 +1,227 @@
+#include "model/vision/moonvit.h"
+
+#include <cmath>
+#include <string>
+
+namespace moonrun {
+
+// ---- the weights -------------------------------------------------------------------------
+
+void describe_moonvit_weights(const ModelConfig& cfg, MoonVitWeights& w, WeightSink& sink) {
+  const VisionConfig& v = cfg.vision;
+  if (!v.enabled) return;
+  const int64_t H = v.hidden_size, P = v.patch_size, Q = v.qkv_hidden_size, I = v.intermediate_size;
+  const int64_t M = v.merged_width(), T = v.text_hidden_size;
+  auto mat = [&](Matrix& dst, const std::string& name, int64_t out, int64_t in) {
+    sink.matrix(dst, name, static_cast<int>(out), static_cast<int>(in), ShardRule::replicated);
+  };
+  auto vec = [&](Tensor& dst, const std::string& name, int64_t n) {
+    sink.f32(dst, name, DType::BF16, {n}, 1, n, ShardRule::replicated);
+  };
+  // The patch embedding is a Conv2d with stride = kernel: one dot product per patch, i.e. a
+  // linear over the patch's values in (channel, y, x) order. Kept F32 (its input is F32).
+  sink.f32(w.patch_embed.w, "vision_tower.patch_embed.proj.weight", DType::BF16, {H, 3, P, P}, H, 3 * P * P,
+           ShardRule::replicated);
+  w.patch_embed.out = static_cast<int>(H);
+  w.patch_embed.in = static_cast<int>(3 * P * P);
+  sink.f32(w.pos_emb, "vision_tower.patch_embed.pos_emb.weight", DType::BF16, {v.pos_emb_height, v.pos_emb_width, H},
+           static_cast<int64_t>(v.pos_emb_height) * v.pos_emb_width, H, ShardRule::replicated);
+  w.layers.resize(v.num_layers);
+  for (int i = 0; i < v.num_layers; ++i) {
+    MoonVitLayerWeights& l = w.layers[i];
+    const std::string b = "vision_tower.encoder.blocks." + std::to_string(i) + ".";
+    vec(l.norm0, b + "norm0.weight", H);
+    vec(l.norm1, b + "norm1.weight", H);
+    mat(l.wqkv, b + "wqkv.weight", 3 * Q, H);
+    mat(l.wo, b + "wo.weight", H, Q);
+    mat(l.fc0, b + "mlp.fc0.weight", I, H);
+    mat(l.fc1, b + "mlp.fc1.weight", H, I);
+  }
+  vec(w.final_norm, "vision_tower.encoder.final_layernorm.weight", H);
+  // nn.Sequential(Linear, GELU, Linear): indices 0 and 2.
+  mat(w.proj0, "mm_projector.proj.0.weight", M, M);
+  mat(w.proj2, "mm_projector.proj.2.weight", T, M);
+  vec(w.post_norm, "mm_projector.post_norm.weight", T);
+}
+
+// ---- host-side inputs --------------------------------------------------------------------
+
+std::vector<float> bilinear_resize(const std::vector<float>& table, int h0, int w0, int channels, int h, int w) {
+  std::vector<float> out(static_cast<size_t>(h) * w * channels);
+  if (h == h0 && w == w0) return table;  // the reference skips the resize at the table's own size
+  // PyTorch's upsample_bilinear2d, align_corners=False: source = (dst + 0.5) * in/out - 0.5,
+  // clamped at 0; the right/bottom neighbour is the edge itself at the border. In float.
+  auto axis = [](int in, int out_size, int dst, int& i0, int& i1, float& l0, float& l1) {
+    const float scale = static_cast<float>(in) / static_cast<float>(out_size);
+    float src = scale * (static_cast<float>(dst) + 0.5f) - 0.5f;
+    if (src < 0) src = 0;
+    i0 = static_cast<int>(src);
+    i1 = i0 + (i0 < in - 1 ? 1 : 0);
+    l1 = src - static_cast<float>(i0);
+    l0 = 1.0f - l1;
+  };
+  for (int y = 0; y < h; ++y) {
+    int y0, y1;
+    float ly0, ly1;
+    axis(h0, h, y, y0, y1, ly0, ly1);
+    for (int x = 0; x < w; ++x) {
+      int x0, x1;
+      float lx0, lx1;
+      axis(w0, w, x, x0, x1, lx0, lx1);
+      const float* v00 = &table[(static_cast<size_t>(y0) * w0 + x0) * channels];
+      const float* v01 = &table[(static_cast<size_t>(y0) * w0 + x1) * channels];
+      const float* v10 = &table[(static_cast<size_t>(y1) * w0 + x0) * channels];
+      const float* v11 = &table[(static_cast<size_t>(y1) * w0 + x1) * channels];
+      float* o = &out[(static_cast<size_t>(y) * w + x) * channels];
+      for (int c = 0; c < channels; ++c)
+        o[c] = ly0 * (lx0 * v00[c] + lx1 * v01[c]) + ly1 * (lx0 * v10[c] + lx1 * v11[c]);
+    }
+  }
+  return out;
+}
+
+std::vector<float> rope_table(int grid_h, int grid_w, int head_dim, float theta) {
+  // The reference (Rope2DPosEmbRepeated): frequency j = theta^(-4j/d) for j < d/4, in
+  // float32; complex pair 2j turns by column * freq_j, pair 2j+1 by row * freq_j.
+  const int quarter = head_dim / 4;
+  std::vector<float> freqs(quarter);
+  for (int j = 0; j < quarter; ++j)
+    freqs[j] = 1.0f / std::pow(theta, static_cast<float>(4 * j) / static_cast<float>(head_dim));
+  std::vector<float> out(static_cast<size_t>(grid_h) * grid_w * head_dim);
+  for (int y = 0; y < grid_h; ++y)
+    for (int x = 0; x < grid_w; ++x) {
+      float* o = &out[(static_cast<size_t>(y) * grid_w + x) * head_dim];
+      for (int j = 0; j < quarter; ++j) {
+        const float ax = static_cast<float>(x) * freqs[j], ay = static_cast<float>(y) * freqs[j];
+        o[4 * j + 0] = std::cos(ax);
+        o[4 * j + 1] = std::sin(ax);
+        o[4 * j + 2] = std::cos(ay);
+        o[4 * j + 3] = std::sin(ay);
+      }
+    }
+  return out;
+}
+
+std::vector<int32_t> merge_order(int grid_h, int grid_w, int merge_h, int merge_w) {
+  // tpool_patch_merger: view (h/mh, mh, w/mw, mw) -> permute to (h/mh, w/mw, mh, mw).
+  std::vector<int32_t> order;
+  order.reserve(static_cast<size_t>(grid_h) * grid_w);
+  for (int by = 0; by < grid_h / merge_h; ++by)
+    for (int bx = 0; bx < grid_w / merge_w; ++bx)
+      for (int ky = 0; ky < merge_h; ++ky)
+        for (int kx = 0; kx < merge_w; ++kx) order.push_back((by * merge_h + ky) * grid_w + bx * merge_w + kx);
+  return order;
+}
+
+// ---- the forward -------------------------------------------------------------------------
+
+MoonVit::MoonVit(const ModelConfig& cfg, MoonVitWeights weights) : cfg_(cfg), w_(std::move(weights)) {}
+
+int64_t MoonVit::scratch_bytes(int64_t n_patches) const {
+  if (!enabled()) return 0;
+  // encode()'s temporaries per patch row, all counted as F32: the inputs (patch values,
+  // position rows, RoPE angles, merge index), the stream and its normed copy, qkv, the
+  // attention output twice, the MLP hidden twice, the merged rows twice, and per merged
+  // token the projector's hidden twice and its output; plus alignment slack.
+  const VisionConfig& v = vc();
+  const int64_t per_patch = static_cast<int64_t>(v.patch_values()) + v.head_dim() + 1 + 6 * v.hidden_size +
+                            5 * v.qkv_hidden_size + 2 * v.intermediate_size +
+                            (2 * v.merged_width() + v.text_hidden_size) / v.merge_rows() + 2 * v.hidden_size;
+  return n_patches * per_patch * 4 + (int64_t{1} << 20);
+}
+
+std::vector<float> MoonVit::encode(Ops& ops, std::span<const vision::ImagePatches* const> images) {
+  MR_CHECK(enabled()) << "MoonVit::encode without a vision tower";
+  ScratchScope scope(ops);
+  const VisionConfig& v = vc();
+  const int64_t H = v.hidden_size, Q = v.qkv_hidden_size, I = v.intermediate_size, M = v.merged_width();
+  const int64_t TH = v.text_hidden_size, PV = v.patch_values(), d = v.head_dim();
+  const DType act = ops.act_dtype();
+  if (pos_table_host_.empty()) {
+    pos_table_host_.resize(static_cast<size_t>(w_.pos_emb.numel()));
+    ops.download(w_.pos_emb, pos_table_host_.data());
+  }
+
+  // The batch of images as one sequence of patch rows; each image's grid gives its
+  // position rows, its rotary angles and its merge order.
+  std::vector<int32_t> seq_starts{0};
+  int64_t n_tokens = 0;
+  std::vector<float> patches, pos, rope;
+  std::vector<int32_t> order;
+  for (const vision::ImagePatches* im : images) {
+    MR_CHECK(im->patch_size == v.patch_size && im->values.size() == static_cast<size_t>(im->grid_h) * im->grid_w * PV &&
+             im->grid_h % v.merge_kernel_h == 0 && im->grid_w % v.merge_kernel_w == 0)
+        << "image patches do not fit the tower";
+    const int32_t first = seq_starts.back();
+    patches.insert(patches.end(), im->values.begin(), im->values.end());
+    const std::vector<float> p = bilinear_resize(pos_table_host_, v.pos_emb_height, v.pos_emb_width,
+                                                 static_cast<int>(H), im->grid_h, im->grid_w);
+    pos.insert(pos.end(), p.begin(), p.end());
+    const std::vector<float> r = rope_table(im->grid_h, im->grid_w, static_cast<int>(d));
+    rope.insert(rope.end(), r.begin(), r.end());
+    for (int32_t row : merge_order(im->grid_h, im->grid_w, v.merge_kernel_h, v.merge_kernel_w))
+      order.push_back(first + row);
+    seq_starts.push_back(first + im->grid_h * im->grid_w);
+    n_tokens += (im->grid_h / v.merge_kernel_h) * (im->grid_w / v.merge_kernel_w);
+  }
+  const int64_t N = seq_starts.back();  // patch rows
+  auto upload = [&](const std::vector<float>& host, int64_t cols) {
+    Tensor t = ops.scratch(static_cast<int64_t>(host.size()) / cols, cols, DType::F32);
+    ops.upload(t, 0, host.data(), host.size() * sizeof(float));
+    return t;
+  };
+  const Tensor x = upload(patches, PV);    // [N, 3*p*p]
+  const Tensor pos_t = upload(pos, H);     // [N, hidden]
+  const Tensor rope_t = upload(rope, d);   // [N, head_dim]
+  Tensor order_t = ops.scratch(N, 1, DType::I32);
+  ops.upload(order_t, 0, order.data(), order.size() * sizeof(int32_t));
+
+  Tensor h = ops.scratch(N, H, DType::F32);  // the residual stream [N, hidden]
+  ops.linear(x, w_.patch_embed, h);
+  ops.add(h, pos_t, h);
+
+  Tensor xa = ops.scratch(N, H, act);             // normed, the projections' input
+  Tensor qkv = ops.scratch(N, 3 * Q, DType::F32);  // [N, 3 * qkv_hidden]
+  Tensor att = ops.scratch(N, Q, DType::F32);
+  Tensor att_a = act == DType::F32 ? att : ops.scratch(N, Q, act);
+  Tensor o = ops.scratch(N, H, DType::F32);
+  Tensor f = ops.scratch(N, I, DType::F32);        // the MLP's hidden [N, intermediate]
+  Tensor f_a = act == DType::F32 ? f : ops.scratch(N, I, act);
+  for (const MoonVitLayerWeights& l : w_.layers) {
+    ops.rmsnorm(h, l.norm0, v.norm_eps, xa);
+    ops.linear(xa, l.wqkv, qkv);
+    ops.vision_attention(qkv, rope_t, seq_starts, v.num_heads, static_cast<int>(d), att);
+    if (att_a.data != att.data) ops.copy(att, att_a);
+    ops.linear(att_a, l.wo, o);
+    ops.add(h, o, h);
+    ops.rmsnorm(h, l.norm1, v.norm_eps, xa);
+    ops.linear(xa, l.fc0, f);
+    ops.gelu(f, /*tanh_approx=*/true, f_a);
+    ops.linear(f_a, l.fc1, o);
+    ops.add(h, o, h);
+  }
+  Tensor hn = ops.scratch(N, H, DType::F32);
+  ops.rmsnorm(h, w_.final_norm, v.norm_eps, hn);
+
+  // 2x2 merge: each token's 4 patch rows side by side, [n_tokens, 4 * hidden].
+  Tensor merged = ops.scratch(N, H, DType::F32);
+  ops.gather_rows(hn, order_t.as<int32_t>(), merged);
+  merged = merged.reshaped(M);
+  Tensor merged_a = act == DType::F32 ? merged : ops.scratch(n_tokens, M, act);
+  if (merged_a.data != merged.data) ops.copy(merged, merged_a);
+
+  // The projector (PatchMergerMLPV2): linear -> exact GELU -> linear -> RMSNorm.
+  Tensor p0 = ops.scratch(n_tokens, M, DType::F32);
+  ops.linear(merged_a, w_.proj0, p0);
+  Tensor p0_a = act == DType::F32 ? p0 : ops.scratch(n_tokens, M, act);
+  ops.gelu(p0, /*tanh_approx=*/false, p0_a);
+  Tensor p2 = ops.scratch(n_tokens, TH, DType::F32);
+  ops.linear(p0_a, w_.proj2, p2);
+  ops.rmsnorm(p2, w_.post_norm, v.projector_eps, p2);
+
+  std::vector<float> rows(static_cast<size_t>(n_tokens) * TH);
+  ops.download(p2, rows.data());
+  return rows;
+}
+
+}  // namespace moonrun

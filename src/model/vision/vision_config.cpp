@@ -1,0 +1,108 @@
+#include "model/vision/vision_config.h"
+
+namespace moonrun {
+
+namespace {
+
+using json = nlohmann::json;
+
+class VisionFields {
+ public:
+  VisionFields(const json& vc, std::string source) : vc_(vc), source_(std::move(source)) {}
+  std::string where(const std::string& key) const { return source_ + ": vision_config." + key; }
+
+  Status positive(const char* key, int& out) const {
+    if (!vc_.contains(key) || vc_[key].is_null()) return Status::ok();  // the reference's default
+    const json& v = vc_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 24))
+      return failed_precondition(where(key) + " must be a positive integer, got " + v.dump());
+    out = v.get<int>();
+    return Status::ok();
+  }
+  Status number(const char* key, float& out) const {
+    if (!vc_.contains(key) || vc_[key].is_null()) return Status::ok();
+    const json& v = vc_[key];
+    if (!v.is_number() || v.get<double>() <= 0)
+      return failed_precondition(where(key) + " must be a positive number, got " + v.dump());
+    out = v.get<float>();
+    return Status::ok();
+  }
+  // A choice the reference offers but K3 does not use: only `wanted` (the K3 value) runs.
+  Status only(const char* key, const json& wanted, const json& reference_default) const {
+    const json got = vc_.contains(key) && !vc_[key].is_null() ? vc_[key] : reference_default;
+    if (got != wanted)
+      return failed_precondition(where(key) + " is " + got.dump() + "; moonrun runs MoonViT-V2 as K3 ships it (" +
+                                 wanted.dump() + ")");
+    return Status::ok();
+  }
+
+ private:
+  const json& vc_;
+  std::string source_;
+};
+
+}  // namespace
+
+Result<VisionConfig> parse_vision_config(const json& vc, const std::string& dtype_name, int text_hidden_size,
+                                         const std::string& source) {
+  VisionConfig c;
+  if (vc.is_null()) return c;
+  if (!vc.is_object()) return failed_precondition(source + ": vision_config must be an object");
+  if (!vc.contains("vt_hidden_size")) return c;  // no tower described (see the header)
+  c.enabled = true;
+  VisionFields f(vc, source);
+  MR_RETURN_IF_ERROR(f.positive("patch_size", c.patch_size));
+  if (vc.contains("merge_kernel_size")) {
+    const json& m = vc["merge_kernel_size"];
+    if (m.is_array() && m.size() == 2 && m[0].is_number_integer() && m[1].is_number_integer() && m[0].get<int>() > 0 &&
+        m[1].get<int>() > 0) {
+      c.merge_kernel_h = m[0].get<int>();
+      c.merge_kernel_w = m[1].get<int>();
+    } else if (m.is_number_integer() && m.get<int>() > 0) {
+      c.merge_kernel_h = c.merge_kernel_w = m.get<int>();
+    } else {
+      return failed_precondition(f.where("merge_kernel_size") + " must be [h, w] of positive integers, got " +
+                                 m.dump());
+    }
+  }
+  MR_RETURN_IF_ERROR(f.positive("init_pos_emb_height", c.pos_emb_height));
+  MR_RETURN_IF_ERROR(f.positive("init_pos_emb_width", c.pos_emb_width));
+  MR_RETURN_IF_ERROR(f.positive("vt_num_attention_heads", c.num_heads));
+  MR_RETURN_IF_ERROR(f.positive("vt_num_hidden_layers", c.num_layers));
+  MR_RETURN_IF_ERROR(f.positive("vt_hidden_size", c.hidden_size));
+  MR_RETURN_IF_ERROR(f.positive("vt_intermediate_size", c.intermediate_size));
+  c.qkv_hidden_size = c.hidden_size;  // the reference's fallback when qkv_hidden_size is null
+  if (!vc.contains("qkv_hidden_size")) c.qkv_hidden_size = 1536;  // its default when absent
+  MR_RETURN_IF_ERROR(f.positive("qkv_hidden_size", c.qkv_hidden_size));
+  MR_RETURN_IF_ERROR(f.number("projector_ln_eps", c.projector_eps));
+  c.text_hidden_size = text_hidden_size;
+  if (vc.contains("text_hidden_size") && vc["text_hidden_size"] != json(text_hidden_size))
+    return failed_precondition(f.where("text_hidden_size") + " is " + vc["text_hidden_size"].dump() +
+                               " but the text model's hidden_size is " + std::to_string(text_hidden_size));
+  if (vc.contains("mm_hidden_size") && !vc["mm_hidden_size"].is_null() && vc["mm_hidden_size"] != json(c.hidden_size))
+    return failed_precondition(f.where("mm_hidden_size") + " must equal vt_hidden_size (" +
+                               std::to_string(c.hidden_size) + "): the projector reads the tower's output");
+  if (c.qkv_hidden_size % c.num_heads != 0 || c.head_dim() % 4 != 0)
+    return failed_precondition(f.where("qkv_hidden_size") + " " + std::to_string(c.qkv_hidden_size) +
+                               " must split into vt_num_attention_heads heads of a multiple of 4 (2-D RoPE)");
+
+  MR_RETURN_IF_ERROR(f.only("norm_type", "rmsnorm", "rmsnorm"));
+  MR_RETURN_IF_ERROR(f.only("attn_bias", false, false));
+  MR_RETURN_IF_ERROR(f.only("linear_bias", false, false));
+  MR_RETURN_IF_ERROR(f.only("patch_embed_proj_bias", false, false));
+  MR_RETURN_IF_ERROR(f.only("mlp_type", "mlp2", "mlp2"));
+  MR_RETURN_IF_ERROR(f.only("activation_func", "gelu_pytorch_tanh", "gelu_pytorch_tanh"));
+  MR_RETURN_IF_ERROR(f.only("pos_emb_type", "divided_fixed", "divided_fixed"));
+  MR_RETURN_IF_ERROR(f.only("pos_emb_interpolation_mode", "bilinear", "bilinear"));
+  MR_RETURN_IF_ERROR(f.only("merge_type", "sd2_tpool", "sd2_tpool"));
+  MR_RETURN_IF_ERROR(f.only("mm_projector_type", "patchmergerv2", "patchmergerv2"));
+  MR_RETURN_IF_ERROR(f.only("projector_hidden_act", "gelu", "gelu"));
+
+  if (dtype_name == "float32") c.norm_eps = 1.1920928955078125e-07f;  // torch.finfo(float32).eps
+  else if (dtype_name == "float16") c.norm_eps = 0.0009765625f;       // torch.finfo(float16).eps
+  else if (dtype_name == "bfloat16" || dtype_name.empty()) c.norm_eps = 0.0078125f;
+  else return failed_precondition(source + ": torch_dtype \"" + dtype_name + "\" is not a dtype moonrun knows");
+  return c;
+}
+
+}  // namespace moonrun

@@ -1,0 +1,212 @@
+// The K3 vision fixture (tests/fixtures/k3-vision-tiny, made by the reference: see its
+// README) through the CPU backend, stage by stage, each against the reference's numbers:
+//   1. preprocessing: the PNG files through decode + processor = the reference
+//      processor's pixel values (same grid, values to float rounding);
+//   2. the tower and projector: the rows that replace the placeholders;
+//   3. the whole model: greedy ids and logits after prompts holding one placeholder per
+//      image, expanded and filled in as the reference's merge does; and the same through
+//      `moonrun generate --image`.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../support/fixture_files.h"
+#include "../support/runtimes.h"
+#include "model/vision/image_decode.h"
+#include "model/vision/placeholders.h"
+#include "model/vision/preprocess.h"
+#include "cache/cache_manager.h"
+#include "engine/engine.h"
+#include "runtime/generate.h"
+
+namespace moonrun {
+namespace {
+
+namespace fs = std::filesystem;
+using fixtures::fixtures_dir;
+using fixtures::read_f32;
+
+std::string vision_dir() { return fixtures_dir() + "/k3-vision-tiny"; }
+
+class VisionFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ifstream in(vision_dir() + "/vision_expected.json");
+    if (!in) GTEST_SKIP() << vision_dir() << "/vision_expected.json is missing (see its README)";
+    expected_ = nlohmann::json::parse(in);
+    std::ifstream cin(vision_dir() + "/config.json");
+    config_ = nlohmann::json::parse(cin);
+    auto cfg = parse_model_config(config_, "config.json");
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    ASSERT_TRUE(cfg->vision.enabled);
+    vision_ = cfg->vision;
+    auto proc = vision::load_image_processor_config(vision_dir(), vision_);
+    ASSERT_TRUE(proc.is_ok()) << proc.status().to_string();
+    processor_ = *proc;
+  }
+
+  vision::ImagePatches load(const std::string& file) {
+    std::ifstream in(vision_dir() + "/" + file, std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto img = vision::decode_image(bytes, int64_t{1} << 24);
+    EXPECT_TRUE(img.is_ok()) << file << ": " << img.status().to_string();
+    auto p = vision::preprocess_image(*img, processor_);
+    EXPECT_TRUE(p.is_ok()) << file << ": " << p.status().to_string();
+    return p.is_ok() ? std::move(p).value() : vision::ImagePatches{};
+  }
+
+  nlohmann::json expected_, config_;
+  VisionConfig vision_;
+  vision::ImageProcessorConfig processor_;
+};
+
+TEST_F(VisionFixture, PreprocessingMatchesTheReferenceProcessor) {
+  for (const auto& c : expected_.at("cases")) {
+    for (size_t k = 0; k < c.at("images").size(); ++k) {
+      const std::string file = c.at("images")[k].get<std::string>();
+      const vision::ImagePatches p = load(file);
+      EXPECT_EQ(p.num_tokens, c.at("image_tokens")[k].get<int>()) << file;
+      const std::string pv_file = file.substr(0, file.size() - 4) + ".pixel_values.f32";
+      const size_t n = fs::file_size(vision_dir() + "/" + pv_file) / sizeof(float);
+      ASSERT_EQ(p.values.size(), n) << file;
+      const std::vector<float> want = read_f32(vision_dir() + "/" + pv_file, n);
+      float worst = 0;
+      for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(p.values[i] - want[i]));
+      std::printf("%s: %d x %d patches, max |dpixel| = %.3g\n", file.c_str(), p.grid_h, p.grid_w, worst);
+      // Values are (u8 / 255 - mean) / std in float: equal inputs give equal values.
+      EXPECT_LE(worst, 1e-6f) << file;
+    }
+  }
+}
+
+TEST_F(VisionFixture, TowerRowsAndLogitsMatchTheReference) {
+  Runtime rt = testing::make_runtime(vision_dir(), testing::test_runtime_options("cpu", 512));
+  ASSERT_TRUE(rt.runner);
+  const int V = rt.config.vocab_size, H = rt.config.hidden_size;
+  const float tol = expected_.at("tolerance_abs_logit").get<float>();
+  const float tol_rows = expected_.at("tolerance_abs_image_row").get<float>();
+  int index = 0;
+  for (const auto& c : expected_.at("cases")) {
+    SCOPED_TRACE("case " + std::to_string(index++));
+    std::vector<vision::ImagePatches> images;
+    std::vector<int> rows_per_image;
+    for (const auto& f : c.at("images")) {
+      images.push_back(load(f.get<std::string>()));
+      rows_per_image.push_back(images.back().num_tokens);
+    }
+    std::vector<const vision::ImagePatches*> pointers;
+    for (const auto& im : images) pointers.push_back(&im);
+    auto rows = rt.runner->encode_images(pointers);
+    ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
+    const auto rows_shape = c.at("image_rows_shape").get<std::vector<size_t>>();
+    ASSERT_EQ(rows->size(), rows_shape[0] * rows_shape[1]);
+    ASSERT_EQ(rows_shape[1], static_cast<size_t>(H));
+    const auto want_rows = read_f32(vision_dir() + "/" + c.at("image_rows_file").get<std::string>(), rows->size());
+    float worst_row = 0;
+    for (size_t i = 0; i < want_rows.size(); ++i) worst_row = std::max(worst_row, std::fabs((*rows)[i] - want_rows[i]));
+    std::printf("image rows: %zu x %d, max |drow| = %.3g\n", rows_shape[0], H, worst_row);
+    EXPECT_LE(worst_row, tol_rows);
+
+    const int32_t placeholder = config_.at("media_placeholder_token_id").get<int32_t>();
+    auto prompt = vision::expand_placeholders(c.at("prompt_ids").get<std::vector<int32_t>>(), placeholder,
+                                              rows_per_image);
+    ASSERT_TRUE(prompt.is_ok()) << prompt.status().to_string();
+    GenerateOptions opt;
+    opt.max_tokens = c.at("max_tokens").get<int>();
+    opt.keep_logits = true;
+    opt.given_at = vision::placeholder_positions(*prompt, placeholder);
+    opt.given_rows = *rows;
+    auto got = generate(*rt.runner, rt.cache.page_size_tokens, *prompt, opt);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(got->token_ids, c.at("greedy_ids").get<std::vector<int32_t>>());
+    const auto want = read_f32(vision_dir() + "/" + c.at("logits_file").get<std::string>(), got->logits.size());
+    float worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got->logits[i] - want[i]));
+    std::printf("prompt %zu positions (%zu images): max |dlogit| = %.3g\n", prompt->size(), images.size(), worst);
+    EXPECT_LE(worst, tol);
+    EXPECT_EQ(got->logits.size(), static_cast<size_t>(opt.max_tokens) * V);
+  }
+}
+
+// Both cases at once through the engine with 16-token prefill chunks: the image rows cross
+// chunk boundaries and share steps with the other request's decode, and the greedy ids
+// are still the reference's (its margins, >= 0.04, dwarf the chunking's float noise).
+TEST_F(VisionFixture, EngineWithChunkedPrefillGivesTheReferenceTokens) {
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 512, 2);
+  ro.max_tokens_per_step = 64;  // the runner's bound (the tower takes 4 patches per token: 256 >= 240)
+  ro.page_size_tokens = 16;
+  Runtime rt = testing::make_runtime(vision_dir(), ro);
+  ASSERT_TRUE(rt.runner);
+  CacheManager cache(rt.cache);
+  Engine engine(EngineConfig{{.max_running_requests = 2, .max_tokens_per_step = 16}, 128, {}, 0}, cache, *rt.runner,
+                nullptr);
+  const int32_t placeholder = config_.at("media_placeholder_token_id").get<int32_t>();
+  uint64_t id = 0;
+  for (const auto& c : expected_.at("cases")) {
+    auto images = std::make_shared<vision::PromptImages>();
+    images->placeholder_id = placeholder;
+    std::vector<int> rows;
+    for (const auto& f : c.at("images")) {
+      images->images.push_back(load(f.get<std::string>()));
+      rows.push_back(images->images.back().num_tokens);
+    }
+    auto prompt = vision::expand_placeholders(c.at("prompt_ids").get<std::vector<int32_t>>(), placeholder, rows);
+    ASSERT_TRUE(prompt.is_ok());
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = c.at("max_tokens").get<int>();
+    p.ignore_eos = true;
+    const Status st = engine.add_request(id++, *prompt, p, images);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+  }
+  std::map<uint64_t, std::vector<int32_t>> got;
+  std::vector<RequestOutput> outs;
+  int steps = 0;
+  for (; engine.has_work() && steps < 1000; ++steps) ASSERT_TRUE(engine.step(outs).is_ok());
+  for (const auto& o : outs) got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  EXPECT_GT(steps, 7);  // 104 prompt positions in 16-token steps
+  for (uint64_t i = 0; i < id; ++i)
+    EXPECT_EQ(got[i], expected_.at("cases")[i].at("greedy_ids").get<std::vector<int32_t>>()) << "case " << i;
+}
+
+// The command line: --image files and one placeholder per image in --token-ids.
+TEST_F(VisionFixture, GenerateCliTakesImages) {
+  const auto& c = expected_.at("cases").back();
+  std::string ids, images;
+  for (int id : c.at("prompt_ids")) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  for (const auto& f : c.at("images")) images += " --image " + vision_dir() + "/" + f.get<std::string>();
+  const std::string out_file =
+      (fs::temp_directory_path() / ("moonrun_vision_logits_" + std::to_string(getpid()))).string();
+  const std::string cmd = std::string(MOONRUN_EXE) + " generate --device cpu --model " + vision_dir() +
+                          " --token-ids " + ids + images + " --max-tokens " +
+                          std::to_string(c.at("max_tokens").get<int>()) + " --logits-out " + out_file;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << cmd;
+  const auto j = nlohmann::json::parse(out);
+  int image_rows = 0;
+  for (int n : c.at("image_tokens")) image_rows += n;
+  EXPECT_EQ(j.at("prompt_tokens").get<size_t>(), c.at("prompt_ids").size() - c.at("images").size() + image_rows);
+  EXPECT_EQ(j.at("token_ids"), c.at("greedy_ids"));
+  const auto shape = c.at("logits_shape").get<std::vector<size_t>>();
+  const auto got = read_f32(out_file, shape[0] * shape[1]);
+  const auto want = read_f32(vision_dir() + "/" + c.at("logits_file").get<std::string>(), shape[0] * shape[1]);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3) << i;
+  fs::remove(out_file);
+}
+
+}  // namespace
+}  // namespace moonrun
