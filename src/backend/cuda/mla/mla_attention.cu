@@ -21,10 +21,10 @@
 // rewrite: decode 0.29 ms absorbed, a 4-token chunk 0.31 ms plain, a 512-token prompt 4.2 ms.)
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 
 #include "common/check.h"
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/mla/mla_device.cuh"
 
 namespace moonrun::cuda {
@@ -410,21 +410,6 @@ __global__ void __launch_bounds__(kThreads) attend_group_kernel(const float* __r
   }
 }
 
-// Opts the kernel in to more than 48 KB of dynamic shared memory, once per device (the
-// attribute is per context) and outside any stream capture's way: the first call of a
-// process usually comes from an eager step, and the call is not a stream operation.
-void allow_group_smem(size_t bytes) {
-  static std::mutex mu;
-  static size_t allowed[64] = {};
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 64 && allowed[device] >= bytes) return;
-  CUDA_CHECK(cudaFuncSetAttribute(attend_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(200 * 1024)));
-  if (device < 64) allowed[device] = 200 * 1024;
-}
-
 bool group_kernel_applies(int num_heads, int kv_lora, int rope, DType cache_dtype) {
   return cache_dtype == DType::BF16 && num_heads % kGroupHeads == 0 && kv_lora % 8 == 0 && kv_lora <= kMaxLatent &&
          (kv_lora + rope) % 8 == 0 && group_smem_bytes(kv_lora + rope) <= 200 * 1024;
@@ -450,16 +435,6 @@ size_t group_mma_smem_bytes(int row_width) {
          static_cast<size_t>(kGroupHeads) * (kMmaChunk + 8) * sizeof(bf16) +  // P
          3 * kGroupHeads * sizeof(float);
 }
-
-__device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t smem_word(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 // grid (n_tokens, num_heads / 16, n_splits), kThreads threads.
 __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float* __restrict__ q_abs,
@@ -516,8 +491,8 @@ __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float*
       const bf16* qb = qa + 8 * st;
       const bf16* kr = rows + (8 * warp + g) * st;
       for (int kk = 0; kk < row_width; kk += 16) {
-        mma16816(c, smem_word(qa + kk + 2 * tq), smem_word(qb + kk + 2 * tq), smem_word(qa + kk + 2 * tq + 8),
-                 smem_word(qb + kk + 2 * tq + 8), smem_word(kr + kk + 2 * tq), smem_word(kr + kk + 2 * tq + 8));
+        mma_m16n8k16_bf16(c, bf16_pair(qa + kk + 2 * tq), bf16_pair(qb + kk + 2 * tq), bf16_pair(qa + kk + 2 * tq + 8),
+                 bf16_pair(qb + kk + 2 * tq + 8), bf16_pair(kr + kk + 2 * tq), bf16_pair(kr + kk + 2 * tq + 8));
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -559,8 +534,8 @@ __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float*
 #pragma unroll
     for (int ks = 0; ks < kMmaChunk / 16; ++ks) {
       const int k0 = 16 * ks;
-      const uint32_t a0 = smem_word(pa + k0 + 2 * tq), a1 = smem_word(pb + k0 + 2 * tq);
-      const uint32_t a2 = smem_word(pa + k0 + 2 * tq + 8), a3 = smem_word(pb + k0 + 2 * tq + 8);
+      const uint32_t a0 = bf16_pair(pa + k0 + 2 * tq), a1 = bf16_pair(pb + k0 + 2 * tq);
+      const uint32_t a2 = bf16_pair(pa + k0 + 2 * tq + 8), a3 = bf16_pair(pb + k0 + 2 * tq + 8);
       // B = V[k0 .. k0 + 15][dims] (row-major [key][dim]): ldmatrix .trans, lanes 0-15 give
       // the addresses of keys k0 + lane (lanes 16-31 repeat them; x2 reads lanes 0-15).
       const bf16* vrow = rows + (k0 + (lane % 16)) * st;
@@ -572,7 +547,7 @@ __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float*
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
                      : "=r"(b0), "=r"(b1)
                      : "r"(addr));
-        mma16816(acc[u], a0, a1, a2, a3, b0, b1);
+        mma_m16n8k16_bf16(acc[u], a0, a1, a2, a3, b0, b1);
       }
     }
   }
@@ -606,18 +581,6 @@ __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float*
 bool group_mma_applies(int num_heads, int kv_lora, int rope) {
   return num_heads % kGroupHeads == 0 && kv_lora % 64 == 0 && kv_lora <= 512 && (kv_lora + rope) % 16 == 0 &&
          group_mma_smem_bytes(kv_lora + rope) <= 200 * 1024;
-}
-
-void allow_group_mma_smem(size_t bytes) {
-  static std::mutex mu;
-  static size_t allowed[64] = {};
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 64 && allowed[device] >= bytes) return;
-  CUDA_CHECK(cudaFuncSetAttribute(attend_group_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(200 * 1024)));
-  if (device < 64) allowed[device] = 200 * 1024;
 }
 
 float softmax_scale(int nope, int rope) { return 1.0f / std::sqrt(static_cast<float>(nope + rope)); }
@@ -688,28 +651,18 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
                          cudaStream_t stream) {
   const int H = shape.num_heads, n_splits = absorbed_splits(n_tokens, H);
   const float scale = softmax_scale(shape.nope, shape.rope);
-  if (cache.dtype == DType::BF16 && group_mma_applies(H, shape.kv_lora, shape.rope) && n_tokens > 0) {
+  // The grouped kernels (16 heads a block): on the tensor cores where they apply, else on
+  // CUDA cores; both leave partials for combine_splits_kernel when the positions are split.
+  const bool mma = cache.dtype == DType::BF16 && group_mma_applies(H, shape.kv_lora, shape.rope);
+  if (n_tokens > 0 && (mma || group_kernel_applies(H, shape.kv_lora, shape.rope, cache.dtype))) {
     const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
-    const size_t smem = group_mma_smem_bytes(shape.row_width());
-    allow_group_mma_smem(smem);
+    auto* kernel = mma ? attend_group_mma_kernel : attend_group_kernel;
+    const size_t smem = mma ? group_mma_smem_bytes(shape.row_width()) : group_smem_bytes(shape.row_width());
+    allow_dynamic_smem(kernel, smem);
     float* part_acc = n_splits > 1 ? partials : nullptr;
     float* part_ml = n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
-    attend_group_mma_kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(
-        q_abs, src, shape.kv_lora, shape.rope, scale, o_lat, part_acc, part_ml);
-    CUDA_CHECK_LAUNCH();
-    if (n_splits > 1) {
-      combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
-                                                                       shape.kv_lora, o_lat);
-      CUDA_CHECK_LAUNCH();
-    }
-  } else if (group_kernel_applies(H, shape.kv_lora, shape.rope, cache.dtype) && n_tokens > 0) {
-    const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
-    const size_t smem = group_smem_bytes(shape.row_width());
-    allow_group_smem(smem);
-    float* part_acc = n_splits > 1 ? partials : nullptr;
-    float* part_ml = n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
-    attend_group_kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(
-        q_abs, src, shape.kv_lora, shape.rope, scale, o_lat, part_acc, part_ml);
+    kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(q_abs, src, shape.kv_lora, shape.rope,
+                                                                                  scale, o_lat, part_acc, part_ml);
     CUDA_CHECK_LAUNCH();
     if (n_splits > 1) {
       combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,

@@ -16,9 +16,9 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <mutex>
 
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/mla/mla_device.cuh"
 
 namespace moonrun::cuda {
@@ -33,20 +33,10 @@ constexpr int kFaWarps = 4;   // 16 query rows each
 constexpr int kMaxV = 128;    // value width (16 n8 fragments)
 constexpr int kMaxQk = 256;   // key width
 
-__device__ __forceinline__ void mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-__device__ __forceinline__ uint32_t word(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 template <typename Cache>
 struct FlashArgs {
@@ -113,12 +103,12 @@ __global__ void __launch_bounds__(kFaWarps * 32) flash_prefill_kernel(FlashArgs<
     const bf16* qa = q_s + (warp * 16 + g) * qs;
     const bf16* qb = qa + 8 * qs;
     for (int kk = 0; kk < dqk; kk += 16) {
-      const uint32_t a0 = word(qa + kk + 2 * t), a1 = word(qb + kk + 2 * t);
-      const uint32_t a2 = word(qa + kk + 2 * t + 8), a3 = word(qb + kk + 2 * t + 8);
+      const uint32_t a0 = bf16_pair(qa + kk + 2 * t), a1 = bf16_pair(qb + kk + 2 * t);
+      const uint32_t a2 = bf16_pair(qa + kk + 2 * t + 8), a3 = bf16_pair(qb + kk + 2 * t + 8);
 #pragma unroll
       for (int f = 0; f < kK / 8; ++f) {
         const bf16* kr = k_s + (8 * f + g) * qs + kk + 2 * t;
-        mma(s[f], a0, a1, a2, a3, word(kr), word(kr + 8));
+        mma_m16n8k16_bf16(s[f], a0, a1, a2, a3, bf16_pair(kr), bf16_pair(kr + 8));
       }
     }
     // Scale, causal mask, the rows' running max.
@@ -177,7 +167,7 @@ __global__ void __launch_bounds__(kFaWarps * 32) flash_prefill_kernel(FlashArgs<
       for (int u = 0; u < kMaxV / 8; ++u) {
         if (u >= n_vf) break;
         const bf16* vr = vt_s + (8 * u + g) * vs + 16 * j + 2 * t;
-        mma(o_acc[u], a0, a1, a2, a3, word(vr), word(vr + 8));
+        mma_m16n8k16_bf16(o_acc[u], a0, a1, a2, a3, bf16_pair(vr), bf16_pair(vr + 8));
       }
     }
   }
@@ -200,19 +190,6 @@ size_t flash_smem_bytes(const MlaShape& s) {
   return (static_cast<size_t>(kQ + kK) * qs + static_cast<size_t>(s.v_dim) * (kK + 8)) * sizeof(bf16);
 }
 
-template <typename Cache>
-void allow_smem(size_t bytes) {
-  static std::mutex mu;
-  static size_t allowed[64] = {};
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (device < 64 && allowed[device] >= bytes) return;
-  CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<Cache>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)));
-  if (device < 64) allowed[device] = bytes;
-}
-
 }  // namespace
 
 bool mla_flash_prefill_supported(const MlaShape& s) {
@@ -228,12 +205,12 @@ void mla_flash_prefill(const float* q, const bf16* kv, const KvLayer& cache, con
   const dim3 grid((n_tokens + kQ - 1) / kQ, shape.num_heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.nope + shape.rope));
   if (cache.dtype == DType::BF16) {
-    allow_smem<bf16>(smem);
+    allow_dynamic_smem(flash_prefill_kernel<bf16>, smem);
     const FlashArgs<bf16> a{q, kv, paged_rows<bf16>(cache), pages, n_tokens, n_past, shape.num_heads,
                             shape.kv_lora, shape.nope, shape.rope, shape.v_dim, scale, o};
     flash_prefill_kernel<bf16><<<grid, kFaWarps * 32, smem, stream>>>(a);
   } else {
-    allow_smem<float>(smem);
+    allow_dynamic_smem(flash_prefill_kernel<float>, smem);
     const FlashArgs<float> a{q, kv, paged_rows<float>(cache), pages, n_tokens, n_past, shape.num_heads,
                              shape.kv_lora, shape.nope, shape.rope, shape.v_dim, scale, o};
     flash_prefill_kernel<float><<<grid, kFaWarps * 32, smem, stream>>>(a);

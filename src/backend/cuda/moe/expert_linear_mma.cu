@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/moe/moe_ops.h"
 
 namespace moonrun::cuda {
@@ -58,15 +59,6 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t byte, uint32_t scale2, const uint16_t* lut) {
   const uint32_t pair = static_cast<uint32_t>(lut[byte & 0xFu]) | (static_cast<uint32_t>(lut[byte >> 4]) << 16);
   return bf16x2_mul(pair, scale2);
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // What one thread loads for one k-slice: its 8 code bytes of rows g and g + 8, their scales,
@@ -166,7 +158,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           // x[16t + 4s .. + 3]: word 2s (k + 0, 1) and 2s + 1 (k + 2, 3) of the 8 loaded.
           const uint4 xv = cur.x[f][s / 2];
           const uint32_t b0 = s % 2 == 0 ? xv.x : xv.z, b1 = s % 2 == 0 ? xv.y : xv.w;
-          mma_bf16(acc[f], a0, a1, a2, a3, b0, b1);
+          mma_m16n8k16_bf16(acc[f], a0, a1, a2, a3, b0, b1);
         }
       }
     }
