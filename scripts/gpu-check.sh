@@ -162,7 +162,7 @@ else
   kill $probe 2>/dev/null; wait $probe 2>/dev/null
   backend=$(grep -o 'backend=[a-z]*' "$OUT/serve-probe.log" | head -1)
   row "serve backend (default --device auto)" "$([[ $backend == backend=cuda ]] && echo ok || echo FAIL)" "$backend"
-  for name in ${E2E_FILES:-api errors load lifecycle disconnect structured sampling_params responses messages attacks shutdown operator}; do
+  for name in ${E2E_FILES:-api errors load lifecycle disconnect structured sampling_params responses messages vision attacks shutdown operator multinode}; do
     t0=$(date +%s)
     (cd tests/e2e && MOONRUN_EXE=$EXE MOONRUN_DEMO_MODEL=$DEMO timeout "${E2E_TIMEOUT:-300}" "$NODE" --test $name.test.mjs) >"$OUT/e2e_$name.log" 2>&1
     rc=$?
