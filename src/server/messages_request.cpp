@@ -30,6 +30,24 @@ Result<std::string> text_of(const Json& v, const std::string& path) {
   return out;
 }
 
+// An image block's source as the URL the chat API takes: base64 data as a data: URI, a
+// url source as it is (the chat pipeline decides what it accepts).
+Result<std::string> image_url_of(const Json& block, const std::string& p) {
+  const Json source = block.value("source", Json());
+  if (!source.is_object()) return bad(p + ".source", "expected an object");
+  const std::string type = source.value("type", "");
+  if (type == "base64") {
+    for (const char* key : {"media_type", "data"})
+      if (!source.contains(key) || !source[key].is_string()) return bad(p + ".source." + key, "expected a string");
+    return "data:" + source["media_type"].get<std::string>() + ";base64," + source["data"].get<std::string>();
+  }
+  if (type == "url") {
+    if (!source.contains("url") || !source["url"].is_string()) return bad(p + ".source.url", "expected a string");
+    return source["url"].get<std::string>();
+  }
+  return bad(p + ".source.type", "expected \"base64\" or \"url\", got '" + type + "'");
+}
+
 Status add_message(const Json& m, const std::string& path, Json& messages) {
   if (!m.is_object()) return bad(path, "expected an object");
   if (!m.contains("role") || !m["role"].is_string()) return bad(path + ".role", "expected a string");
@@ -44,6 +62,9 @@ Status add_message(const Json& m, const std::string& path, Json& messages) {
   if (!content.is_array()) return bad(path + ".content", "expected a string or an array of content blocks");
   std::string text, thinking;
   Json tool_calls = Json::array();
+  // A user message with images keeps its blocks in order as chat parts (text, image_url).
+  Json parts = Json::array();
+  bool images = false;
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& b = content[i];
     const std::string p = path + ".content[" + std::to_string(i) + "]";
@@ -51,8 +72,12 @@ Status add_message(const Json& m, const std::string& path, Json& messages) {
     if (t == "text") {
       if (!b.contains("text") || !b["text"].is_string()) return bad(p + ".text", "expected a string");
       text += b["text"].get<std::string>();
+      parts.push_back(Json{{"type", "text"}, {"text", b["text"]}});
+    } else if (t == "image" && role == "user") {
+      parts.push_back(Json{{"type", "image_url"}, {"image_url", {{"url", MR_TRY(image_url_of(b, p))}}}});
+      images = true;
     } else if (t == "image" || t == "document") {
-      return unimplemented(p + ": " + t + " blocks are not supported by this server's model yet");
+      return unimplemented(p + ": " + t + " blocks are taken in user messages only, and documents not at all");
     } else if (t == "tool_result" && role == "user") {
       if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) return bad(p + ".tool_use_id", "expected a string");
       std::string result = MR_TRY(text_of(b.value("content", Json("")), p + ".content"));
@@ -73,7 +98,8 @@ Status add_message(const Json& m, const std::string& path, Json& messages) {
     }
   }
   if (role == "user") {
-    if (!text.empty() || messages.empty() || messages.back()["role"] != "tool")
+    if (images) messages.push_back(Json{{"role", "user"}, {"content", parts}});
+    else if (!text.empty() || messages.empty() || messages.back()["role"] != "tool")
       messages.push_back(Json{{"role", "user"}, {"content", text}});
     return Status::ok();
   }

@@ -8,30 +8,56 @@ using chat::Json;
 
 Status bad(const std::string& path, const std::string& problem) { return invalid_argument(path + ": " + problem); }
 
+// One text-like content part's text.
+Result<std::string> part_text(const Json& part, const std::string& p) {
+  if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+    return bad(p + ".type", "expected a string");
+  const std::string type = part["type"].get<std::string>();
+  if (type == "input_text" || type == "output_text" || type == "text" || type == "reasoning_text" ||
+      type == "summary_text" || type == "refusal") {
+    const char* key = type == "refusal" ? "refusal" : "text";
+    if (!part.contains(key) || !part[key].is_string()) return bad(p + "." + key, "expected a string");
+    return part[key].get<std::string>();
+  }
+  if (type == "input_image") return bad(p, "input_image parts are taken in user messages only");
+  if (type == "input_file" || type == "input_audio")
+    return unimplemented(p + ": " + type + " inputs are not supported by this server's model");
+  return bad(p + ".type", "unknown content part type '" + type + "'");
+}
+
 // The text of a content value: a string, or an array of text parts.
 Result<std::string> content_text(const Json& content, const std::string& path) {
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) return bad(path, "expected a string or an array of content parts");
   std::string out;
+  for (size_t i = 0; i < content.size(); ++i) out += MR_TRY(part_text(content[i], path + "[" + std::to_string(i) + "]"));
+  return out;
+}
+
+// A user message's content as the chat body takes it: its text, or - when it holds
+// input_image parts - the chat API's text and image_url parts in their order (the chat
+// pipeline then decodes, checks and bills the images as it does for chat requests).
+Result<Json> user_content(const Json& content, const std::string& path) {
+  bool images = false;
+  if (content.is_array())
+    for (const Json& part : content) images = images || (part.is_object() && part.value("type", "") == "input_image");
+  if (!images) return Json(MR_TRY(content_text(content, path)));
+  Json parts = Json::array();
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& part = content[i];
     const std::string p = path + "[" + std::to_string(i) + "]";
-    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-      return bad(p + ".type", "expected a string");
-    const std::string type = part["type"].get<std::string>();
-    if (type == "input_text" || type == "output_text" || type == "text" || type == "reasoning_text" ||
-        type == "summary_text" || type == "refusal") {
-      const char* key = type == "refusal" ? "refusal" : "text";
-      if (!part.contains(key) || !part[key].is_string()) return bad(p + "." + key, "expected a string");
-      out += part[key].get<std::string>();
-    } else if (type == "input_image" || type == "input_file" || type == "input_audio") {
-      return unimplemented(p + ": " + type + " inputs are not supported by this server's model yet");
-    } else {
-      return bad(p + ".type", "unknown content part type '" + type + "'");
+    if (part.value("type", "") != "input_image") {
+      parts.push_back(Json{{"type", "text"}, {"text", MR_TRY(part_text(part, p))}});
+      continue;
     }
+    if (part.contains("file_id") && !part["file_id"].is_null())
+      return bad(p + ".file_id", "this server stores no files: send the image as a data: URI in image_url");
+    if (!part.contains("image_url") || !part["image_url"].is_string())
+      return bad(p + ".image_url", "expected a string (a data: URI)");
+    parts.push_back(Json{{"type", "image_url"}, {"image_url", {{"url", part["image_url"]}}}});
   }
-  return out;
+  return parts;
 }
 
 Result<Json> convert_tools(const Json& tools) {
@@ -88,7 +114,10 @@ Result<Json> convert_input(const Json& input) {
       const std::string role = item["role"].get<std::string>();
       if (role != "user" && role != "assistant" && role != "system" && role != "developer")
         return bad(p + ".role", "unknown role '" + role + "' (user, assistant, system, developer)");
-      Json msg = {{"role", role}, {"content", MR_TRY(content_text(item.value("content", Json()), p + ".content"))}};
+      const Json content = item.value("content", Json());
+      Json msg = {{"role", role},
+                  {"content", role == "user" ? MR_TRY(user_content(content, p + ".content"))
+                                             : Json(MR_TRY(content_text(content, p + ".content")))}};
       if (role == "assistant") take_reasoning(msg);
       messages.push_back(std::move(msg));
       open_assistant = role == "assistant" ? static_cast<long>(messages.size()) - 1 : -1;

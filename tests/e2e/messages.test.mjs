@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
 import Ajv from 'ajv';
 import { startServer, post } from './harness.mjs';
+import { makePng } from './png.mjs';
 
 let srv, client;
 before(async () => {
@@ -114,7 +115,29 @@ test('bad requests are Anthropic-shaped 400s and the server keeps serving', asyn
   assert.equal(r.status, 400);
   assert.equal(r.json.type, 'error');
   assert.equal(r.json.error.type, 'invalid_request_error');
-  assert.match(r.json.error.message, /^messages\[0\]\.content\[0\]: image blocks are not supported/);
+  // An empty image: the chat pipeline's image check answers, naming the block.
+  assert.match(r.json.error.message, /^messages\[0\]\.content\[0\]/);
   const ok = await client.messages.create({ model: 'moonrun-demo', max_tokens: 2, messages: [{ role: 'user', content: 'x' }] });
   checkMessage(ok, 2);
+});
+
+test('image blocks: base64 sources are read and billed; an image in an assistant turn is a 400', async () => {
+  const question = 'What do you see in this image?';
+  const image = { type: 'image', source: { type: 'base64', media_type: 'image/png', data: makePng().toString('base64') } };
+  const withImage = await client.messages.create({
+    model: 'moonrun-demo', max_tokens: 4, temperature: 0,
+    messages: [{ role: 'user', content: [image, { type: 'text', text: question }] }],
+  });
+  checkMessage(withImage, 4);
+  const textOnly = await client.messages.create({
+    model: 'moonrun-demo', max_tokens: 4, temperature: 0,
+    messages: [{ role: 'user', content: [{ type: 'text', text: question }] }],
+  });
+  // 25 image rows plus the image's frame tokens.
+  assert.ok(withImage.usage.input_tokens - textOnly.usage.input_tokens > 25,
+    `${withImage.usage.input_tokens} vs ${textOnly.usage.input_tokens}`);
+  const r = await post(srv.base, '/v1/messages', { model: 'moonrun-demo', max_tokens: 4, messages: [
+    { role: 'user', content: 'x' }, { role: 'assistant', content: [image] }, { role: 'user', content: 'y' }] });
+  assert.equal(r.status, 400);
+  assert.match(r.json.error.message, /^messages\[1\]\.content\[0\]: image blocks are taken in user messages only/);
 });

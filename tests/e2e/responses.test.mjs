@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Ajv from 'ajv';
 import { startServer, post } from './harness.mjs';
+import { makePng, dataUri } from './png.mjs';
 
 let srv, client;
 before(async () => {
@@ -138,4 +139,35 @@ test('unsupported parts are 400s naming the field', async () => {
     assert.equal(r.status, 400, JSON.stringify(body));
     assert.ok(r.json.error.message.startsWith(field), r.json.error.message);
   }
+});
+
+test('input_image parts: the seed\'s PNG is read and billed; a bad image or a file_id is a 400', async () => {
+  const question = 'What do you see in this image?';
+  const withImage = await client.responses.create({
+    model: 'moonrun-demo', max_output_tokens: 4, reasoning: { effort: 'low' },
+    input: [{ role: 'user', content: [{ type: 'input_text', text: question },
+      { type: 'input_image', image_url: dataUri(makePng()) }] }],
+  });
+  assert.equal(withImage.status === 'completed' || withImage.status === 'incomplete', true, withImage.status);
+  const textOnly = await client.responses.create({
+    model: 'moonrun-demo', max_output_tokens: 4, reasoning: { effort: 'low' },
+    input: [{ role: 'user', content: [{ type: 'input_text', text: question }] }],
+  });
+  // 25 image rows plus the image's frame tokens.
+  assert.ok(withImage.usage.input_tokens - textOnly.usage.input_tokens > 25,
+    `${withImage.usage.input_tokens} vs ${textOnly.usage.input_tokens}`);
+  for (const [part, want] of [
+    [{ type: 'input_image', image_url: 'data:image/png;base64,' + makePng().subarray(0, 60).toString('base64') }, /truncated/],
+    [{ type: 'input_image', file_id: 'file_1' }, /^input\[0\]\.content\[0\]\.file_id/],
+  ]) {
+    const r = await post(srv.base, '/v1/responses', { model: 'moonrun-demo', max_output_tokens: 4,
+      input: [{ role: 'user', content: [part] }] });
+    assert.equal(r.status, 400, JSON.stringify(r.json));
+    assert.match(r.json.error.message, want);
+  }
+  // An image in an assistant message is refused by name.
+  const r = await post(srv.base, '/v1/responses', { model: 'moonrun-demo', max_output_tokens: 4, input: [
+    { role: 'assistant', content: [{ type: 'input_image', image_url: dataUri(makePng()) }] }, { role: 'user', content: 'x' }] });
+  assert.equal(r.status, 400);
+  assert.match(r.json.error.message, /^input\[0\]\.content\[0\]: input_image parts are taken in user messages only/);
 });
