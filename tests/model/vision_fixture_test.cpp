@@ -22,6 +22,7 @@
 
 #include "../support/fixture_files.h"
 #include "../support/runtimes.h"
+#include "../support/vision_cases.h"
 #include "model/vision/image_decode.h"
 #include "model/vision/placeholders.h"
 #include "model/vision/preprocess.h"
@@ -118,23 +119,16 @@ TEST_F(VisionFixture, TowerRowsAndLogitsMatchTheReference) {
     EXPECT_LE(worst_row, tol_rows);
 
     const int32_t placeholder = config_.at("media_placeholder_token_id").get<int32_t>();
-    auto prompt = vision::expand_placeholders(c.at("prompt_ids").get<std::vector<int32_t>>(), placeholder,
-                                              rows_per_image);
-    ASSERT_TRUE(prompt.is_ok()) << prompt.status().to_string();
-    GenerateOptions opt;
-    opt.max_tokens = c.at("max_tokens").get<int>();
-    opt.keep_logits = true;
-    opt.given_at = vision::placeholder_positions(*prompt, placeholder);
-    opt.given_rows = *rows;
-    auto got = generate(*rt.runner, rt.cache.page_size_tokens, *prompt, opt);
-    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    auto run = testing::run_vision_case(*rt.runner, rt.cache.page_size_tokens, c, placeholder, rows_per_image, *rows);
+    ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+    const GenerateResult* got = &run->result;
     EXPECT_EQ(got->token_ids, c.at("greedy_ids").get<std::vector<int32_t>>());
     const auto want = read_f32(vision_dir() + "/" + c.at("logits_file").get<std::string>(), got->logits.size());
     float worst = 0;
     for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got->logits[i] - want[i]));
-    std::printf("prompt %zu positions (%zu images): max |dlogit| = %.3g\n", prompt->size(), images.size(), worst);
+    std::printf("prompt %zu positions (%zu images): max |dlogit| = %.3g\n", run->prompt_positions, images.size(), worst);
     EXPECT_LE(worst, tol);
-    EXPECT_EQ(got->logits.size(), static_cast<size_t>(opt.max_tokens) * V);
+    EXPECT_EQ(got->logits.size(), static_cast<size_t>(c.at("max_tokens").get<int>()) * V);
   }
 }
 

@@ -25,6 +25,7 @@
 #include "../support/host_tensors.h"
 #include "../support/fixture_files.h"
 #include "../support/runtimes.h"
+#include "../support/vision_cases.h"
 #include "op_test_util.h"
 #include "model/vision/image_decode.h"
 #include "model/vision/placeholders.h"
@@ -334,16 +335,10 @@ TEST(CudaVisionFixture, ImageRowsAndLogitsMatchTheReference) {
       // bf16 tower: every projection input rounded to 8 bits of mantissa, 2 layers deep.
       optest::expect_close(std::string("vision_rows_") + dtype, "k3-vision-tiny", row_err, f32 ? 1e-4 : 5e-2);
       if (!f32) continue;  // bf16 logits of these random-routing models: tests/fixtures/README.md
-      auto prompt = vision::expand_placeholders(c.at("prompt_ids").get<std::vector<int32_t>>(), placeholder,
-                                                rows_per_image);
-      ASSERT_TRUE(prompt.is_ok());
-      GenerateOptions opt;
-      opt.max_tokens = c.at("max_tokens").get<int>();
-      opt.keep_logits = true;
-      opt.given_at = vision::placeholder_positions(*prompt, placeholder);
-      opt.given_rows = *rows;
-      auto got = generate(*rt.runner, rt.cache.page_size_tokens, *prompt, opt);
-      ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+      auto run =
+          testing::run_vision_case(*rt.runner, rt.cache.page_size_tokens, c, placeholder, rows_per_image, *rows);
+      ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+      const GenerateResult* got = &run->result;
       EXPECT_EQ(got->token_ids, c.at("greedy_ids").get<std::vector<int32_t>>());
       const auto want = read_f32(dir + "/" + c.at("logits_file").get<std::string>(), got->logits.size());
       double worst = 0;
