@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../support/command.h"
 #include "../support/fixture_files.h"
 #include "../support/runtimes.h"
 #include "model/checkpoint.h"
@@ -93,13 +94,9 @@ TEST(GenerateCli, WritesTheReferenceLogitsFile) {
   const std::string cmd = std::string(MOONRUN_EXE) + " generate --device cpu --model " + dir + " --token-ids " + ids +
                           " --max-tokens " + std::to_string(c.at("max_tokens").get<int>()) +
                           " --temperature 0 --logits-out " + out_file;
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << cmd;
-  const auto j = nlohmann::json::parse(out);
+  const testing::CommandRun run = testing::run_command(cmd);
+  ASSERT_EQ(run.exit_code, 0) << cmd;
+  const auto j = nlohmann::json::parse(run.out);
   EXPECT_EQ(j.at("prompt_tokens").get<size_t>(), c.at("prompt_ids").size());
   EXPECT_EQ(j.at("token_ids"), c.at("greedy_ids"));
   EXPECT_EQ(j.at("logits_shape"), c.at("logits_shape"));

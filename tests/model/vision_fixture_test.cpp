@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../support/command.h"
 #include "../support/fixture_files.h"
 #include "../support/runtimes.h"
 #include "../support/vision_cases.h"
@@ -184,13 +185,9 @@ TEST_F(VisionFixture, GenerateCliTakesImages) {
   const std::string cmd = std::string(MOONRUN_EXE) + " generate --device cpu --model " + vision_dir() +
                           " --token-ids " + ids + images + " --max-tokens " +
                           std::to_string(c.at("max_tokens").get<int>()) + " --logits-out " + out_file;
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << cmd;
-  const auto j = nlohmann::json::parse(out);
+  const testing::CommandRun run = testing::run_command(cmd);
+  ASSERT_EQ(run.exit_code, 0) << cmd;
+  const auto j = nlohmann::json::parse(run.out);
   int image_rows = 0;
   for (int n : c.at("image_tokens")) image_rows += n;
   EXPECT_EQ(j.at("prompt_tokens").get<size_t>(), c.at("prompt_ids").size() - c.at("images").size() + image_rows);
