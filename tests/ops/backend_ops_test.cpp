@@ -430,6 +430,53 @@ TEST_P(BackendOps, SamplingWithEdits) {
   EXPECT_EQ(got[5].token % 7, 0);  // the mask holds
 }
 
+// A batch of greedy rows only takes the argmax path (argmax.cu, no parameter upload): the
+// same tokens as the CPU at K3's vocab, alone and at batch 8, with planted ties (two ids
+// share each row's maximum: the lower wins), with a bias that masks the lower one (the
+// higher wins), penalties, and a row asking for logprobs.
+TEST_P(BackendOps, GreedySamplingOfAWholeBatch) {
+  Backends& B = b();
+  const int V = 163840;
+  for (int R : {1, 8}) {
+    auto v = normal(static_cast<size_t>(R) * V, 90 + R, 3.0f);
+    for (int r = 0; r < R; ++r) {
+      v[static_cast<size_t>(r) * V + 1000 + r] = 50.0f;
+      v[static_cast<size_t>(r) * V + 150000 - r] = 50.0f;
+    }
+    Pair logits = put(B, v, R, V);
+    SamplingBatch sb;
+    for (int r = 0; r < R; ++r) {
+      SamplingRow row;
+      row.temperature = 0.0f;
+      row.logprobs = r == 2 ? 2 : -1;
+      row.bias_begin = static_cast<int32_t>(sb.biases.size());
+      if (r % 2 == 1) sb.biases.push_back({1000 + r, -std::numeric_limits<float>::infinity()});
+      row.bias_end = static_cast<int32_t>(sb.biases.size());
+      row.history_begin = static_cast<int32_t>(sb.history.size());
+      if (r == 3) {
+        row.repetition_penalty = 1.5f;
+        for (int j = 0; j < 20; ++j) sb.history.push_back({(j * 7919) % V, 1});
+      }
+      row.history_end = static_cast<int32_t>(sb.history.size());
+      sb.rows.push_back(row);
+    }
+    std::vector<SampleResult> want, got;
+    B.cpu.sample(logits.c, sb, want);
+    B.gpu->sample(logits.g, sb, got);
+    std::vector<float> wt, gt;
+    for (int r = 0; r < R; ++r) {
+      wt.push_back(static_cast<float>(want[r].token));
+      gt.push_back(static_cast<float>(got[r].token));
+      EXPECT_EQ(got[r].token, r % 2 == 1 ? 150000 - r : 1000 + r) << "row " << r;
+    }
+    expect_exact(std::string("sample_greedy_") + B.mode(), std::to_string(R) + "x163840", gt, wt);
+    if (R > 2) {
+      ASSERT_EQ(got[2].top.size(), 2u);
+      EXPECT_NEAR(got[2].logprob, want[2].logprob, 1e-4);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cuda, BackendOps, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "Float32" : "Bfloat16"; });
 

@@ -8,6 +8,7 @@
 // logits) and on rows with -inf entries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -162,6 +163,145 @@ TEST(SampleOpsTest, AllNegInfRowPicksZero) {
   const auto ids = d_ids.download();
   EXPECT_EQ(ids[0], 0);
   EXPECT_EQ(ids[1], 0);
+}
+
+// ---- argmax_rows: greedy batches (argmax.cu) ----------------------------------------------
+
+// Rows with planted maxima: the id argmax_rows must return is the CPU's (std::max_element:
+// the lowest id among equal maxima) and the one sample_rows' greedy branch returns. The
+// kernel cuts a row into 4096-logit blocks (K3's vocab: 40), so ties are planted within one
+// block, across blocks, and on both sides of a block boundary.
+std::vector<float> planted_rows(int n_rows, int vocab, uint64_t seed, std::vector<int>* want) {
+  auto logits = optest::random_normal(static_cast<size_t>(n_rows) * vocab, seed, 3.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  want->assign(n_rows, -1);
+  for (int r = 0; r < n_rows; ++r) {
+    float* row = logits.data() + static_cast<size_t>(r) * vocab;
+    auto plant = [&](std::initializer_list<int> ids, float value) {
+      for (int i : ids)
+        if (i >= 0 && i < vocab) row[i] = value;
+    };
+    switch (r % 9) {
+      case 0:  // the same maximum in three blocks: the first wins
+        plant({5000, 100000, vocab - 1}, 100.0f);
+        break;
+      case 1:  // a tie across the block boundary at 4096, another later
+        plant({4095, 4096, 8191}, 100.0f);
+        break;
+      case 2:  // one maximum, the last id
+        plant({vocab - 1}, 100.0f);
+        break;
+      case 3:  // the first id
+        plant({0, vocab / 2}, 100.0f);
+        break;
+      case 4:  // small integers: thousands of ties at the top value
+        for (int i = 0; i < vocab; ++i) row[i] = static_cast<float>(static_cast<int>(std::fabs(row[i])) % 5);
+        break;
+      case 5:  // every logit -inf (a fully masked row): id 0
+        for (int i = 0; i < vocab; ++i) row[i] = -inf;
+        break;
+      case 6:  // mostly -inf, the maximum -inf-adjacent values tied: 7 and 9 hold -1
+        for (int i = 0; i < vocab; ++i) row[i] = -inf;
+        plant({9, 7}, -1.0f);
+        break;
+      case 7:  // -0 and +0 are equal maxima: the lower id, whatever its sign
+        for (int i = 0; i < vocab; ++i) row[i] = -1.0f;
+        plant({vocab - 3}, 0.0f);
+        plant({vocab / 3}, -0.0f);
+        break;
+      case 8:  // +inf ties
+        plant({vocab / 4 + 1, vocab / 4}, inf);
+        break;
+    }
+    want->at(r) = static_cast<int>(std::max_element(row, row + vocab) - row);
+  }
+  return logits;
+}
+
+class ArgmaxTest : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ArgmaxTest, MatchesCpuAndSampleRows) {
+  REQUIRE_GPU();
+  const auto [n_rows, vocab] = GetParam();
+  const std::string shape = shape_str({n_rows, vocab});
+  std::printf("argmax_rows shape rows x vocab = %s\n", shape.c_str());
+  std::vector<int> want;
+  const auto logits = planted_rows(n_rows, vocab, 7 + vocab, &want);
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<ArgmaxPartial> d_partials(static_cast<size_t>(argmax_partials(n_rows, vocab)));
+  DeviceBuffer<int32_t> d_ids(n_rows), d_sample_ids(n_rows);
+  argmax_rows(d_logits.data(), n_rows, vocab, d_partials.data(), d_ids.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  // The greedy branch of sample_rows, the path every greedy row took before.
+  DeviceBuffer<DeviceSamplingParams> d_params{std::vector<DeviceSamplingParams>(n_rows)};
+  sample_rows(d_logits.data(), n_rows, vocab, d_params.data(), d_sample_ids.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ids = d_ids.download(), sample_ids = d_sample_ids.download();
+  std::vector<float> got, cpu, old;
+  for (int r = 0; r < n_rows; ++r) {
+    got.push_back(static_cast<float>(ids[r]));
+    cpu.push_back(static_cast<float>(want[r]));
+    old.push_back(static_cast<float>(sample_ids[r]));
+  }
+  expect_exact("argmax_rows_vs_cpu", shape, got, cpu);
+  expect_exact("argmax_rows_vs_sample_rows", shape, got, old);
+  if (vocab >= 100000) {
+    // Steady state, both kernels (the sampler's share of a decode step).
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    const auto time_ms = [&](auto&& launch) {
+      launch();
+      CUDA_CHECK(cudaEventRecord(start, nullptr));
+      for (int i = 0; i < 20; ++i) launch();
+      CUDA_CHECK(cudaEventRecord(stop, nullptr));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      return ms / 20;
+    };
+    const float argmax_ms = time_ms(
+        [&] { argmax_rows(d_logits.data(), n_rows, vocab, d_partials.data(), d_ids.data(), nullptr); });
+    const float sample_ms = time_ms(
+        [&] { sample_rows(d_logits.data(), n_rows, vocab, d_params.data(), d_sample_ids.data(), nullptr); });
+    std::printf("argmax_rows %s: %.4f ms per call; sample_rows (greedy) %.4f ms\n", shape.c_str(), argmax_ms,
+                sample_ms);
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+  }
+}
+
+// K3's vocab at batch 1 and 8 (every planted pattern at 9 rows), a vocab that is not a
+// multiple of 4 (rows not 16-byte aligned: the scalar path), one block's worth, tiny rows.
+INSTANTIATE_TEST_SUITE_P(Shapes, ArgmaxTest,
+                         ::testing::Values(std::pair{1, 163840}, std::pair{8, 163840}, std::pair{9, 163840},
+                                           std::pair{9, 163837}, std::pair{9, 4096}, std::pair{9, 4097},
+                                           std::pair{9, 1000}, std::pair{4, 7}, std::pair{2, 1}),
+                         [](const auto& info) { return shape_str({info.param.first, info.param.second}); });
+
+// NaN logits: sample_rows' max (fmaxf) skips them and so does argmax_rows; a row of NaN only
+// gives 0. (The CPU's std::max_element is not defined on NaN: no CPU comparison here.)
+TEST(SampleOpsTest, ArgmaxSkipsNanLikeSampleRows) {
+  REQUIRE_GPU();
+  std::printf("argmax_rows shape rows x vocab = 3x9000 (NaN)\n");
+  const int vocab = 9000;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> logits(3 * vocab, 1.0f);
+  logits[0] = nan;
+  logits[4500] = 2.0f;
+  logits[4501] = nan;
+  logits[vocab + 8999] = 5.0f;
+  for (int i = 0; i < vocab; i += 2) logits[vocab + i] = nan;
+  for (int i = 0; i < vocab; ++i) logits[2 * vocab + i] = nan;
+  DeviceBuffer<float> d_logits(logits);
+  DeviceBuffer<ArgmaxPartial> d_partials(static_cast<size_t>(argmax_partials(3, vocab)));
+  DeviceBuffer<int32_t> d_ids(3), d_old(3);
+  DeviceBuffer<DeviceSamplingParams> d_params{std::vector<DeviceSamplingParams>(3)};
+  argmax_rows(d_logits.data(), 3, vocab, d_partials.data(), d_ids.data(), nullptr);
+  sample_rows(d_logits.data(), 3, vocab, d_params.data(), d_old.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(d_ids.download(), (std::vector<int32_t>{4500, 8999, 0}));
+  EXPECT_EQ(d_ids.download(), d_old.download());
 }
 
 }  // namespace

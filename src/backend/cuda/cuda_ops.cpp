@@ -75,6 +75,7 @@ class CudaOps final : public Ops {
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     blas_.reset();
     if (host_blob_) cudaFreeHost(host_blob_);
+    if (sample_staging_) cudaFreeHost(sample_staging_);
     if (device_blob_) cudaFree(device_blob_);
     cudaStreamDestroy(stream_);
   }
@@ -422,19 +423,32 @@ class CudaOps final : public Ops {
                         static_cast<const TokenCount*>(d_hist), static_cast<const TokenBias*>(d_bias),
                         static_cast<const uint32_t*>(d_mask), rows.mask_words, stream_);
     }
-    std::vector<DeviceSamplingParams> params(R);
-    for (int r = 0; r < R; ++r) {
-      const SamplingRow& s = rows.rows[r];
-      params[r] = DeviceSamplingParams{s.temperature, s.top_k, s.top_p, s.min_p, s.u};
-    }
-    Tensor d_params = scratch(static_cast<int64_t>(R * sizeof(DeviceSamplingParams) / 4) + 1, 1, DType::I32);
-    CUDA_CHECK(cudaMemcpyAsync(d_params.data, params.data(), R * sizeof(DeviceSamplingParams), cudaMemcpyHostToDevice,
-                               stream_));
+    // Host side of the step's copies: the parameters (non-greedy batches) and the ids back.
+    bool all_greedy = true;
+    for (const SamplingRow& s : rows.rows) all_greedy = all_greedy && s.greedy();
+    const size_t params_bytes = all_greedy ? 0 : R * sizeof(DeviceSamplingParams);
+    const size_t ids_offset = (params_bytes + 15) / 16 * 16;
+    char* host = sample_staging(ids_offset + R * sizeof(int32_t));
     Tensor ids = scratch(R, 1, DType::I32);
-    sample_rows(logits.as<float>(), R, V, static_cast<const DeviceSamplingParams*>(d_params.data), ids.as<int32_t>(),
-                stream_);
-    std::vector<int32_t> host_ids(R);
-    download(ids, host_ids.data());
+    if (all_greedy) {
+      // The common decode case: no parameters to upload, a many-block argmax (argmax.cu).
+      Tensor partials = scratch(2 * static_cast<int64_t>(argmax_partials(R, V)) + 1, 1, DType::I32);
+      argmax_rows(logits.as<float>(), R, V, static_cast<ArgmaxPartial*>(partials.data), ids.as<int32_t>(), stream_);
+    } else {
+      auto* params = reinterpret_cast<DeviceSamplingParams*>(host);
+      for (int r = 0; r < R; ++r) {
+        const SamplingRow& s = rows.rows[r];
+        params[r] = DeviceSamplingParams{s.temperature, s.top_k, s.top_p, s.min_p, s.u};
+      }
+      Tensor d_params = scratch(static_cast<int64_t>(params_bytes / 4) + 1, 1, DType::I32);
+      CUDA_CHECK(cudaMemcpyAsync(d_params.data, params, params_bytes, cudaMemcpyHostToDevice, stream_));
+      sample_rows(logits.as<float>(), R, V, static_cast<const DeviceSamplingParams*>(d_params.data),
+                  ids.as<int32_t>(), stream_);
+    }
+    // Only the ids come back (R x 4 bytes), into pinned memory.
+    int32_t* host_ids = reinterpret_cast<int32_t*>(host + ids_offset);
+    CUDA_CHECK(cudaMemcpyAsync(host_ids, ids.data, R * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (int r = 0; r < R; ++r) out[r].token = host_ids[r];
     for (auto& [r, row] : raw_rows_) cpu::add_logprobs(row.data(), V, rows.rows[r].logprobs, out[r]);
     raw_rows_.clear();
@@ -510,6 +524,21 @@ class CudaOps final : public Ops {
     graphs_.clear();
   }
 
+  // Pinned host memory for sample()'s copies, at least `bytes`: a pageable cudaMemcpyAsync
+  // goes through a driver staging buffer (and may wait for the stream), a pinned one is one
+  // DMA. Every sample() ends in a stream synchronisation, so the buffer is free on entry.
+  char* sample_staging(size_t bytes) {
+    if (bytes > sample_staging_bytes_) {
+      if (sample_staging_) CUDA_CHECK(cudaFreeHost(sample_staging_));
+      sample_staging_ = nullptr;
+      sample_staging_bytes_ = 0;
+      const size_t cap = std::max<size_t>(bytes * 2, 4096);
+      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_staging_), cap));
+      sample_staging_bytes_ = cap;
+    }
+    return sample_staging_;
+  }
+
   int device_;
   bool float32_;
   DeviceArena arena_;
@@ -521,6 +550,8 @@ class CudaOps final : public Ops {
   size_t blob_words_ = 0;
   std::map<uint64_t, cudaGraphExec_t> graphs_;
   std::vector<std::pair<int, std::vector<float>>> raw_rows_;  // sample(): rows asking for logprobs
+  char* sample_staging_ = nullptr;  // pinned, sample_staging()
+  size_t sample_staging_bytes_ = 0;
 };
 
 Result<std::unique_ptr<Ops>> make_cuda_ops(const CudaOpsOptions& o, std::unique_ptr<Communicator> comm) {

@@ -33,6 +33,19 @@ struct DeviceSamplingParams {
 void sample_rows(const float* logits, int n_rows, int vocab, const DeviceSamplingParams* params, int32_t* out_ids,
                  cudaStream_t stream);
 
+// Greedy batches (every row's temperature < 1e-5, as sample_rows tells greedy rows): the
+// same ids as sample_rows, the argmax of each row with the lowest id on ties, from a
+// many-block pass over the row and a one-warp fold per row (argmax.cu). Needs no parameters.
+// partials: device scratch of argmax_partials(n_rows, vocab) entries; logits [n_rows, vocab]
+// fp32 (device); out_ids [n_rows] (device). Two launches, no allocation, no synchronisation.
+struct ArgmaxPartial {
+  float value;
+  int32_t index;
+};
+int argmax_partials(int n_rows, int vocab);
+void argmax_rows(const float* logits, int n_rows, int vocab, ArgmaxPartial* partials, int32_t* out_ids,
+                 cudaStream_t stream);
+
 }  // namespace moonrun::cuda
 
 namespace moonrun::cuda {
