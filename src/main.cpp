@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   moonrun::cli::add_bench_model_command(app);
   moonrun::cli::add_make_demo_model_command(app);
   moonrun::cli::add_make_slice_command(app);
+  moonrun::cli::add_make_train_data_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -24,11 +24,9 @@ void add_parse_command(CLI::App& app);
 void add_make_demo_model_command(CLI::App& app);
 void add_bench_model_command(CLI::App& app);
 void add_make_slice_command(CLI::App& app);
+void add_make_train_data_command(CLI::App& app);  // and train-tokenizer
 
 inline constexpr const char* kMoonrunVersion = "0.1.0";
 inline constexpr const char* kMoonrunCommit = MOONRUN_GIT_COMMIT;  // at configure time
-
-// Writes the demo checkpoint (random weights, fixed seed, its tokenizer) into dir.
-Status write_demo_checkpoint(const std::string& dir);
 
 }  // namespace moonrun::cli
