@@ -22,7 +22,7 @@ WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DMOONRUN_CUDA=OFF -DCMAKE_BUILD_TYPE=Release \
     && cmake --build /build --target moonrun \
-    && /build/moonrun make-demo-model --out /opt/moonrun/bin/demo-model \
+    && mkdir -p /opt/moonrun/bin && cp -r models/moonrun-demo /opt/moonrun/bin/demo-model \
     && cp /build/moonrun /opt/moonrun/bin/moonrun
 
 FROM nvidia/cuda:13.0.1-devel-ubuntu24.04 AS build-cuda
@@ -36,7 +36,7 @@ WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DMOONRUN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
     && cmake --build /build --target moonrun \
-    && /build/moonrun make-demo-model --out /opt/moonrun/bin/demo-model \
+    && mkdir -p /opt/moonrun/bin && cp -r models/moonrun-demo /opt/moonrun/bin/demo-model \
     && cp /build/moonrun /opt/moonrun/bin/moonrun
 
 # ---- runtime stages: the binary, the demo model next to it, the shared libraries it links

@@ -1,7 +1,7 @@
-// `moonrun make-demo-model --out DIR`: writes the embedded demo model (demo_model.h) with
-// its tokenizer: a small BPE vocabulary trained deterministically on the built-in corpus
-// with Kimi's pre-tokenisation pattern (tiktoken.model), the 256 K3 special tokens after
-// it. CMake runs this at build time into build/demo-model, so no weights live in git.
+// `moonrun make-demo-model --out DIR`: writes the random K3-shaped checkpoint (demo_model.h)
+// with its tokenizer: a small BPE vocabulary trained deterministically on the built-in
+// corpus with Kimi's pre-tokenisation pattern (tiktoken.model), the 256 K3 special tokens
+// after it. Tests and benchmarks use it; the served demo model is models/moonrun-demo.
 #include <cstdio>
 #include <string>
 
@@ -20,7 +20,6 @@ constexpr size_t kDemoMerges = 768;
   std::fprintf(stderr, "moonrun make-demo-model: %s\n", message.c_str());
   throw CLI::RuntimeError(1);
 }
-}  // namespace
 
 Status write_demo_checkpoint(const std::string& dir) {
   auto ranks = chat::train_bpe_ranks(chat::builtin_bpe_corpus(), kDemoMerges, chat::kKimiPattern);
@@ -28,10 +27,11 @@ Status write_demo_checkpoint(const std::string& dir) {
   MR_RETURN_IF_ERROR(write_demo_model(dir, static_cast<int>(ranks->size())));
   return chat::write_tiktoken_model(dir + "/tiktoken.model", *ranks);
 }
+}  // namespace
 
 void add_make_demo_model_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("make-demo-model",
-                                 "Write the small K3-shaped demo checkpoint (random weights, fixed seed)");
+                                 "Write a small random K3-shaped checkpoint with its tokenizer (random weights, fixed seed; for tests)");
   auto out = std::make_shared<std::string>();
   cmd->add_option("--out", *out, "output directory")->required();
   cmd->callback([out] {

@@ -49,33 +49,17 @@ std::string exe_dir() {
   return ec ? std::string(".") : p.parent_path().string();
 }
 
-// The demo model: next to the binary when the build made it, else generated on first run
-// into the user's cache (a few seconds; deterministic, so every run serves the same model).
+// The demo model (models/moonrun-demo, trained: training/README.md): next to the binary
+// where the build copies it, else in the source tree the binary was built from.
 Result<std::string> default_model_dir() {
-  std::string dir = exe_dir() + "/demo-model";
-  if (std::filesystem::exists(dir + "/config.json")) return dir;
-  std::string cache;
-  if (const char* c = std::getenv("MOONRUN_CACHE_DIR"); c && *c) cache = c;
-  else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) cache = std::string(x) + "/moonrun";
-  else if (const char* h = std::getenv("HOME"); h && *h) cache = std::string(h) + "/.cache/moonrun";
-  else cache = "/tmp/moonrun-cache-" + std::to_string(getuid());
-  dir = cache + "/demo-model-" + kMoonrunVersion;
-  if (std::filesystem::exists(dir + "/config.json")) return dir;
-  MR_LOG(INFO) << "No --model-path and no demo model next to the binary: generating it once into " << dir;
-  std::error_code ec;
-  std::filesystem::create_directories(cache, ec);
-  // Written aside and renamed, so a second server starting at the same time never reads a
-  // half-written checkpoint.
-  const std::string tmp = dir + ".tmp-" + std::to_string(getpid());
-  Status st = write_demo_checkpoint(tmp);
-  if (!st.is_ok()) return not_found("the demo model could not be generated in " + tmp + ": " + st.message());
-  std::filesystem::rename(tmp, dir, ec);
-  if (ec) {
-    std::filesystem::remove_all(tmp, ec);
-    if (!std::filesystem::exists(dir + "/config.json"))
-      return not_found("the demo model could not be moved into " + dir);
-  }
-  return dir;
+  const std::string beside = exe_dir() + "/demo-model";
+  if (std::filesystem::exists(beside + "/config.json")) return beside;
+#ifdef MOONRUN_DEMO_MODEL_SOURCE
+  if (std::filesystem::exists(std::string(MOONRUN_DEMO_MODEL_SOURCE) + "/config.json"))
+    return std::string(MOONRUN_DEMO_MODEL_SOURCE);
+#endif
+  return not_found("no --model-path, and the demo model is neither next to the binary (" + beside +
+                   ") nor in the source tree it was built from (models/moonrun-demo): pass --model-path DIR");
 }
 
 // config.json of a checkpoint directory, parsed (for what every node must agree on).
@@ -255,7 +239,7 @@ int run_serve(server::ServeOptions opt) {
       return 2;
     }
     model_ref = *d;
-    MR_LOG(INFO) << "No --model-path: serving the embedded demo model (random weights) from " << model_ref;
+    MR_LOG(INFO) << "No --model-path: serving the demo model (models/moonrun-demo, docs/demo-model.md) from " << model_ref;
   }
   auto dir = resolve_model_path(model_ref);
   if (!dir.is_ok()) {

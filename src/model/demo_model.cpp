@@ -88,7 +88,7 @@ json demo_model_config(int n_base_tokens) {
                {"pad_token_id", n_base_tokens + 255},
                {"tie_word_embeddings", false},
                {"quantization_config", quant}};
-  return {{"_note", "moonrun embedded demo model: K3-shaped, random weights (fixed seed), not trained"},
+  return {{"_note", "moonrun random K3-shaped checkpoint (make-demo-model): random weights (fixed seed), not trained"},
           {"architectures", {"KimiK3ForConditionalGeneration"}},
           {"model_type", "kimi_k3"},
           {"bos_token_id", n_base_tokens},

@@ -1,9 +1,10 @@
 #pragma once
-// The embedded demo model: a small K3-shaped checkpoint (real kimi_k3 config layout and
-// tensor names, MXFP4 routed experts, grouped routing, two AttnRes blocks, KDA and MLA
-// layers, two safetensors shards behind an index) generated deterministically from a fixed
-// seed with our own PRNG, so every build on every machine writes the same bytes. Its
-// weights are random: it exercises the whole serving path until a trained model exists.
+// A small random K3-shaped checkpoint (real kimi_k3 config layout and tensor names, MXFP4
+// routed experts, grouped routing, two AttnRes blocks, KDA and MLA layers, two safetensors
+// shards behind an index) generated deterministically from a fixed seed with our own PRNG,
+// so every build on every machine writes the same bytes. Tests and benchmarks build their
+// variants from it (`moonrun make-demo-model`). The demo model users get is the trained
+// models/moonrun-demo (docs/demo-model.md); its tokenizer config comes from here too.
 #include <string>
 
 #include <nlohmann/json.hpp>

@@ -19,10 +19,14 @@ function ihdr(w, h) {
   return b;
 }
 export function makePng(w = 128, h = 128) {
+  return makeRegionsPng(w, h, (x) => (x < w / 2 ? [0xff, 0, 0] : [0, 0, 0xff]));
+}
+// Any 8-bit RGB image, written the same way: pixel(x, y) -> [r, g, b].
+export function makeRegionsPng(w, h, pixel) {
   const rows = [];
   for (let y = 0; y < h; y++) {
     const row = Buffer.alloc(1 + 3 * w);
-    for (let x = 0; x < w; x++) row.set(x < w / 2 ? [0xff, 0, 0] : [0, 0, 0xff], 1 + 3 * x);
+    for (let x = 0; x < w; x++) row.set(pixel(x, y), 1 + 3 * x);
     rows.push(row);
   }
   return Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), chunk('IHDR', ihdr(w, h)),

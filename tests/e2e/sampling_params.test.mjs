@@ -106,11 +106,12 @@ test('a seed gives the same tokens from `moonrun generate` and from the server',
   const ids = (await post(srv.base, '/tokenize', { model: 'moonrun-demo', prompt: 'The seeds of the same tree' })).json.tokens;
   assert.ok(ids.length > 3);
   const settings = [
+    // The demo model is trained and sure of itself: high temperatures make the draws differ.
     { temperature: 0 },
     { temperature: 0.7, seed: 1 },
-    { temperature: 1.0, top_p: 0.9, seed: 42 },
-    { temperature: 1.3, top_k: 20, seed: 123456789 },
-    { temperature: 1.0, top_p: 0.5, top_k: 50, seed: 7 },
+    { temperature: 1.6, top_p: 0.95, seed: 42 },
+    { temperature: 2.0, top_k: 50, seed: 123456789 },
+    { temperature: 1.8, top_p: 0.9, top_k: 100, seed: 7 },
   ];
   const seen = new Set();
   for (const s of settings) {

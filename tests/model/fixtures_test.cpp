@@ -29,20 +29,21 @@ using fixtures::fixture_names;
 using fixtures::fixtures_dir;
 using fixtures::read_f32;
 
-class Fixture : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(Fixture, GreedyIdsAndLogitsMatchTheReference) {
-  const std::string dir = fixtures_dir() + "/" + GetParam();
+// The fixture contract (tests/fixtures/README.md) for the checkpoint in dir.
+void expect_reference_logits(const std::string& dir, const std::string& name) {
   std::ifstream in(dir + "/expected.json");
   const nlohmann::json expected = nlohmann::json::parse(in);
   const float tol = expected.at("tolerance_abs_logit").get<float>();
-  Runtime rt = testing::make_runtime(dir, testing::test_runtime_options("cpu", 256));
+  int64_t longest = 0;  // KV rows the longest case needs
+  for (const auto& c : expected.at("cases"))
+    longest = std::max<int64_t>(longest, c.at("prompt_ids").size() + c.at("max_tokens").get<int64_t>());
+  Runtime rt = testing::make_runtime(dir, testing::test_runtime_options("cpu", std::max<int64_t>(256, longest + 16)));
   ASSERT_TRUE(rt.runner);
   const int V = rt.config.vocab_size;
 
   int case_index = 0;
   for (const auto& c : expected.at("cases")) {
-    SCOPED_TRACE(GetParam() + " case " + std::to_string(case_index++));
+    SCOPED_TRACE(name + " case " + std::to_string(case_index++));
     const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
     const auto want_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
     const auto shape = c.at("logits_shape").get<std::vector<int64_t>>();
@@ -67,10 +68,26 @@ TEST_P(Fixture, GreedyIdsAndLogitsMatchTheReference) {
         worst_at = i;
       }
     }
-    std::printf("%s: prompt %zu tokens, %d generated: max |dlogit| = %.3g (row %zu)\n", GetParam().c_str(),
+    std::printf("%s: prompt %zu tokens, %d generated: max |dlogit| = %.3g (row %zu)\n", name.c_str(),
                 prompt.size(), opt.max_tokens, worst, worst_at / V);
     EXPECT_LE(worst, tol) << "at row " << worst_at / V << " token " << worst_at % V;
   }
+}
+
+class Fixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Fixture, GreedyIdsAndLogitsMatchTheReference) {
+  expect_reference_logits(fixtures_dir() + "/" + GetParam(), GetParam());
+}
+
+// The shipped demo model (models/moonrun-demo) against the logits its training script
+// (training/k3_torch.py, float64, on the exported bf16 + MXFP4 weights) wrote beside it:
+// the C++ forward and the training code agree on the weights users get.
+TEST(DemoModel, ForwardMatchesTheTrainingScript) {
+  const char* env = std::getenv("MOONRUN_SOURCE_DIR");
+  const std::string dir = std::string(env ? env : MOONRUN_SOURCE_DIR) + "/models/moonrun-demo";
+  ASSERT_TRUE(fs::exists(dir + "/expected.json")) << dir;
+  expect_reference_logits(dir, "moonrun-demo");
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, Fixture, ::testing::ValuesIn(fixture_names()),

@@ -84,6 +84,12 @@ class BackendOps : public ::testing::TestWithParam<bool> {
 };
 
 std::vector<float> normal(size_t n, uint64_t seed, float sd = 1.0f) { return optest::random_normal(n, seed, sd); }
+// Sampled token ids as floats, for expect_exact.
+std::vector<float> token_values(const std::vector<SampleResult>& results) {
+  std::vector<float> out;
+  for (const auto& r : results) out.push_back(static_cast<float>(r.token));
+  return out;
+}
 
 // ---- dense ------------------------------------------------------------------------------
 
@@ -419,12 +425,7 @@ TEST_P(BackendOps, SamplingWithEdits) {
   std::vector<SampleResult> want, got;
   B.cpu.sample(logits_c_g.c, sb, want);
   B.gpu->sample(logits_c_g.g, sb, got);
-  std::vector<float> wt, gt;
-  for (int r = 0; r < R; ++r) {
-    wt.push_back(static_cast<float>(want[r].token));
-    gt.push_back(static_cast<float>(got[r].token));
-  }
-  expect_exact(std::string("sample_") + B.mode(), "6x5000", gt, wt);
+  expect_exact(std::string("sample_") + B.mode(), "6x5000", token_values(got), token_values(want));
   ASSERT_EQ(got[1].top.size(), 3u);
   EXPECT_NEAR(got[1].logprob, want[1].logprob, 1e-4);
   EXPECT_EQ(got[5].token % 7, 0);  // the mask holds
@@ -463,10 +464,8 @@ TEST_P(BackendOps, GreedySamplingOfAWholeBatch) {
     std::vector<SampleResult> want, got;
     B.cpu.sample(logits.c, sb, want);
     B.gpu->sample(logits.g, sb, got);
-    std::vector<float> wt, gt;
+    const std::vector<float> wt = token_values(want), gt = token_values(got);
     for (int r = 0; r < R; ++r) {
-      wt.push_back(static_cast<float>(want[r].token));
-      gt.push_back(static_cast<float>(got[r].token));
       EXPECT_EQ(got[r].token, r % 2 == 1 ? 150000 - r : 1000 + r) << "row " << r;
     }
     expect_exact(std::string("sample_greedy_") + B.mode(), std::to_string(R) + "x163840", gt, wt);

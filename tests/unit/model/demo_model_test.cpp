@@ -1,6 +1,6 @@
-// The embedded demo model as the build writes it (build/demo-model): a K3 config whose
-// special ids agree with its tokenizer, the tokenizer's K3 names where K3 puts them, and a
-// checkpoint that loads and generates.
+// The demo model as the build copies it (build/demo-model, from models/moonrun-demo): a K3
+// config whose special ids agree with its tokenizer, the tokenizer's K3 names where K3 puts
+// them, and a checkpoint that loads and generates.
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -61,21 +61,24 @@ TEST(DemoModel, IsK3ShapedAndGenerates) {
   EXPECT_EQ(r->token_ids.size(), 3u);
 }
 
-// The build's copy was written by another process: the same bytes again here.
-TEST(DemoModel, IsDeterministic) {
+// `moonrun make-demo-model` (the random K3-shaped checkpoint tests build variants from):
+// written twice, the same bytes.
+TEST(DemoModel, RandomWriterIsDeterministic) {
   namespace fs = std::filesystem;
-  auto tok = chat::Tokenizer::load(kDemoDir);
-  ASSERT_TRUE(tok.is_ok());
-  const std::string dir = (fs::temp_directory_path() / ("moonrun_demo_again_" + std::to_string(getpid()))).string();
-  ASSERT_TRUE(write_demo_model(dir, static_cast<int>(tok->num_base_tokens())).is_ok());
+  const std::string base = (fs::temp_directory_path() / ("moonrun_demo_again_" + std::to_string(getpid()))).string();
+  ASSERT_TRUE(write_demo_model(base + "-a", 1000).is_ok());
+  ASSERT_TRUE(write_demo_model(base + "-b", 1000).is_ok());
   auto slurp = [](const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   for (const char* f : {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                        "model.safetensors.index.json", "tokenizer_config.json"})
-    EXPECT_TRUE(slurp(dir + "/" + f) == slurp(kDemoDir + "/" + f)) << f;
-  fs::remove_all(dir);
+                        "model.safetensors.index.json", "tokenizer_config.json"}) {
+    EXPECT_FALSE(slurp(base + "-a/" + f).empty()) << f;
+    EXPECT_TRUE(slurp(base + "-a/" + f) == slurp(base + "-b/" + f)) << f;
+  }
+  fs::remove_all(base + "-a");
+  fs::remove_all(base + "-b");
 }
 
 }  // namespace
