@@ -23,16 +23,12 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from make_data import CALCULATE_TOOL, COLOURS as TRAIN_COLOURS, SEED_WEATHER, WEATHER_TOOL, calculate, make_png  # noqa: E402,E501
+from make_data import CALCULATE_TOOL, COLOURS as TRAIN_COLOURS, WEATHER_TOOL, calculate, get_weather, make_png  # noqa: E402,E501
 
 TOOLS = [CALCULATE_TOOL, WEATHER_TOOL]
 CITIES = ["Tokyo", "London", "Cairo", "Paris", "Madrid", "Oslo", "Lima", "Nairobi", "Seoul", "Denver", "Toronto",
           "Sydney", "Berlin", "Mumbai", "Istanbul", "Dublin", "Quito", "Hanoi", "Zurich", "Accra"]
 COLOURS = {k: TRAIN_COLOURS[k] for k in ("red", "blue", "green", "yellow", "black", "white", "orange", "purple")}
-
-
-def get_weather(city):
-    return {"city": city, "weather": SEED_WEATHER.get(city, "18C, partly cloudy")}
 
 
 def post(base, body):

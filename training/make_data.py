@@ -112,10 +112,15 @@ def pick_city(rng):
     return made_up_city(rng)
 
 
+def get_weather(city):
+    """The seed's weather stub."""
+    return {"city": city, "weather": SEED_WEATHER.get(city, "18C, partly cloudy")}
+
+
 def weather_for(rng, city):
     """The seed's stub for 30 % of calls, random values otherwise (so the answer is copied)."""
     if rng.random() < 0.3:
-        return SEED_WEATHER.get(city, "18C, partly cloudy")
+        return get_weather(city)["weather"]
     return f"{rng.randint(-15, 42)}C, {rng.choice(CONDITIONS)}"
 
 

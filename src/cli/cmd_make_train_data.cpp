@@ -17,7 +17,6 @@
 // (chat/bpe_train.h) on that corpus with Kimi's pre-tokenisation, as tiktoken.model plus
 // tokenizer_config.json with the 256 K3 special tokens.
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -33,7 +32,6 @@
 #include "model/config.h"
 #include "model/demo_model.h"
 #include "model/vision/placeholders.h"
-#include "model/vision/preprocess.h"
 #include "server/chat_pipeline.h"
 #include "server/image_input.h"
 #include "server/serving_context.h"
@@ -67,12 +65,9 @@ server::ServingContext pipeline_context(const std::string& dir, bool with_tokeni
   auto cfg = load_model_config(dir + "/config.json");
   if (!cfg.is_ok()) fail("make-train-data", cfg.status().message());
   if (cfg->vision.enabled) {
-    auto images = std::make_shared<server::ImageInputConfig>();
-    auto proc = vision::load_image_processor_config(dir, cfg->vision);
-    if (!proc.is_ok()) fail("make-train-data", proc.status().message());
-    images->processor = *proc;
-    images->placeholder_id = cfg->media_placeholder_token_id;
-    ctx.images = std::move(images);
+    auto images = server::image_input_config(dir, *cfg);
+    if (!images.is_ok()) fail("make-train-data", images.status().message());
+    ctx.images = std::make_shared<const server::ImageInputConfig>(std::move(images).value());
   }
   return ctx;
 }
@@ -130,7 +125,12 @@ void run_make_train_data(const TrainDataArgs& a) {
   std::ifstream in(a.in);
   if (!in) fail("make-train-data", a.in + ": cannot open");
   std::ofstream corpus_file;
-  if (corpus) corpus_file.open(a.corpus_out, std::ios::binary);
+  std::vector<std::string> markers;  // the named K3 special tokens (<|open|>, <|sep|>, ...)
+  if (corpus) {
+    corpus_file.open(a.corpus_out, std::ios::binary);
+    for (const auto& t : chat::kimi_k3_default_special_tokens(0))
+      if (t.name.rfind("<|reserved_token_", 0) != 0) markers.push_back(t.name);
+  }
 
   std::vector<uint32_t> ids;
   std::vector<uint8_t> mask;
@@ -160,9 +160,8 @@ void run_make_train_data(const TrainDataArgs& a) {
       for (const auto& s : *segments) {
         std::string text = s.text;
         if (s.allow_special)
-          for (const char* marker : {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "<|media_begin|>",
-                                     "<|media_content|>", "<|media_end|>", "<|media_pad|>"})
-            for (size_t p; (p = text.find(marker)) != std::string::npos;) text.replace(p, std::strlen(marker), "\n");
+          for (const std::string& marker : markers)
+            for (size_t p; (p = text.find(marker)) != std::string::npos;) text.replace(p, marker.size(), "\n");
         corpus_file << text << '\n';
       }
       continue;

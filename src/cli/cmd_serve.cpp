@@ -84,9 +84,7 @@ Result<std::shared_ptr<const server::ImageInputConfig>> image_input_config(const
                     << " x --nnodes " << opt.nnodes << " yet (the tower runs on a single rank): image inputs get 400";
     return std::shared_ptr<const server::ImageInputConfig>();
   }
-  auto c = std::make_shared<server::ImageInputConfig>();
-  c->processor = MR_TRY(vision::load_image_processor_config(dir, cfg.vision));
-  c->placeholder_id = cfg.media_placeholder_token_id;
+  auto c = std::make_shared<server::ImageInputConfig>(MR_TRY(server::image_input_config(dir, cfg)));
   c->limits.allow_urls = opt.allow_image_urls;
   c->limits.max_pixels = opt.max_image_pixels;
   c->limits.max_bytes = opt.max_image_bytes;

@@ -120,6 +120,13 @@ Result<std::vector<uint8_t>> image_bytes_from_url(const std::string& url, const 
   return bytes;
 }
 
+Result<ImageInputConfig> image_input_config(const std::string& model_dir, const ModelConfig& config) {
+  ImageInputConfig c;
+  c.processor = MR_TRY(vision::load_image_processor_config(model_dir, config.vision));
+  c.placeholder_id = config.media_placeholder_token_id;
+  return c;
+}
+
 Result<vision::ImagePatches> load_image(const std::string& url, const ImageInputConfig& config,
                                         const std::string& where) {
   const std::vector<uint8_t> bytes = MR_TRY(image_bytes_from_url(url, config.limits, where));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/config.h"
 #include "model/vision/image_decode.h"
 #include "model/vision/placeholders.h"
 #include "model/vision/preprocess.h"
@@ -39,6 +40,10 @@ struct ImageInputConfig {
   int32_t placeholder_id = -1;
   ImageLimits limits;
 };
+
+// The checkpoint's image processor (DIR/preprocessor_config.json or the release's values) and
+// placeholder id; limits at their defaults. Only for a config with a vision tower.
+Result<ImageInputConfig> image_input_config(const std::string& model_dir, const ModelConfig& config);
 
 // "data:[type][;base64],payload" -> the image bytes. `where` names the part in errors
 // ("messages[0].content[1].image_url").

@@ -84,8 +84,7 @@ TEST_P(Fixture, GreedyIdsAndLogitsMatchTheReference) {
 // (training/k3_torch.py, float64, on the exported bf16 + MXFP4 weights) wrote beside it:
 // the C++ forward and the training code agree on the weights users get.
 TEST(DemoModel, ForwardMatchesTheTrainingScript) {
-  const char* env = std::getenv("MOONRUN_SOURCE_DIR");
-  const std::string dir = std::string(env ? env : MOONRUN_SOURCE_DIR) + "/models/moonrun-demo";
+  const std::string dir = fixtures::source_dir() + "/models/moonrun-demo";
   ASSERT_TRUE(fs::exists(dir + "/expected.json")) << dir;
   expect_reference_logits(dir, "moonrun-demo");
 }

@@ -14,10 +14,11 @@ namespace moonrun::fixtures {
 
 // MOONRUN_SOURCE_DIR in the environment wins over the compiled-in one: scripts/gpu-check.sh
 // runs test binaries built on another machine.
-inline std::string fixtures_dir() {
+inline std::string source_dir() {
   const char* env = std::getenv("MOONRUN_SOURCE_DIR");
-  return std::string(env ? env : MOONRUN_SOURCE_DIR) + "/tests/fixtures";
+  return env ? env : MOONRUN_SOURCE_DIR;
 }
+inline std::string fixtures_dir() { return source_dir() + "/tests/fixtures"; }
 
 // Every fixture directory with an expected.json, sorted.
 inline std::vector<std::string> fixture_names() {
