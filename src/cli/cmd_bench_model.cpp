@@ -1,5 +1,6 @@
 // `moonrun bench-model --model DIR [--batch 1,8,32] [--context N] [--steps N] [--prefill N]
-// [--device cuda] [--dtype ...] [--disable-cuda-graph] [--no-profile] [--json-out FILE]`: decode
+// [--device cuda] [--dtype ...] [--disable-cuda-graph] [--no-profile] [--kernels [--kernel-peers FILE]]
+// [--json-out FILE]`: decode
 // step times per batch size beside the bandwidth floor, the prefill rate beside the GEMM peak,
 // and per-op tables, through the runner alone (tools/bench_model.h).
 #include <cstdio>
@@ -34,6 +35,10 @@ void add_bench_model_command(CLI::App& app) {
   auto no_profile = std::make_shared<bool>(false);
   cmd->add_flag("--no-profile", *no_profile, "skip the per-op tables (extra eager steps timed op by op)");
   cmd->add_option("--profile-steps", c->profile_steps, "profiled decode steps per batch size")->capture_default_str();
+  cmd->add_flag("--kernels", c->kernels,
+                "also time the K3-width kernels against their peers (routed experts, KDA decode and chunked; GPU)");
+  cmd->add_option("--kernel-peers", c->kernel_peers_json,
+                  "JSON from bench/peers/torch_expert_gemm.py, measured in the same run");
   cmd->add_option("--json-out", *json_out, "also write the figures as JSON here");
   cmd->callback([c, batches, json_out, no_graphs, no_profile] {
     tools::ModelBenchConfig config = *c;

@@ -107,6 +107,12 @@ Result<std::string> make_nccl_id_hex() {
 #endif
 }
 
+Result<std::unique_ptr<Ops>> make_device_ops(const RuntimeOptions& o) {
+  const std::string device = resolve_device(o.device);
+  if (device.rfind("error: ", 0) == 0) return failed_precondition(device.substr(7));
+  return make_ops(device, o, 0, nullptr);
+}
+
 Result<DevicePeakFigures> measure_device_peaks(int cuda_device) {
 #if MOONRUN_HAS_CUDA
   try {

@@ -68,6 +68,10 @@ struct DevicePeakFigures {
 };
 Result<DevicePeakFigures> measure_device_peaks(int cuda_device);
 
+// One backend on o.device (its first GPU for cuda), with no model and no communicator: for
+// kernel benchmarks that drive the ops directly (tools/bench_kernels.h).
+Result<std::unique_ptr<Ops>> make_device_ops(const RuntimeOptions& o);
+
 // A new NCCL rendezvous id (hex) for node 0 to hand to the other nodes.
 Result<std::string> make_nccl_id_hex();
 

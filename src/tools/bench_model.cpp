@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 
 #include "backend/op_profile.h"
 
@@ -121,6 +122,21 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     report.bf16_tflops = peaks.bf16_tflops;
     const std::vector<GpuDescription> gpus = visible_gpus();
     if (ro.cuda_device < static_cast<int>(gpus.size())) report.gpu = gpus[ro.cuda_device].name;
+    if (c.kernels) {  // on a backend of its own, freed before the model loads
+      nlohmann::json peers;
+      if (!c.kernel_peers_json.empty()) {
+        std::ifstream in(c.kernel_peers_json);
+        if (!in) return invalid_argument("--kernel-peers: cannot read " + c.kernel_peers_json);
+        peers = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+        if (peers.is_discarded()) return invalid_argument("--kernel-peers: " + c.kernel_peers_json + " is not JSON");
+      }
+      RuntimeOptions ko = ro;
+      ko.mem_fraction_static = 0.2;
+      auto ops = MR_TRY(make_device_ops(ko));
+      report.kernels = MR_TRY(run_k3_kernel_bench(*ops, peers));
+    }
+  } else if (c.kernels) {
+    return invalid_argument("--kernels: the kernel comparisons need --device cuda");
   }
   Runtime rt = MR_TRY(build_runtime(c.model, ro));
   StepRunner& runner = *rt.runner;
@@ -343,6 +359,7 @@ std::string format_model_bench(const ModelBenchReport& r) {
     s += "\n";
   }
   if (peer) s += "peer: " + r.peer->source + "\n";
+  if (!r.kernels.empty()) s += format_kernel_bench(r.kernels, r.copy_gb_s);
   for (const DecodeFigure& f : r.decode) {
     if (f.ops.empty()) continue;
     std::snprintf(line, sizeof line, "\nper-op, decode batch %d (profiled step %.3f ms):\n", f.batch, f.profiled_step_ms);
@@ -420,6 +437,7 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
       p["decode"].push_back({{"batch", b}, {"tok_s", x}, {"floor_tok_s", peer_at(r.peer->floor_tok_s, b)}});
     j["peer"] = p;
   }
+  if (!r.kernels.empty()) j["kernels"] = kernel_bench_to_json(r.kernels, r.copy_gb_s);
   return j;
 }
 

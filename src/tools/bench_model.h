@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tools/bench_kernels.h"
 #include "common/status.h"
 #include "runtime/runtime_builder.h"
 
@@ -29,6 +30,8 @@ struct ModelBenchConfig {
   int profile_steps = 3;
   std::string commit;               // recorded in the JSON
   uint64_t seed = 1;
+  bool kernels = false;             // also the K3-width kernel comparisons (tools/bench_kernels.h), GPU only
+  std::string kernel_peers_json;    // bench/peers/torch_expert_gemm.py's output from this run, if any
 };
 
 // One op's share of a profiled step (backend/op_profile.h), per step.
@@ -82,6 +85,7 @@ struct ModelBenchReport {
   double prefill_peak_ratio = 0;  // prefill_tflops / bf16_tflops
   std::vector<OpFigure> prefill_ops;
   std::optional<PeerFigures> peer;
+  std::vector<KernelFigure> kernels;  // --kernels
 };
 
 // Issue #12's llama.cpp figures for the K3-width 3-layer slice at 4k context on one H200,

@@ -198,6 +198,10 @@ TEST_P(BackendOps, VisionOps) {
   expect_close(std::string("vision_attention_") + B.mode(), "25+36x3x32", err(B, o), 2e-5);
 }
 
+// The chunked KDA in bf16 mode: bf16 operands into fp32 accumulators (FLA's chunk_kda
+// precision), held as a normalised error over every output and state element.
+constexpr double kKdaChunkedBf16Tol = 1e-2;
+
 // ---- the mixed batch of the attention tests -------------------------------------------
 
 // A 70-token prefill (a full and a partial KDA chunk) in slot 2, one decode token after 37
@@ -215,10 +219,14 @@ struct MixedBatch {
   int n_tokens() const { return fb.n_tokens(); }
 };
 
-TEST_P(BackendOps, KdaOpsOnAMixedBatch) {
-  Backends& B = b();
+// d = 32 takes the whole-head decode kernel and, in bf16, the tensor-core chunked one;
+// d = 48 the column-tile decode kernel and the fp32 chunked one.
+void kda_ops_on_a_mixed_batch(Backends& B, int d) {
   MixedBatch mb;
-  const int T = mb.n_tokens(), H = 4, d = 32, D = H * d, K = 4;
+  const int T = mb.n_tokens(), H = 4, D = H * d, K = 4;
+  const std::string rows_x_D = std::to_string(T) + "x" + std::to_string(D);
+  const std::string heads_x_d = std::to_string(T * H) + "x" + std::to_string(d);
+  const std::string seqs = "3seqs_d" + std::to_string(d), slots = "3slots_d" + std::to_string(d);
   const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
   KdaShape shape;
   shape.num_heads = H;
@@ -234,28 +242,28 @@ TEST_P(BackendOps, KdaOpsOnAMixedBatch) {
     Pair y = out(B, T, D);
     B.cpu.short_conv(x.c, w.c, vc, StateLayer{st.c.as<float>(), slot_floats}, silu, y.c);
     B.gpu->short_conv(x.g, w.g, vg, StateLayer{st.g.as<float>(), slot_floats}, silu, y.g);
-    expect_close(std::string("short_conv_") + (silu ? "silu_" : "") + B.mode(), "76x128", err(B, y), 1e-6);
-    expect_close(std::string("short_conv_window_") + B.mode(), "3slots", err(B, st), 0.0);
+    expect_close(std::string("short_conv_") + (silu ? "silu_" : "") + B.mode(), rows_x_D, err(B, y), 1e-6);
+    expect_close(std::string("short_conv_window_") + B.mode(), slots, err(B, st), 0.0);
   }
   // l2norm, the two decay gates, the gated norm
   Pair q = put(B, normal(T * D, 33), T, D);
   B.cpu.l2norm_rows(q.c.reshaped(d), 0.17f);
   B.gpu->l2norm_rows(q.g.reshaped(d), 0.17f);
-  expect_close(std::string("l2norm_rows_") + B.mode(), "304x32", err(B, q), 1e-6);
+  expect_close(std::string("l2norm_rows_") + B.mode(), heads_x_d, err(B, q), 1e-6);
   Pair A_log = put(B, optest::random_uniform(H, 34, 0.0f, 2.7f), 1, H), dt = put(B, normal(D, 35), 1, D);
   for (float lb : {-5.0f, std::numeric_limits<float>::quiet_NaN()}) {
     Pair g = put(B, normal(T * D, 36), T, D);
     B.cpu.kda_gate(g.c, A_log.c, dt.c, d, lb);
     B.gpu->kda_gate(g.g, A_log.g, dt.g, d, lb);
-    expect_close(std::string(std::isnan(lb) ? "kda_gate_softplus_" : "kda_gate_bounded_") + B.mode(), "76x128",
+    expect_close(std::string(std::isnan(lb) ? "kda_gate_softplus_" : "kda_gate_bounded_") + B.mode(), rows_x_D,
                  err(B, g), 1e-6);
   }
   Pair o = put(B, normal(T * D, 37), T, D), gate = put(B, normal(T * D, 38), T, D);
   Pair wn = put(B, optest::random_uniform(d, 39, 0.5f, 1.5f), 1, d);
-  Pair gn = out(B, T, D, act());
+  Pair gn = out(B, T, D, B.gpu->act_dtype());
   B.cpu.gated_rmsnorm(o.c.reshaped(d), gate.c.reshaped(d), wn.c, 1e-5f, gn.c.reshaped(d));
   B.gpu->gated_rmsnorm(o.g.reshaped(d), gate.g.reshaped(d), wn.g, 1e-5f, gn.g.reshaped(d));
-  expect_close(std::string("gated_rmsnorm_") + B.mode(), "304x32", err(B, gn), B.tol(4e-3));
+  expect_close(std::string("gated_rmsnorm_") + B.mode(), heads_x_d, err(B, gn), B.tol(4e-3));
 
   // The recurrence in its three modes, from non-zero S.
   auto unit_rows = [&](std::vector<float> v, float scale) {
@@ -280,8 +288,61 @@ TEST_P(BackendOps, KdaOpsOnAMixedBatch) {
                          mode, oo.c);
     B.gpu->kda_recurrence(qq.g, kk.g, vv.g, gg.g, bb.g, vg, StateLayer{st.g.as<float>() + s_off, slot_floats}, H, d,
                           mode, oo.g);
-    expect_close(std::string("kda_recurrence_") + name + "_" + B.mode(), "3seqs", err(B, oo), 2e-5);
-    expect_close(std::string("kda_state_") + name + "_" + B.mode(), "3slots", err(B, st), 2e-5);
+    // bf16 mode chunks on the tensor cores (bf16 operands); the token-by-token form stays fp32.
+    const double tol = mode == KdaMode::kRecurrent ? 2e-5 : B.tol(kKdaChunkedBf16Tol);
+    expect_close(std::string("kda_recurrence_") + name + "_" + B.mode(), seqs, err(B, oo), tol);
+    expect_close(std::string("kda_state_") + name + "_" + B.mode(), slots, err(B, st), tol);
+  }
+}
+
+TEST_P(BackendOps, KdaOpsOnAMixedBatch) {
+  kda_ops_on_a_mixed_batch(b(), 32);
+  kda_ops_on_a_mixed_batch(b(), 48);
+}
+
+// The chunked recurrence at K3's head width (128) over prompts that cross the kernels' pass
+// of 1,024 tokens and end in a partial chunk, from a non-zero state, with strong decay
+// (g in [-5, 0], as the bounded gate gives) and with weak decay (g in [-0.05, 0]: S keeps
+// most of what it saw, so rounding has 1,100 tokens to accumulate). In bf16 mode this is the
+// tensor-core kernel (chunked_mma.cu); in fp32 mode the CUDA-core one.
+TEST_P(BackendOps, KdaChunkedAtK3HeadWidth) {
+  Backends& B = b();
+  const int H = 3, d = 128, D = H * d;
+  KdaShape shape;
+  shape.num_heads = H;
+  shape.head_dim = d;
+  shape.conv_kernel = 4;
+  const int64_t slot_floats = kda_state_floats(shape);
+  for (const int T : {1100, 130}) {
+    for (const float g_lo : {-5.0f, -0.05f}) {
+      ForwardBatch fb;
+      const std::vector<int32_t> ids(T, 1);
+      fb.add_seq(ids.data(), T, 0, 1, nullptr, 0);
+      const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
+      auto unit_rows = [&](std::vector<float> v, float scale) {
+        for (int r = 0; r < T * H; ++r) {
+          double ss = 0;
+          for (int i = 0; i < d; ++i) ss += v[r * d + i] * v[r * d + i];
+          for (int i = 0; i < d; ++i) v[r * d + i] = static_cast<float>(v[r * d + i] * scale / std::sqrt(ss));
+        }
+        return v;
+      };
+      Pair q = put(B, unit_rows(normal(T * D, 60), 1.0f / std::sqrt(float(d))), T, D);
+      Pair k = put(B, unit_rows(normal(T * D, 61), 1.0f), T, D);
+      Pair v = put(B, normal(T * D, 62), T, D);
+      Pair g = put(B, optest::random_uniform(T * D, 63, g_lo, 0.0f), T, D);
+      Pair beta = put(B, optest::random_uniform(T * H, 64, 0.0f, 1.0f), T, H);
+      Pair st = put(B, normal(2 * slot_floats, 65, 0.3f), 2, slot_floats);
+      Pair o = out(B, T, D);
+      const int64_t s_off = kda_s_offset(shape);
+      B.cpu.kda_recurrence(q.c, k.c, v.c, g.c, beta.c, vc, StateLayer{st.c.as<float>() + s_off, slot_floats}, H, d,
+                           KdaMode::kChunked, o.c);
+      B.gpu->kda_recurrence(q.g, k.g, v.g, g.g, beta.g, vg, StateLayer{st.g.as<float>() + s_off, slot_floats}, H, d,
+                            KdaMode::kChunked, o.g);
+      const std::string shp = std::to_string(T) + "x" + std::to_string(H) + "x128_g" + (g_lo < -1 ? "strong" : "weak");
+      expect_close(std::string("kda_chunked_") + B.mode(), shp, err(B, o), B.tol(kKdaChunkedBf16Tol));
+      expect_close(std::string("kda_chunked_state_") + B.mode(), shp, err(B, st), B.tol(kKdaChunkedBf16Tol));
+    }
   }
 }
 

@@ -277,8 +277,15 @@ class CudaOps final : public Ops {
     for (const BatchSeq& s : batch.host->seqs) {
       if (mode == KdaMode::kAuto && s.n_new == 1) continue;
       ScratchScope scope(*this);
-      Tensor ws = scratch(kda_chunked_workspace_floats(s.n_new, num_heads, head_dim), 1, DType::F32);
       const int64_t off = static_cast<int64_t>(s.token_start) * D;
+      if (!float32_ && kda_chunked_mma_supported(head_dim)) {  // bf16 mode: the tensor cores
+        Tensor ws = scratch((kda_chunked_mma_workspace_bytes(s.n_new, num_heads, head_dim) + 3) / 4, 1, DType::F32);
+        kda_chunked_mma(q.as<float>() + off, k.as<float>() + off, v.as<float>() + off, g.as<float>() + off,
+                        beta.as<float>() + static_cast<int64_t>(s.token_start) * num_heads, s.n_new, num_heads,
+                        head_dim, state.slot(s.state_slot), o.as<float>() + off, ws.data, stream_);
+        continue;
+      }
+      Tensor ws = scratch(kda_chunked_workspace_floats(s.n_new, num_heads, head_dim), 1, DType::F32);
       kda_chunked(q.as<float>() + off, k.as<float>() + off, v.as<float>() + off, g.as<float>() + off,
                   beta.as<float>() + static_cast<int64_t>(s.token_start) * num_heads, s.n_new, num_heads, head_dim,
                   state.slot(s.state_slot), o.as<float>() + off, ws.as<float>(), stream_);

@@ -47,4 +47,12 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
                  int num_heads, int head_dim, float* S, float* o, float* workspace, cudaStream_t stream,
                  int chunk_size = 64);
 
+// The same chunked form on the tensor cores (chunked_mma.cu): bf16 operands, fp32 state and
+// accumulation, chunks of 64, head_dim 32, 64 or 128 (kda_chunked_mma_supported). The bf16
+// mode's prefill path; kda_chunked above is the fp32 reference.
+bool kda_chunked_mma_supported(int head_dim);
+int64_t kda_chunked_mma_workspace_bytes(int n_tokens, int num_heads, int head_dim);
+void kda_chunked_mma(const float* q, const float* k, const float* v, const float* g, const float* beta, int n_tokens,
+                     int num_heads, int head_dim, float* S, float* o, void* workspace, cudaStream_t stream);
+
 }  // namespace moonrun::cuda
