@@ -400,11 +400,12 @@ TEST_P(BackendOps, RouterAndExperts) {
   // experts: MXFP4 (the same codes on both) and dense. The last two shapes take the
   // tensor-core MXFP4 kernel for all three projections (in % 64, out % 16): a decode-sized
   // batch (8-token tiles) and one with more than one 32-token tile per expert; the first
-  // leaves w2 (in 96) to the CUDA-core kernel.
+  // leaves w2 (in 96) to the CUDA-core kernel. The fourth has w1 / w3 reductions of 21
+  // slices of 64 (in 1344), more than the decode kernel's four warps keep in flight at once.
   struct Shape {
     int T, Dm, I;
   };
-  for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}}) {
+  for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}, Shape{5, 1344, 192}}) {
     const int Tn = sh.T, Dn = sh.Dm, In = sh.I;
     std::vector<int32_t> ids;
     for (int t = 0; t < Tn; ++t)
