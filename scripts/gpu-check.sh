@@ -3,7 +3,8 @@
 # against the CPU backend (tests/ops: every op in fp32 and bf16, every reference fixture
 # through the CUDA runtime in fp32 and bf16, batched == alone, CUDA graphs == eager), the
 # load of a multi-GB K3-width slice with its peak host RSS, decode throughput per batch size
-# with and without CUDA graphs (demo model and K3-width slice), compute-sanitizer memcheck
+# with and without CUDA graphs (demo model and K3-width slice), the K3-width kernels against
+# their peers (torch's grouped GEMM measured in the same run), compute-sanitizer memcheck
 # and racecheck on the op tests, and the e2e API tests against `moonrun serve --device cuda`.
 # Prints a summary table last and writes it as Markdown to $OUT/gpu-check.md (docs/gpu.md
 # holds the committed one); bench JSON goes to $OUT too.
@@ -102,10 +103,17 @@ PY
   ratio=$(grep -o 'ratio [0-9.]*' "$OUT/load-rss.log" | awk '{print $2}')
   ok=$(python3 -c "print('ok' if 0 < float('${ratio:-1}') < 0.10 else 'FAIL')")
   row "load: peak host RSS / checkpoint" "$ok" "$(grep -o 'checkpoint_bytes.*' "$OUT/load-rss.log"); $(grep -o 'Load weight end.*' "$OUT/load-rss.log" | head -1)"
-  # Issue #12's bench: 4k tokens in every sequence's caches, per-op tables, floor ratios.
+  # Issue #12's bench: 4k tokens in every sequence's caches, per-op tables, floor ratios, and
+  # the K3-width kernels beside their peers (torch's grouped GEMM measured here when torch is).
+  PEERS=()
+  if python3 bench/peers/torch_expert_gemm.py --out "$OUT/torch-expert-gemm.json" >"$OUT/torch-peers.log" 2>&1; then
+    PEERS=(--kernel-peers "$OUT/torch-expert-gemm.json")
+  fi
   "$EXE" bench-model --model "$SLICE" --device cuda --batch 1,8,32,128 --context 4096 --steps 16 --prefill 8192 \
-    --json-out "$OUT/bench-k3-slice.json" >"$OUT/bench-k3-slice.log" 2>&1
+    --kernels "${PEERS[@]}" --json-out "$OUT/bench-k3-slice.json" >"$OUT/bench-k3-slice.log" 2>&1
   row "K3-width slice bench" "$([[ -s $OUT/bench-k3-slice.json ]] && echo ok || echo FAIL)" "$(grep -E '^\| (1|128) ' "$OUT/bench-k3-slice.log" | tr '\n' ' ')"
+  row "K3-width kernels vs peers" "$([[ -s $OUT/bench-k3-slice.json ]] && echo ok || echo FAIL)" \
+    "$(grep -cE '^\| (moe_experts|kda) .* met \|' "$OUT/bench-k3-slice.log") of $(grep -cE '^\| (moe_experts mxfp4|kda (decode|chunked)) \|' "$OUT/bench-k3-slice.log") at issue #12's speed-up bar (table in bench-k3-slice.log)"
   grep -v '^\[' "$OUT/bench-k3-slice.log"
 fi
 
