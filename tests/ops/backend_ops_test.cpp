@@ -202,6 +202,16 @@ TEST_P(BackendOps, VisionOps) {
 // precision), held as a normalised error over every output and state element.
 constexpr double kKdaChunkedBf16Tol = 1e-2;
 
+// Rows of width d scaled to norm `scale` (KDA's q and k come out of an L2 norm).
+std::vector<float> unit_rows(std::vector<float> v, int d, float scale) {
+  for (size_t r = 0; r + d <= v.size(); r += d) {
+    double ss = 0;
+    for (int i = 0; i < d; ++i) ss += v[r + i] * v[r + i];
+    for (int i = 0; i < d; ++i) v[r + i] = static_cast<float>(v[r + i] * scale / std::sqrt(ss));
+  }
+  return v;
+}
+
 // ---- the mixed batch of the attention tests -------------------------------------------
 
 // A 70-token prefill (a full and a partial KDA chunk) in slot 2, one decode token after 37
@@ -266,16 +276,8 @@ void kda_ops_on_a_mixed_batch(Backends& B, int d) {
   expect_close(std::string("gated_rmsnorm_") + B.mode(), heads_x_d, err(B, gn), B.tol(4e-3));
 
   // The recurrence in its three modes, from non-zero S.
-  auto unit_rows = [&](std::vector<float> v, float scale) {
-    for (int r = 0; r < T * H; ++r) {
-      double ss = 0;
-      for (int i = 0; i < d; ++i) ss += v[r * d + i] * v[r * d + i];
-      for (int i = 0; i < d; ++i) v[r * d + i] = static_cast<float>(v[r * d + i] * scale / std::sqrt(ss));
-    }
-    return v;
-  };
-  Pair qq = put(B, unit_rows(normal(T * D, 40), 1.0f / std::sqrt(32.0f)), T, D);
-  Pair kk = put(B, unit_rows(normal(T * D, 41), 1.0f), T, D);
+  Pair qq = put(B, unit_rows(normal(T * D, 40), d, 1.0f / std::sqrt(32.0f)), T, D);
+  Pair kk = put(B, unit_rows(normal(T * D, 41), d, 1.0f), T, D);
   Pair vv = put(B, normal(T * D, 42), T, D);
   Pair gg = put(B, optest::random_uniform(T * D, 43, -5.0f, 0.0f), T, D);
   Pair bb = put(B, optest::random_uniform(T * H, 44, 0.0f, 1.0f), T, H);
@@ -319,16 +321,8 @@ TEST_P(BackendOps, KdaChunkedAtK3HeadWidth) {
       const std::vector<int32_t> ids(T, 1);
       fb.add_seq(ids.data(), T, 0, 1, nullptr, 0);
       const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
-      auto unit_rows = [&](std::vector<float> v, float scale) {
-        for (int r = 0; r < T * H; ++r) {
-          double ss = 0;
-          for (int i = 0; i < d; ++i) ss += v[r * d + i] * v[r * d + i];
-          for (int i = 0; i < d; ++i) v[r * d + i] = static_cast<float>(v[r * d + i] * scale / std::sqrt(ss));
-        }
-        return v;
-      };
-      Pair q = put(B, unit_rows(normal(T * D, 60), 1.0f / std::sqrt(float(d))), T, D);
-      Pair k = put(B, unit_rows(normal(T * D, 61), 1.0f), T, D);
+      Pair q = put(B, unit_rows(normal(T * D, 60), d, 1.0f / std::sqrt(float(d))), T, D);
+      Pair k = put(B, unit_rows(normal(T * D, 61), d, 1.0f), T, D);
       Pair v = put(B, normal(T * D, 62), T, D);
       Pair g = put(B, optest::random_uniform(T * D, 63, g_lo, 0.0f), T, D);
       Pair beta = put(B, optest::random_uniform(T * H, 64, 0.0f, 1.0f), T, H);

@@ -118,6 +118,16 @@ struct PassArgs {
   Workspace w;
 };
 
+// A (chunk, head) block's chunk: blockIdx.x the chunk, blockIdx.y the head; its C <= kC
+// tokens start at t0, and token c's row of a [T, H, D] array is at row(c).
+template <int D>
+struct ChunkOfHead {
+  int chunk, h, H, t0, C;
+  __device__ explicit ChunkOfHead(const PassArgs& a)
+      : chunk(blockIdx.x), h(blockIdx.y), H(a.H), t0(chunk * kC), C(min(kC, a.T - chunk * kC)) {}
+  __device__ int64_t row(int c) const { return (static_cast<int64_t>(t0 + c) * H + h) * D; }
+};
+
 template <int D>
 struct PrepSmem {
   static constexpr int ld = D + 8;  // bf16 row stride: +16 bytes keeps the fragment reads conflict-free
@@ -146,10 +156,10 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& s = *reinterpret_cast<PrepSmem<D>*>(smem_raw);
   constexpr int ld = PrepSmem<D>::ld, kWarps = kPrepThreads / 32;
-  const int chunk = blockIdx.x, h = blockIdx.y, H = a.H;
+  const ChunkOfHead<D> ch(a);
+  const int chunk = ch.chunk, h = ch.h, H = ch.H, t0 = ch.t0, C = ch.C;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int t0 = chunk * kC, C = min(kC, a.T - t0);
-  auto row = [&](int c) { return (static_cast<int64_t>(t0 + c) * H + h) * D; };
+  auto row = [&](int c) { return ch.row(c); };
 
   // 1. The chunk into shared memory; rows past its end are zeros (they decay nothing, add
   //    nothing, and G_last = G[kC - 1]).
@@ -582,10 +592,10 @@ __global__ void __launch_bounds__(kThreads) kda_out_kernel(PassArgs a, float* __
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& s = *reinterpret_cast<OutSmem<D>*>(smem_raw);
   constexpr int ld = OutSmem<D>::ld, ldp = OutSmem<D>::ldp;
-  const int chunk = blockIdx.x, h = blockIdx.y, H = a.H;
+  const ChunkOfHead<D> ch(a);
+  const int chunk = ch.chunk, h = ch.h, H = ch.H, C = ch.C;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int t0 = chunk * kC, C = min(kC, a.T - t0);
-  auto row = [&](int c) { return (static_cast<int64_t>(t0 + c) * H + h) * D; };
+  auto row = [&](int c) { return ch.row(c); };
   for (int e = tid; e < kC * D / 8; e += kThreads) {
     const int c = e / (D / 8), x = (e % (D / 8)) * 8;
     if (c < C) {
