@@ -175,7 +175,7 @@ std::string format_kernel_bench(const std::vector<KernelFigure>& figures, double
                   "|---|---|---:|---:|---:|---:|---:|---:|---|\n";
   char line[512];
   for (const KernelFigure& f : figures) {
-    const double gb_s = f.ms > 0 ? f.bytes / (f.ms * 1e-3) / 1e9 : 0;
+    const double gb_s = f.gb_s();
     std::snprintf(line, sizeof line, "| %s | %s | %.3f | %.0f | %.2f | %.3f | %.2fx | %.1fx%s | %s |\n",
                   f.kernel.c_str(), f.shape.c_str(), f.ms, gb_s, copy_gb_s > 0 ? gb_s / copy_gb_s : 0, f.peer_ms,
                   f.speedup(), f.bar, f.peer_ms > 0 && f.speedup() >= f.bar ? " met" : "", f.peer.c_str());
@@ -187,7 +187,7 @@ std::string format_kernel_bench(const std::vector<KernelFigure>& figures, double
 nlohmann::json kernel_bench_to_json(const std::vector<KernelFigure>& figures, double copy_gb_s) {
   nlohmann::json j = nlohmann::json::array();
   for (const KernelFigure& f : figures) {
-    const double gb_s = f.ms > 0 ? f.bytes / (f.ms * 1e-3) / 1e9 : 0;
+    const double gb_s = f.gb_s();
     j.push_back({{"kernel", f.kernel},
                  {"shape", f.shape},
                  {"ms", f.ms},

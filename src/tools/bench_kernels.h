@@ -25,6 +25,7 @@ struct KernelFigure {
   std::string peer;       // where peer_ms comes from
   double bar = 0;         // the speed-up over the peer the issue asks for
   double speedup() const { return peer_ms > 0 && ms > 0 ? peer_ms / ms : 0; }
+  double gb_s() const { return ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0; }
 };
 
 // `torch_peers`: the JSON bench/peers/torch_expert_gemm.py wrote in this run, or null.
