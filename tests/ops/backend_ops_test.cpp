@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -391,15 +392,19 @@ TEST_P(BackendOps, RouterAndExperts) {
                  testing::download(*B.gpu, ids.g), testing::download(B.cpu, ids.c));
     expect_close(std::string("router_weights_") + B.mode(), "21x16", err(B, w), 1e-6);
   }
-  // experts: MXFP4 (the same codes on both) and dense. The last two shapes take the
-  // tensor-core MXFP4 kernel for all three projections (in % 64, out % 16): a decode-sized
-  // batch (8-token tiles) and one with more than one 32-token tile per expert; the first
-  // leaves w2 (in 96) to the CUDA-core kernel. The fourth has w1 / w3 reductions of 21
-  // slices of 64 (in 1344), more than the decode kernel's four warps keep in flight at once.
+  // experts: MXFP4 (the same codes on both) and dense. Which MXFP4 kernel: up to 8 tokens
+  // with in % 64 and out % 16, the whole-tile decode kernel (6x128x192, 5x1344x192 - 21
+  // slices of 64, not a multiple of the four warps - and the last three); more tokens, the
+  // register-fed tensor-core kernel (21x64x96 for w1 / w3, 150x128x192 with more than one
+  // 32-token tile per expert); what neither takes, the CUDA-core kernel (w2 of 21x64x96, in
+  // 96). The last three: one token, seven, and seven over scales at the edges of the decode
+  // kernel's one-multiply range (E8M0 0, 1, 127, 128 and 129, 130 past it).
   struct Shape {
     int T, Dm, I;
+    bool edge_scales = false;
   };
-  for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}, Shape{5, 1344, 192}}) {
+  for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}, Shape{5, 1344, 192},
+                         Shape{1, 512, 768}, Shape{7, 768, 512}, Shape{7, 512, 256, true}}) {
     const int Tn = sh.T, Dn = sh.Dm, In = sh.I;
     std::vector<int32_t> ids;
     for (int t = 0; t < Tn; ++t)
@@ -417,7 +422,9 @@ TEST_P(BackendOps, RouterAndExperts) {
           std::vector<uint8_t> codes(static_cast<size_t>(E) * out_f * in_f / 2), scales(static_cast<size_t>(E) * out_f * in_f / 32);
           testing::Rng r(seed);
           for (auto& v : codes) v = static_cast<uint8_t>(r.bits());
-          for (auto& v : scales) v = static_cast<uint8_t>(120 + r.bits() % 5);
+          static constexpr uint8_t kEdge[] = {0, 1, 127, 128, 129, 130};
+          for (auto& v : scales)
+            v = sh.edge_scales ? kEdge[r.bits() % std::size(kEdge)] : static_cast<uint8_t>(120 + r.bits() % 5);
           for (Ops* ops : {static_cast<Ops*>(&B.cpu), B.gpu.get()}) {
             ExpertMatrices& m = ops == &B.cpu ? c : g;
             m.stacked.w = ops->alloc(static_cast<int64_t>(E) * out_f, in_f / 2, DType::U8, "codes");
@@ -441,7 +448,9 @@ TEST_P(BackendOps, RouterAndExperts) {
       B.cpu.moe_experts(x.c, id.c, wt.c, w1c, w3c, w2c, ap, y.c);
       B.gpu->moe_experts(x.g, id.g, wt.g, w1g, w3g, w2g, ap, y.g);
       expect_close(std::string("moe_experts_") + (mxfp4 ? "mxfp4_" : "dense_") + B.mode(),
-                   std::to_string(Tn) + "x" + std::to_string(Dn) + "x" + std::to_string(In), err(B, y), B.tol(2e-2));
+                   std::to_string(Tn) + "x" + std::to_string(Dn) + "x" + std::to_string(In) +
+                       (sh.edge_scales ? "_edge_scales" : ""),
+                   err(B, y), B.tol(2e-2));
     }
   }
 }

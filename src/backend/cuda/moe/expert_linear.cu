@@ -173,6 +173,8 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
                            const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream) {
   check_shape(m, "grouped_expert_linear");
   if (max_active <= 0) return;
+  if (grouped_mxfp4_stream_supported(m, x_bf16, n_tokens, x))
+    return grouped_mxfp4_stream(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, n_tokens, y, stream);
   if (grouped_mxfp4_mma_supported(m, x_bf16))
     return grouped_mxfp4_mma(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, n_tokens, y, stream);
   if (x_bf16) grouped_for(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, y, stream);

@@ -50,9 +50,19 @@ void group_by_expert(const int32_t* ids, int n_slots, int first_expert, int num_
 void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
                            const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream);
 
-// The tensor-core path of grouped_expert_linear (expert_linear_mma.cu), which takes it
-// whenever it applies: bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Exposed so the op
-// tests can hold the two kernels against each other.
+// The tensor-core paths of grouped_expert_linear, which takes the first that applies.
+// Decode batches (expert_linear_stream.cu): bf16 x, MXFP4 weights, at most 8 tokens, in % 64
+// == 0, out % 16 == 0, each block's 16-row tile bulk-copied into shared memory. Otherwise
+// (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Exposed so the
+// op tests can hold the kernels against each other.
+bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x);
+void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
+                          int max_active, int n_tokens, float* y, cudaStream_t stream);
+// Two matrices of one shape over the same x (the gate and up projections) in one launch: y0
+// from m0, y1 from m1 (each as grouped_expert_linear). Both must be stream-supported.
+void grouped_mxfp4_stream_pair(const bf16* x, int x_row_div, const StackedExperts& m0, float* y0,
+                               const StackedExperts* m1, float* y1, const ExpertGroups& groups, int max_active,
+                               cudaStream_t stream);
 bool grouped_mxfp4_mma_supported(const StackedExperts& m, bool x_bf16);
 void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
                        int max_active, int n_tokens, float* y, cudaStream_t stream);

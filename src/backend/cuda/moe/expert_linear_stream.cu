@@ -1,0 +1,181 @@
+// The MXFP4 routed-expert GEMM at decode batch sizes (an expert gets at most 8 tokens): the
+// same y[s, o] = sum_i x[s / x_row_div, i] * W_e[o, i] as expert_linear.cu's CUDA-core
+// reference and expert_linear_mma.cu's register-fed kernel (which keeps larger batches).
+// Dequantisation and the MMA slice: moe/mxfp4_rows.cuh.
+//
+// One block per 16 rows of one active expert (grid: active experts bound x out / 16), and the
+// block's whole tile - 16 rows of in / 2 code bytes, contiguous in the stacked layout, and
+// their 16 x in / 32 scales - comes into shared memory by 17 bulk copies on one mbarrier.
+// Why whole tiles: a decode step streams each expert's codes once, and what limits that
+// stream is how many bytes are in flight (~48 KB per multiprocessor at 4.2 TB/s). Chunked
+// pipelines of per-row copies (128 to 256 bytes a row a stage) moved 1.9-2.1 TB/s even with
+// the MMAs taken out (docs/performance.md); a 28 KB tile a block, seven blocks a
+// multiprocessor, keeps ~200 KB in flight with a handful of copy instructions.
+//
+// The four warps split the reduction: warp w takes the 64-wide slices w, w + 4, ... and the
+// partial tiles are added in warp order, so the result is the same on every run. x stays in
+// global memory (the L1/L2-resident activation rows every block of the expert reads); each
+// thread's next slice of x is loaded while it works on the current one. Whether any scale of
+// the tile needs the two-step multiply (mxfp4_rows.cuh) is decided once, for the whole loop.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/common/bulk_copy.cuh"
+#include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/moe/moe_ops.h"
+#include "backend/cuda/moe/mxfp4_rows.cuh"
+
+namespace moonrun::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 16;        // per block: one m16 tile
+constexpr int kMaxTokens = 8;    // per expert: one n8 fragment
+constexpr int kSlice = 64;       // k per warp per round: four k16 MMA steps
+constexpr int kRowPad = 16;      // bytes after each row in shared memory: conflict-free reads
+constexpr int kBarrierBytes = 16;
+
+// Shared memory of one block: [mbarrier][16 code rows, each in / 2 + kRowPad][16 x in / 32 scales],
+// and afterwards, over the rows, warps 1..3's partial tiles.
+constexpr size_t kPartialBytes = (kWarps - 1) * 4 * 32 * sizeof(float);
+size_t tile_smem_bytes(int in) {
+  const size_t tile = static_cast<size_t>(kRows) * (in / 2 + kRowPad) + static_cast<size_t>(kRows) * (in / 32);
+  return kBarrierBytes + (tile > kPartialBytes ? tile : kPartialBytes);
+}
+
+// x[16t .. 16t + 15] of slice sl of token row xr.
+__device__ __forceinline__ void load_x(const bf16* xr, int sl, int t, uint4 v[2]) {
+  const uint4* p = reinterpret_cast<const uint4*>(xr + sl * kSlice + 16 * t);
+  v[0] = __ldg(p);
+  v[1] = __ldg(p + 1);
+}
+
+// Warp w's slices w, w + 4, ... of the tile in shared memory, into acc.
+template <bool kTwoStep>
+__device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, const uint8_t* scales, int scale_bytes,
+                                            const bf16* xr, int n_slices, int warp, int gid, int t, float acc[4]) {
+  uint4 x_next[2];
+  if (warp < n_slices) load_x(xr, warp, t, x_next);
+  for (int sl = warp; sl < n_slices; sl += kWarps) {
+    const uint4 xc[2] = {x_next[0], x_next[1]};
+    if (sl + kWarps < n_slices) load_x(xr, sl + kWarps, t, x_next);
+    // Thread t's codes: bytes 8t .. 8t + 7 of the slice's 32 in rows gid and gid + 8.
+    const uint2 ca = *reinterpret_cast<const uint2*>(codes + gid * stride + sl * (kSlice / 2) + 8 * t);
+    const uint2 cb = *reinterpret_cast<const uint2*>(codes + (gid + 8) * stride + sl * (kSlice / 2) + 8 * t);
+    // k 16t .. 16t + 15 of the slice lie in scale group 2 sl + t / 2.
+    const uint32_t sa = scales[gid * scale_bytes + 2 * sl + t / 2];
+    const uint32_t sb = scales[(gid + 8) * scale_bytes + 2 * sl + t / 2];
+    const uint32_t xw[8] = {xc[0].x, xc[0].y, xc[0].z, xc[0].w, xc[1].x, xc[1].y, xc[1].z, xc[1].w};
+    mxfp4::mma_mxfp4_codes<kTwoStep>(ca, cb, sa, sb, xw, acc);
+  }
+}
+
+// Up to two matrices of one shape over the same x and groups (the gate and up projections):
+// grid y runs over the first's row tiles, then the second's.
+struct Jobs {
+  StackedExperts m[2];
+  float* y[2];
+};
+
+__global__ void __launch_bounds__(kThreads)
+    grouped_mxfp4_tile_kernel(const bf16* __restrict__ x, int x_row_div, Jobs jobs, ExpertGroups g) {
+  extern __shared__ uint4 smem[];
+  __shared__ const bf16* x_rows[kMaxTokens];
+  if (static_cast<int>(blockIdx.x) >= *g.num_active) return;  // uniform over the block
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, t = lane % 4;
+  const int tiles = jobs.m[0].out / kRows, job = static_cast<int>(blockIdx.y) / tiles;
+  // (Selected, not indexed: an indexed parameter array is copied to local memory.)
+  const StackedExperts m = job == 0 ? jobs.m[0] : jobs.m[1];
+  float* __restrict__ y = job == 0 ? jobs.y[0] : jobs.y[1];
+  const int e = g.active[blockIdx.x];
+  const int begin = g.offsets[e], n_slots = g.offsets[e + 1] - begin;  // <= kMaxTokens
+  const int in = m.in, out = m.out, code_bytes = in / 2, stride = code_bytes + kRowPad, scale_bytes = in / 32;
+  const int row0 = (static_cast<int>(blockIdx.y) - job * tiles) * kRows;
+  const int64_t row = static_cast<int64_t>(e) * out + row0;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
+  uint8_t* codes = reinterpret_cast<uint8_t*>(smem) + kBarrierBytes;
+  uint8_t* scales = codes + kRows * stride;
+  if (tid == 0) mbar_init(bar, 1);
+  if (tid < n_slots) x_rows[tid] = x + static_cast<int64_t>(g.perm[begin + tid] / x_row_div) * in;
+  __syncthreads();
+  if (warp == 0) {
+    if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(kRows * (code_bytes + scale_bytes)));
+    __syncwarp();
+    const uint8_t* w = static_cast<const uint8_t*>(m.w);
+    if (lane < kRows) bulk_copy(codes + lane * stride, w + (row + lane) * code_bytes, code_bytes, bar);
+    else if (lane == kRows) bulk_copy(scales, m.scales + row * scale_bytes, kRows * scale_bytes, bar);
+  }
+  // A lane without a token reads token 0's x: its MMA column is never stored.
+  const bf16* xr = x_rows[gid < n_slots ? gid : 0];
+  const int n_slices = in / kSlice;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mbar_wait(bar, 0);
+  // Scales past 128 (values beyond 12) take the two-multiply path, decided once for the tile.
+  int big_scale = 0;
+  for (int i = tid; i < kRows * scale_bytes; i += kThreads) big_scale |= scales[i] > 128;
+  if (__syncthreads_or(big_scale))
+    tile_slices<true>(codes, stride, scales, scale_bytes, xr, n_slices, warp, gid, t, acc);
+  else
+    tile_slices<false>(codes, stride, scales, scale_bytes, xr, n_slices, warp, gid, t, acc);
+  __syncthreads();  // the tile is read: its rows take the partial sums
+  float* partial = reinterpret_cast<float*>(codes);  // [kWarps - 1][4][32]
+  if (warp > 0)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[((warp - 1) * 4 + i) * 32 + lane] = acc[i];
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    for (int w = 0; w < kWarps - 1; ++w) acc[i] += partial[(w * 4 + i) * 32 + lane];
+  // C fragment: rows gid / gid + 8, tokens 2t / 2t + 1.
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int n = 2 * t + j;
+    if (n >= n_slots) continue;
+    const int64_t s = g.perm[begin + n];
+    y[s * out + row0 + gid] = acc[j];
+    y[s * out + row0 + gid + 8] = acc[2 + j];
+  }
+}
+
+}  // namespace
+
+bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x) {
+  // Alignment: bulk copies need 16-byte ends (rows of in / 2 bytes, tiles of 16 x in / 32
+  // scales), x rows 16-byte loads. The tile has to fit in shared memory (in <= ~12k).
+  return x_bf16 && m.kind == StackedExperts::Kind::mxfp4 && n_tokens >= 1 && n_tokens <= kMaxTokens &&
+         m.in % kSlice == 0 && m.out % kRows == 0 && tile_smem_bytes(m.in) <= 100 * 1024 &&
+         reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && reinterpret_cast<uintptr_t>(m.scales) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
+                          int max_active, int /*n_tokens*/, float* y, cudaStream_t stream) {
+  grouped_mxfp4_stream_pair(x, x_row_div, m, y, nullptr, nullptr, groups, max_active, stream);
+}
+
+void grouped_mxfp4_stream_pair(const bf16* x, int x_row_div, const StackedExperts& m0, float* y0,
+                               const StackedExperts* m1, float* y1, const ExpertGroups& groups, int max_active,
+                               cudaStream_t stream) {
+  if (m1 != nullptr && (m1->out != m0.out || m1->in != m0.in))
+    throw CudaError("grouped_mxfp4_stream_pair: two shapes, [" + std::to_string(m0.out) + ", " +
+                    std::to_string(m0.in) + "] and [" + std::to_string(m1->out) + ", " + std::to_string(m1->in) + "]");
+  Jobs jobs;
+  jobs.m[0] = m0;
+  jobs.y[0] = y0;
+  jobs.m[1] = m1 != nullptr ? *m1 : m0;
+  jobs.y[1] = y1;
+  const size_t smem = tile_smem_bytes(m0.in);
+  allow_dynamic_smem(grouped_mxfp4_tile_kernel, smem);
+  const dim3 grid(max_active, (m1 != nullptr ? 2 : 1) * (m0.out / kRows));
+  grouped_mxfp4_tile_kernel<<<grid, kThreads, smem, stream>>>(x, x_row_div, jobs, groups);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moonrun::cuda
