@@ -393,7 +393,7 @@ TEST_P(BackendOps, RouterAndExperts) {
     expect_close(std::string("router_weights_") + B.mode(), "21x16", err(B, w), 1e-6);
   }
   // experts: MXFP4 (the same codes on both) and dense. Which MXFP4 kernel: up to 8 tokens
-  // with in % 64 and out % 16, the whole-tile decode kernel (6x128x192, 5x1344x192 - 21
+  // with in % 64 and out % 32, the whole-tile decode kernel (6x128x192, 5x1344x192 - 21
   // slices of 64, not a multiple of the four warps - and the last three); more tokens, the
   // register-fed tensor-core kernel (21x64x96 for w1 / w3, 150x128x192 with more than one
   // 32-token tile per expert); what neither takes, the CUDA-core kernel (w2 of 21x64x96, in

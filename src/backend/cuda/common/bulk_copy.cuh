@@ -1,4 +1,9 @@
 #pragma once
+// Asynchronous copies from global to shared memory.
+//
+// cp.async (sm_80+): 16 bytes a thread, no registers on the way, so a loop of them puts every
+// copy in flight before the first lands (a loop of loads and stores waits for each load).
+//
 // Hopper bulk copies (the TMA engine's one-dimensional form, cp.async.bulk) from global to
 // shared memory, completing on an mbarrier that counts the bytes. One instruction moves a
 // whole contiguous run (a multiple of 16 bytes, both ends 16-byte aligned), so a few lanes
@@ -8,6 +13,16 @@
 #include <cstdint>
 
 namespace moonrun::cuda {
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+// Commits this thread's outstanding cp.async copies and waits for all of them (then a
+// __syncthreads makes everyone's visible).
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/bulk_copy.cuh"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/kda/kda_ops.h"
 
@@ -94,13 +95,6 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0
   mma_m16n8k16_bf16(c, a[0], a[1], a[2], a[3], b0, b1);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-}
 
 // One pass's temporaries (token rows [T, H, D] as the inputs; chunk rows [chunks, H, ...]).
 struct Workspace {

@@ -3,16 +3,19 @@
 // reference and expert_linear_mma.cu's register-fed kernel (which keeps larger batches).
 // Dequantisation and the MMA slice: moe/mxfp4_rows.cuh.
 //
-// One block per 16 rows of one active expert (grid: active experts bound x out / 16), and the
-// block's whole tile - 16 rows of in / 2 code bytes, contiguous in the stacked layout, and
-// their 16 x in / 32 scales - comes into shared memory by 17 bulk copies on one mbarrier.
+// One block per 32 rows (two m16 tiles) of one active expert (grid: active experts bound x
+// out / 32), and the block's whole tile - 32 rows of in / 2 code bytes, contiguous in the
+// stacked layout, and their 32 x in / 32 scales - comes into shared memory by 33 bulk copies
+// on one mbarrier.
 // Why whole tiles: a decode step streams each expert's codes once, and what limits that
 // stream is how many bytes are in flight (~48 KB per multiprocessor at 4.2 TB/s). Chunked
 // pipelines of per-row copies (128 to 256 bytes a row a stage) moved 1.9-2.1 TB/s even with
-// the MMAs taken out (docs/performance.md); a 28 KB tile a block, seven blocks a
-// multiprocessor, keeps ~200 KB in flight with a handful of copy instructions.
+// the MMAs taken out (docs/performance.md); a 57 KB tile a block, three blocks a
+// multiprocessor, keeps ~170 KB in flight with a handful of copy instructions. The dequant-
+// isation is integer work that, with the copies fixed, bounds the kernel (ncu: the ALU pipe
+// at ~70 %); two tiles a warp share each slice's x loads and pairing between them.
 //
-// The four warps split the reduction: warp w takes the 64-wide slices w, w + 4, ... and the
+// The eight warps split the reduction: warp w takes the 64-wide slices w, w + 8, ... and the
 // partial tiles are added in warp order, so the result is the same on every run. x stays in
 // global memory (the L1/L2-resident activation rows every block of the expert reads); each
 // thread's next slice of x is loaded while it works on the current one. Whether any scale of
@@ -33,17 +36,18 @@ namespace moonrun::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 16;        // per block: one m16 tile
+constexpr int kTiles = 2;               // m16 tiles per block, each warp works on both
+constexpr int kRows = 16 * kTiles;      // per block
 constexpr int kMaxTokens = 8;    // per expert: one n8 fragment
 constexpr int kSlice = 64;       // k per warp per round: four k16 MMA steps
 constexpr int kRowPad = 16;      // bytes after each row in shared memory: conflict-free reads
 constexpr int kBarrierBytes = 16;
 
-// Shared memory of one block: [mbarrier][16 code rows, each in / 2 + kRowPad][16 x in / 32 scales],
+// Shared memory of one block: [mbarrier][32 code rows, each in / 2 + kRowPad][32 x in / 32 scales],
 // and afterwards, over the rows, warps 1..3's partial tiles.
-constexpr size_t kPartialBytes = (kWarps - 1) * 4 * 32 * sizeof(float);
+constexpr size_t kPartialBytes = (kWarps - 1) * kTiles * 4 * 32 * sizeof(float);
 size_t tile_smem_bytes(int in) {
   const size_t tile = static_cast<size_t>(kRows) * (in / 2 + kRowPad) + static_cast<size_t>(kRows) * (in / 32);
   return kBarrierBytes + (tile > kPartialBytes ? tile : kPartialBytes);
@@ -56,23 +60,30 @@ __device__ __forceinline__ void load_x(const bf16* xr, int sl, int t, uint4 v[2]
   v[1] = __ldg(p + 1);
 }
 
-// Warp w's slices w, w + 4, ... of the tile in shared memory, into acc.
+// Warp w's slices w, w + kWarps, ... of the tile in shared memory, into acc[m16 tile].
 template <bool kTwoStep>
 __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, const uint8_t* scales, int scale_bytes,
-                                            const bf16* xr, int n_slices, int warp, int gid, int t, float acc[4]) {
+                                            const bf16* xr, int n_slices, int warp, int gid, int t,
+                                            float acc[kTiles][4]) {
   uint4 x_next[2];
   if (warp < n_slices) load_x(xr, warp, t, x_next);
   for (int sl = warp; sl < n_slices; sl += kWarps) {
-    const uint4 xc[2] = {x_next[0], x_next[1]};
+    const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
+                            x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
     if (sl + kWarps < n_slices) load_x(xr, sl + kWarps, t, x_next);
-    // Thread t's codes: bytes 8t .. 8t + 7 of the slice's 32 in rows gid and gid + 8.
-    const uint2 ca = *reinterpret_cast<const uint2*>(codes + gid * stride + sl * (kSlice / 2) + 8 * t);
-    const uint2 cb = *reinterpret_cast<const uint2*>(codes + (gid + 8) * stride + sl * (kSlice / 2) + 8 * t);
-    // k 16t .. 16t + 15 of the slice lie in scale group 2 sl + t / 2.
-    const uint32_t sa = scales[gid * scale_bytes + 2 * sl + t / 2];
-    const uint32_t sb = scales[(gid + 8) * scale_bytes + 2 * sl + t / 2];
-    const uint32_t xw[8] = {xc[0].x, xc[0].y, xc[0].z, xc[0].w, xc[1].x, xc[1].y, xc[1].z, xc[1].w};
-    mxfp4::mma_mxfp4_codes<kTwoStep>(ca, cb, sa, sb, xw, acc);
+    uint32_t xp[8];
+    mxfp4::x_pairs(xw, xp);  // once for both tiles
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt) {
+      const int ra = 16 * tt + gid, rb = ra + 8;
+      // Thread t's codes: bytes 8t .. 8t + 7 of the slice's 32 in rows ra and rb.
+      const uint2 ca = *reinterpret_cast<const uint2*>(codes + ra * stride + sl * (kSlice / 2) + 8 * t);
+      const uint2 cb = *reinterpret_cast<const uint2*>(codes + rb * stride + sl * (kSlice / 2) + 8 * t);
+      // k 16t .. 16t + 15 of the slice lie in scale group 2 sl + t / 2.
+      const uint32_t sa = scales[ra * scale_bytes + 2 * sl + t / 2];
+      const uint32_t sb = scales[rb * scale_bytes + 2 * sl + t / 2];
+      mxfp4::mma_mxfp4_codes<kTwoStep>(ca, cb, sa, sb, xp, acc[tt]);
+    }
   }
 }
 
@@ -108,13 +119,14 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(kRows * (code_bytes + scale_bytes)));
     __syncwarp();
     const uint8_t* w = static_cast<const uint8_t*>(m.w);
-    if (lane < kRows) bulk_copy(codes + lane * stride, w + (row + lane) * code_bytes, code_bytes, bar);
-    else if (lane == kRows) bulk_copy(scales, m.scales + row * scale_bytes, kRows * scale_bytes, bar);
+    static_assert(kRows == 32, "a lane a row");
+    bulk_copy(codes + lane * stride, w + (row + lane) * code_bytes, code_bytes, bar);
+    if (lane == 0) bulk_copy(scales, m.scales + row * scale_bytes, kRows * scale_bytes, bar);
   }
   // A lane without a token reads token 0's x: its MMA column is never stored.
   const bf16* xr = x_rows[gid < n_slots ? gid : 0];
   const int n_slices = in / kSlice;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[kTiles][4] = {};
   mbar_wait(bar, 0);
   // Scales past 128 (values beyond 12) take the two-multiply path, decided once for the tile.
   int big_scale = 0;
@@ -124,23 +136,29 @@ __global__ void __launch_bounds__(kThreads)
   else
     tile_slices<false>(codes, stride, scales, scale_bytes, xr, n_slices, warp, gid, t, acc);
   __syncthreads();  // the tile is read: its rows take the partial sums
-  float* partial = reinterpret_cast<float*>(codes);  // [kWarps - 1][4][32]
+  float* partial = reinterpret_cast<float*>(codes);  // [kWarps - 1][kTiles][4][32]
   if (warp > 0)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) partial[((warp - 1) * 4 + i) * 32 + lane] = acc[i];
+    for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[(((warp - 1) * kTiles + tt) * 4 + i) * 32 + lane] = acc[tt][i];
   __syncthreads();
   if (warp > 0) return;
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    for (int w = 0; w < kWarps - 1; ++w) acc[i] += partial[(w * 4 + i) * 32 + lane];
-  // C fragment: rows gid / gid + 8, tokens 2t / 2t + 1.
+  for (int tt = 0; tt < kTiles; ++tt) {
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int n = 2 * t + j;
-    if (n >= n_slots) continue;
-    const int64_t s = g.perm[begin + n];
-    y[s * out + row0 + gid] = acc[j];
-    y[s * out + row0 + gid + 8] = acc[2 + j];
+    for (int i = 0; i < 4; ++i)
+      for (int w = 0; w < kWarps - 1; ++w) acc[tt][i] += partial[((w * kTiles + tt) * 4 + i) * 32 + lane];
+    // C fragment: rows gid / gid + 8 of the tile, tokens 2t / 2t + 1.
+    const int r = row0 + 16 * tt + gid;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = 2 * t + j;
+      if (n >= n_slots) continue;
+      const int64_t s = g.perm[begin + n];
+      y[s * out + r] = acc[tt][j];
+      y[s * out + r + 8] = acc[tt][2 + j];
+    }
   }
 }
 

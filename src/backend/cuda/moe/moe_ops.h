@@ -52,7 +52,7 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
 
 // The tensor-core paths of grouped_expert_linear, which takes the first that applies.
 // Decode batches (expert_linear_stream.cu): bf16 x, MXFP4 weights, at most 8 tokens, in % 64
-// == 0, out % 16 == 0, each block's 16-row tile bulk-copied into shared memory. Otherwise
+// == 0, out % 32 == 0, each block's 32-row tile bulk-copied into shared memory. Otherwise
 // (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Exposed so the
 // op tests can hold the kernels against each other.
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x);

@@ -57,12 +57,21 @@ __device__ __forceinline__ uint32_t x_pair(const uint32_t xw[8], int c, int j) {
   return __byte_perm(xw[4 * c + k1 / 2], xw[4 * c + 2 + k1 / 2], (k1 & 1) ? 0x7632 : 0x5410);
 }
 
-// One 64-wide k-slice of the m16n8k16 MMA for thread (g, t): its 16 codes of rows g and g + 8
-// (8 bytes each, k 16t .. 16t + 15 of the slice), their E8M0 scales, and x[16t .. 16t + 15]
-// of token g as eight bf16 pairs. kTwoStep: the scale multiply in two steps, needed when a
-// scale is > 128 (correct for every scale, one multiply a pair slower).
+// The x side of a slice for thread (g, t): x[16t .. 16t + 15] of token g (eight bf16 pairs,
+// word i: k 2i, 2i + 1) regrouped as the code pairs run: xp[4c + j] = pair j of code word c.
+__device__ __forceinline__ void x_pairs(const uint32_t xw[8], uint32_t xp[8]) {
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xp[4 * c + j] = x_pair(xw, c, j);
+}
+
+// One 64-wide k-slice of the m16n8k16 MMA for thread (g, t) of an m16 tile: its 16 codes of
+// rows g and g + 8 (8 bytes each, k 16t .. 16t + 15 of the slice), their E8M0 scales, and the
+// slice's x pairs (x_pairs). kTwoStep: the scale multiply in two steps, needed when a scale
+// is > 128 (correct for every scale, one multiply a pair slower).
 template <bool kTwoStep>
-__device__ __forceinline__ void mma_mxfp4_codes(uint2 ca, uint2 cb, uint32_t sa, uint32_t sb, const uint32_t xw[8],
+__device__ __forceinline__ void mma_mxfp4_codes(uint2 ca, uint2 cb, uint32_t sa, uint32_t sb, const uint32_t xp[8],
                                                 float acc[4]) {
   const uint32_t fa = kTwoStep ? scale_e8m0(sa) : scale_one_step(sa);
   const uint32_t fb = kTwoStep ? scale_e8m0(sb) : scale_one_step(sb);
@@ -73,11 +82,11 @@ __device__ __forceinline__ void mma_mxfp4_codes(uint2 ca, uint2 cb, uint32_t sa,
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     mma_m16n8k16_bf16(acc, scaled(e2m1_pair<0>(qa[c]), fa), scaled(e2m1_pair<0>(qb[c]), fb),
-                      scaled(e2m1_pair<1>(qa[c]), fa), scaled(e2m1_pair<1>(qb[c]), fb), x_pair(xw, c, 0),
-                      x_pair(xw, c, 1));
+                      scaled(e2m1_pair<1>(qa[c]), fa), scaled(e2m1_pair<1>(qb[c]), fb), xp[4 * c], xp[4 * c + 1]);
     mma_m16n8k16_bf16(acc, scaled(e2m1_pair<2>(qa[c]), fa), scaled(e2m1_pair<2>(qb[c]), fb),
-                      scaled(e2m1_pair<3>(qa[c]), fa), scaled(e2m1_pair<3>(qb[c]), fb), x_pair(xw, c, 2),
-                      x_pair(xw, c, 3));
+                      scaled(e2m1_pair<3>(qa[c]), fa), scaled(e2m1_pair<3>(qb[c]), fb), xp[4 * c + 2],
+                      xp[4 * c + 3]);
   }
 }
+
 }  // namespace moonrun::cuda::mxfp4
