@@ -579,14 +579,21 @@ int run_follower_node(const std::string& model_dir, const RuntimeOptions& o, con
     f.report_failure("node " + std::to_string(cluster.node_rank) + " could not load: " + loaded.status().message());
     return 1;
   }
-  f.send_budget(loaded->budget_bytes);
+  // A send fails when the leader has gone: say so and stop, rather than wait on a reply.
+  if (Status sent = f.send_budget(loaded->budget_bytes); !sent.is_ok()) {
+    MR_LOG(ERROR) << "Node " << cluster.node_rank << " could not report its memory budget: " << sent.message();
+    return 1;
+  }
   auto cache = f.receive_cache_config();
   if (!cache.is_ok()) {
     MR_LOG(ERROR) << "Node " << cluster.node_rank << ": " << cache.status().message();
     return 1;
   }
   auto runner = make_runner(*loaded, *cache, mine);
-  f.send_ready(runner.is_ok() ? Status::ok() : runner.status());
+  if (Status sent = f.send_ready(runner.is_ok() ? Status::ok() : runner.status()); !sent.is_ok()) {
+    MR_LOG(ERROR) << "Node " << cluster.node_rank << " could not report ready: " << sent.message();
+    return 1;
+  }
   if (!runner.is_ok()) {
     MR_LOG(ERROR) << "Node " << cluster.node_rank << ": " << runner.status().message();
     return 1;
