@@ -8,6 +8,9 @@
 
 #include "common/status.h"
 
+#if __has_include("moonrun_commit.h")
+#include "moonrun_commit.h"  // generated at build time (cmake/commit_header.cmake)
+#endif
 #ifndef MOONRUN_GIT_COMMIT
 #define MOONRUN_GIT_COMMIT "unknown"
 #endif
@@ -27,6 +30,6 @@ void add_make_slice_command(CLI::App& app);
 void add_make_train_data_command(CLI::App& app);  // and train-tokenizer
 
 inline constexpr const char* kMoonrunVersion = "0.1.0";
-inline constexpr const char* kMoonrunCommit = MOONRUN_GIT_COMMIT;  // at configure time
+inline constexpr const char* kMoonrunCommit = MOONRUN_GIT_COMMIT;  // at build time, "+dirty" if changed
 
 }  // namespace moonrun::cli
