@@ -29,6 +29,7 @@
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/moe/moe_ops.h"
+#include "backend/cuda/moe/mxfp4_rows.cuh"
 
 namespace moonrun::cuda {
 
@@ -42,18 +43,8 @@ constexpr int kSlice = 64;  // k per warp iteration: two MXFP4 scale groups
 __constant__ uint16_t kE2m1Bf16[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
                                        0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
 
-// E8M0 scale 2^(s - 127) as a bf16 pair: the exponent field itself; s = 0 is the bf16
-// subnormal 2^-127, s = 255 is NaN (as cpu::e8m0_scale).
-__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t s) {
-  const uint32_t b = s == 0 ? 0x0040u : (s == 255 ? 0x7FC0u : (s << 7));
-  return b | (b << 16);
-}
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  __nv_bfloat162 r =
-      __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
+using mxfp4::bf16x2_mul;
+using mxfp4::scale_e8m0;  // 2^(s - 127) as a bf16 pair
 
 // One code byte (k in the low nibble, k + 1 in the high) times its scale, as a bf16 pair.
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t byte, uint32_t scale2, const uint16_t* lut) {
@@ -143,7 +134,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const SliceLoads<kFrags> cur = next;
       if (sl + kWarps < n_slices)
         load_slice(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, (sl + kWarps) * kSlice, t);
-      const uint32_t sa = e8m0_bf16x2(cur.scale_a), sb = e8m0_bf16x2(cur.scale_b);
+      const uint32_t sa = scale_e8m0(cur.scale_a), sb = scale_e8m0(cur.scale_b);
       const uint32_t wa[2] = {cur.code_a.x, cur.code_a.y}, wb[2] = {cur.code_b.x, cur.code_b.y};
 #pragma unroll
       for (int s = 0; s < 4; ++s) {

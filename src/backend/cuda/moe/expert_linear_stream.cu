@@ -46,7 +46,7 @@ constexpr int kRowPad = 16;      // bytes after each row in shared memory: confl
 constexpr int kBarrierBytes = 16;
 
 // Shared memory of one block: [mbarrier][32 code rows, each in / 2 + kRowPad][32 x in / 32 scales],
-// and afterwards, over the rows, warps 1..3's partial tiles.
+// and afterwards, over the rows, warps 1..7's partial tiles.
 constexpr size_t kPartialBytes = (kWarps - 1) * kTiles * 4 * 32 * sizeof(float);
 size_t tile_smem_bytes(int in) {
   const size_t tile = static_cast<size_t>(kRows) * (in / 2 + kRowPad) + static_cast<size_t>(kRows) * (in / 32);
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x) {
-  // Alignment: bulk copies need 16-byte ends (rows of in / 2 bytes, tiles of 16 x in / 32
+  // Alignment: bulk copies need 16-byte ends (rows of in / 2 bytes, tiles of 32 x in / 32
   // scales), x rows 16-byte loads. The tile has to fit in shared memory (in <= ~12k).
   return x_bf16 && m.kind == StackedExperts::Kind::mxfp4 && n_tokens >= 1 && n_tokens <= kMaxTokens &&
          m.in % kSlice == 0 && m.out % kRows == 0 && tile_smem_bytes(m.in) <= 100 * 1024 &&

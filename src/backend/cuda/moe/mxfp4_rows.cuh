@@ -1,6 +1,7 @@
 #pragma once
 // MXFP4 codes onto the bf16 tensor cores (Hopper has no FP4 MMA): the dequantisation in
-// registers and one k-slice of mma.m16n8k16, for moe/expert_linear_stream.cu.
+// registers and one k-slice of mma.m16n8k16, for moe/expert_linear_stream.cu (the scale and
+// multiply helpers serve expert_linear_mma.cu too).
 //
 // Dequantisation without a table. An E2M1 code s|e1 e0|m read as the top nibble of a bf16
 // half (sign at bit 15) and moved down 6 bits puts e1 e0 in the two lowest exponent bits and
@@ -8,7 +9,7 @@
 // and 0.5) included. So one shift and two masks turn a 32-bit word of 8 codes into a bf16
 // pair per shift of 4, and one multiply by 2^(s - 1) = 2^126 * 2^(s - 127) applies the
 // E8M0 scale: exact, since code * 2^(s - 127) has two significant bits and lies in bf16's
-// range. 2^(s - 1) is a bf16 for s <= 128; a warp that meets a larger scale (values beyond
+// range. 2^(s - 1) is a bf16 for s <= 128; a tile that holds a larger scale (values beyond
 // 12, not seen in real checkpoints) multiplies twice, by 2^126 and by 2^(s - 127), still
 // exact (s = 255 is NaN, as cpu::e8m0_scale). The table lookups this replaces cost one
 // shared-memory access per code, as much as the whole stream at the copy rate.
@@ -43,8 +44,9 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t q) {
   return ((q << (4 * j)) & 0x80008000u) | (mags & 0x01C001C0u);
 }
 
-// bf16 pairs of the scale factors: 2^(s - 1) (one multiply, s <= 128), and 2^(s - 127) for
-// the second multiply of the two-step path (as cpu::e8m0_scale: s = 0 is 2^-127, 255 NaN).
+// bf16 pairs of the scale factors: 2^(s - 1) (one multiply, s <= 128), and 2^(s - 127), the
+// E8M0 scale itself - its exponent field; s = 0 is the bf16 subnormal 2^-127, 255 NaN, as
+// cpu::e8m0_scale - for the second multiply of the two-step path (and expert_linear_mma.cu).
 __device__ __forceinline__ uint32_t splat(uint32_t b) { return b | (b << 16); }
 __device__ __forceinline__ uint32_t scale_one_step(uint32_t s) { return splat((s + 126u) << 7); }
 __device__ __forceinline__ uint32_t scale_e8m0(uint32_t s) { return splat(s == 0 ? 0x0040u : (s == 255 ? 0x7FC0u : (s << 7))); }
