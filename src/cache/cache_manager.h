@@ -20,11 +20,13 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "cache/page_allocator.h"
+#include "common/dtype.h"
 #include "common/status.h"
 
 namespace moonrun {
@@ -33,6 +35,8 @@ namespace moonrun {
 struct CacheLayout {
   int64_t kv_bytes_per_token = 0;    // over all KV layers
   int64_t state_bytes_per_slot = 0;  // one sequence's recurrent state
+  // The KV pool's element type (--kv-cache-dtype); unset: the backend's activation dtype.
+  std::optional<DType> kv_dtype;
 };
 
 struct CacheConfig {

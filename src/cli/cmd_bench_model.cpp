@@ -30,6 +30,9 @@ void add_bench_model_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--dtype", c->runtime.dtype, "auto | bfloat16 | float32")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", c->runtime.kv_cache_dtype, "auto (the compute dtype) | fp8 | fp8_e4m3")
+      ->check(CLI::IsMember({"auto", "bf16", "bfloat16", "float32", "fp8", "fp8_e4m3"}))
+      ->capture_default_str();
   cmd->add_option("--mem-fraction-static", c->runtime.mem_fraction_static, "GPU memory fraction (0: default)");
   cmd->add_flag("--disable-cuda-graph", *no_graphs, "decode steps eagerly");
   auto no_profile = std::make_shared<bool>(false);

@@ -194,9 +194,9 @@ int print_dry_run(const server::ServeOptions& opt, const std::string& dir, const
                     std::to_string(opt.nnodes) + ": every node runs the same number of ranks");
   if (device.rfind("error: ", 0) == 0) notes.push_back(device.substr(7));
   // What the runtime will refuse at a real start (never accepted and silently ignored).
-  if (opt.kv_cache_dtype.rfind("fp8", 0) == 0)
-    notes.push_back("--kv-cache-dtype " + opt.kv_cache_dtype + ": there is no fp8 KV cache yet, so `serve` without "
-                    "--dry-run refuses this (drop the flag: the cache is kept in the compute dtype, bf16 on a GPU)");
+  if (opt.kv_cache_dtype == "fp8_e5m2")
+    notes.push_back("--kv-cache-dtype fp8_e5m2: moonrun's fp8 MLA cache is e4m3, so `serve` without --dry-run "
+                    "refuses this (use --kv-cache-dtype fp8)");
   if (opt.dtype == "half" || opt.dtype == "float16")
     notes.push_back("--dtype " + opt.dtype + ": moonrun computes in bf16 (GPU) or fp32 (CPU), so `serve` without "
                     "--dry-run refuses this (use --dtype auto)");

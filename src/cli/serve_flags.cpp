@@ -154,7 +154,7 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
       ->check(CLI::Range(0.0, 86400.0));
   cmd->add_option("--page-size,--block-size", o.page_size_tokens, "Tokens per KV-cache page")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
-                  "auto (the compute dtype) | bf16 | float32; fp8 is refused until an fp8 MLA cache lands")
+                  "auto (the compute dtype) | bf16 | float32 | fp8 (= fp8_e4m3: half the cache bytes of bf16)")
       ->check(CLI::IsMember({"auto", "bf16", "bfloat16", "float32", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2"}));
   cmd->add_flag("--disable-radix-cache,--no-enable-prefix-caching", o.disable_radix_cache,
                 "Turn the prefix cache off (prompts sharing a prefix are then prefilled in full)");

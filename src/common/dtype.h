@@ -107,4 +107,33 @@ inline float f8e4m3_to_f32(uint8_t v) {
   return sign ? -r : r;
 }
 
+// float32 -> float8 e4m3fn, round to nearest even, saturating to +-448 (what CUDA's
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) and torch's saturated cast give; the
+// fp8 KV cache stores this). NaN -> 0x7f (with the sign).
+inline uint8_t f32_to_f8e4m3(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7f);
+  if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7e);  // >= 448 (and inf): the largest finite
+  if (a < 0x3c800000u) {
+    // Below 2^-6, the subnormal step 2^-9: round |f| * 2^9 to an integer, ties to even (an
+    // exact scaling; 8 is the smallest normal, whose code is 8 as well).
+    float m;
+    std::memcpy(&m, &a, 4);
+    m *= 512.0f;
+    const float fl = static_cast<float>(static_cast<int>(m));
+    const float frac = m - fl;
+    int q = static_cast<int>(fl);
+    if (frac > 0.5f || (frac == 0.5f && (q & 1))) ++q;
+    return static_cast<uint8_t>(sign | q);
+  }
+  // Normal: keep 3 of the 23 mantissa bits, ties to even (a carry moves the exponent up).
+  const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+  const uint32_t exp = (r >> 23) - 127 + 7, mant = (r >> 20) & 7u;
+  if (exp > 15 || (exp == 15 && mant == 7)) return static_cast<uint8_t>(sign | 0x7e);
+  return static_cast<uint8_t>(sign | (exp << 3) | mant);
+}
+
 }  // namespace moonrun

@@ -32,7 +32,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::unique_ptr<Ops> op
       r->pools_.state = ops->alloc(slots, spec.state_floats_per_slot, DType::F32, "state slots");
     if (spec.kv_layers > 0)
       r->pools_.kv = ops->alloc(static_cast<int64_t>(spec.kv_layers) * pages * cache.page_size_tokens,
-                                spec.kv_row_width, ops->act_dtype(), "KV pages");
+                                spec.kv_row_width, cache.layout.kv_dtype.value_or(ops->act_dtype()), "KV pages");
     ops->synchronize();
   } catch (const BackendError& e) {
     return resource_exhausted(std::string("allocating the cache pools failed: ") + e.what());

@@ -45,11 +45,18 @@ Result<DType> kv_dtype_for(const std::string& asked, DType act) {
     if (act == DType::F32) return DType::F32;
     return invalid_argument("--kv-cache-dtype " + asked + " needs --dtype float32");
   }
-  if (asked.rfind("fp8", 0) == 0)
-    return invalid_argument("--kv-cache-dtype " + asked +
-                            " is not implemented yet: moonrun has no fp8 MLA cache; drop the flag (the cache is "
-                            "kept in the compute dtype, bf16 on a GPU)");
+  // fp8 is e4m3 (vLLM's and SGLang's meaning of "fp8"): half the bytes of bf16 per cached
+  // token, each value rounded to nearest and saturated at +-448 with scale 1.
+  if (asked == "fp8" || asked == "fp8_e4m3") return DType::F8_E4M3;
+  if (asked == "fp8_e5m2")
+    return invalid_argument("--kv-cache-dtype fp8_e5m2 is not supported: moonrun's fp8 MLA cache is e4m3 "
+                            "(use --kv-cache-dtype fp8_e4m3 or fp8)");
   return invalid_argument("--kv-cache-dtype must be auto, bfloat16, float32 or fp8_e4m3, got \"" + asked + "\"");
+}
+
+// The KV cache dtype as SGLang's log line spells it.
+const char* kv_dtype_name(DType d) {
+  return d == DType::BF16 ? "bfloat16" : d == DType::F8_E4M3 ? "float8_e4m3fn" : "float32";
 }
 
 // Local rank `local_index`'s backend (its GPU is cuda_device + local_index).
@@ -234,6 +241,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   // What the cache pools may use on this process's ranks.
   const CacheSpec spec = model.cache_spec();
   lr.layout.kv_bytes_per_token = spec.kv_bytes_per_token(lr.kv_dtype);
+  lr.layout.kv_dtype = lr.kv_dtype;
   lr.layout.state_bytes_per_slot = spec.state_bytes_per_slot();
   const int running = o.max_running_requests;
   const int snapshots = o.prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
@@ -293,7 +301,7 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   lr.models.clear();
   if (o.log) {
     // SGLang's line, which the seed's users read: dtype, #tokens, KV size; then our detail.
-    MR_LOG(INFO) << "KV Cache is allocated. dtype: " << (lr.kv_dtype == DType::BF16 ? "bfloat16" : "float32")
+    MR_LOG(INFO) << "KV Cache is allocated. dtype: " << kv_dtype_name(lr.kv_dtype)
                  << ", #tokens: " << cache.total_tokens() << ", KV size: " << fmt2(cache.kv_bytes() / 1e9)
                  << " GB (" << cache.num_pages << " pages x " << cache.page_size_tokens << " tokens, "
                  << lr.layout.kv_bytes_per_token << " bytes/token); state: " << cache.num_state_slots << " + "
@@ -312,6 +320,7 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
   Runtime rt;
   rt.device = lr.device;
   rt.dtype_name = lr.dtype_name;
+  rt.kv_dtype_name = kv_dtype_name(lr.kv_dtype);
   rt.config = lr.config;
   rt.weight_bytes = static_cast<int64_t>(lr.models[0]->weight_bytes());
   rt.cache = MR_TRY(size_cache(lr, lr.budget_bytes, o));

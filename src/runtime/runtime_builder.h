@@ -21,7 +21,7 @@ namespace moonrun {
 struct RuntimeOptions {
   std::string device = "auto";          // cpu | cuda | auto (cuda when a GPU is visible)
   std::string dtype = "auto";           // auto | bfloat16 | float32 (CUDA: every op in fp32, to check kernels)
-  std::string kv_cache_dtype = "auto";  // auto (the compute dtype) | bf16 | bfloat16 | float32; fp8 refused
+  std::string kv_cache_dtype = "auto";  // auto (the compute dtype) | bf16 | bfloat16 | float32 | fp8 | fp8_e4m3
   int cuda_device = 0;
   // Tensor / expert parallelism (SGLang's --tp-size, --ep-size): tp_size ranks, each with
   // its shard of the weights; on the CPU backend the ranks are threads of this process.
@@ -57,6 +57,7 @@ struct Runtime {
   ModelConfig config;
   std::string device;      // "cpu" or "cuda"
   std::string dtype_name;  // "float32", "bfloat16"
+  std::string kv_dtype_name;  // the MLA cache's: "float32", "bfloat16", "float8_e4m3fn"
   int64_t weight_bytes = 0;  // one rank's weights as loaded on the device
 };
 

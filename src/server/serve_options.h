@@ -48,7 +48,7 @@ struct ServeOptions {
   int max_queued_requests = defaults::kMaxQueuedRequests;  // --max-queued-requests: 503 beyond this many waiting
   double shutdown_timeout_s = 30;   // --shutdown-timeout: SIGTERM lets requests run this long, then cuts
   int page_size_tokens = defaults::kPageSizeTokens;  // --page-size: tokens per MLA KV page
-  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bf16|bfloat16|float32 (fp8 is refused: no fp8 cache yet)
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bf16|bfloat16|float32|fp8|fp8_e4m3
   bool disable_radix_cache = false;     // --disable-radix-cache / --no-enable-prefix-caching
   bool disable_cuda_graph = false;      // --disable-cuda-graph / --enforce-eager: eager decode steps
   // Images (image_url content parts; docs/api.md "Images").

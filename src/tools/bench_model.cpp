@@ -145,6 +145,7 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   report.model = c.model;
   report.device = rt.device;
   report.dtype = rt.dtype_name;
+  report.kv_dtype = rt.kv_dtype_name;
   report.date = utc_now();
   report.commit = c.commit;
   report.weight_bytes = static_cast<double>(rt.weight_bytes);
@@ -306,8 +307,9 @@ std::string ops_table(const std::vector<OpFigure>& ops, double step_ms, double c
 std::string format_model_bench(const ModelBenchReport& r) {
   std::string s;
   char line[512];
-  std::snprintf(line, sizeof line, "moonrun bench-model: %s on %s%s%s (%s, CUDA graphs %s), %d tokens of context%s\n",
+  std::snprintf(line, sizeof line, "moonrun bench-model: %s on %s%s%s (%s, KV cache %s, CUDA graphs %s), %d tokens of context%s\n",
                 r.model.c_str(), r.device.c_str(), r.gpu.empty() ? "" : " ", r.gpu.c_str(), r.dtype.c_str(),
+                r.kv_dtype.c_str(),
                 r.cuda_graphs ? "on" : "off", r.context_tokens,
                 r.caches_prefilled ? " (prefilled)" : " (positions only: cached rows are zeros)");
   s += line;
@@ -401,6 +403,7 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
                       {"date", r.date},
                       {"commit", r.commit},
                       {"dtype", r.dtype},
+                      {"kv_cache_dtype", r.kv_dtype},
                       {"cuda_graphs", r.cuda_graphs},
                       {"context_tokens", r.context_tokens},
                       {"caches_prefilled", r.caches_prefilled},

@@ -72,7 +72,7 @@ struct PeerFigures {
 };
 
 struct ModelBenchReport {
-  std::string model, device, dtype, gpu, date, commit;
+  std::string model, device, dtype, kv_dtype, gpu, date, commit;
   bool cuda_graphs = false;
   int context_tokens = 0;
   bool caches_prefilled = true;  // false: positions only (the cached values are zeros)

@@ -347,12 +347,14 @@ TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
   const int T = mb.n_tokens();
   // The first shape takes the CUDA-core kernels; the second (16 heads, nope + rope and v
   // multiples of 16) the grouped CUDA-core decode kernel and, in bf16, the tensor-core
-  // prefill; the third (kv_lora 128) the tensor-core grouped decode in bf16.
+  // prefill; the third (kv_lora 128) the tensor-core grouped decode in bf16 and with an fp8
+  // cache. Each runs over a cache of the compute dtype and over an fp8 (e4m3) one, which
+  // both backends hold as the same codes (the GPU's hardware conversion against the CPU's
+  // f32_to_f8e4m3 in mla_store).
   // MlaShape: heads, kv_lora, nope, rope, v.
   for (const MlaShape shp : {MlaShape{4, 32, 16, 8, 24}, MlaShape{16, 32, 24, 8, 32}, MlaShape{16, 128, 24, 16, 32}}) {
     const int row = shp.row_width(), P = MixedBatch::kPages * MixedBatch::kPageSize;
     const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
-    const DType kv_dtype = act();
     // A pool already holding rows of the past positions.
     const std::vector<float> pool = normal(static_cast<size_t>(P) * row, 50);
     Pair ckv = put(B, normal(T * row, 51, 2.0f), T, row);
@@ -360,19 +362,27 @@ TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
     Pair q = put(B, normal(T * shp.num_heads * (shp.nope + shp.rope), 53), T, shp.num_heads * (shp.nope + shp.rope));
     MatrixPair kv_b = put_matrix(B, normal(shp.num_heads * (shp.nope + shp.v_dim) * shp.kv_lora, 54, 0.2f),
                                  shp.num_heads * (shp.nope + shp.v_dim), shp.kv_lora);
-    for (MlaMode mode : {MlaMode::kAuto, MlaMode::kPlain, MlaMode::kAbsorbed}) {
-      const char* name = mode == MlaMode::kAuto ? "auto" : mode == MlaMode::kPlain ? "plain" : "absorbed";
-      Pair cache = put(B, pool, P, row, kv_dtype);
-      const KvLayer kc{cache.c.data, DType::F32, MixedBatch::kPageSize, row};
-      const KvLayer kg{cache.g.data, kv_dtype, MixedBatch::kPageSize, row};
-      B.cpu.mla_store(ckv.c, nw.c, 1e-6f, vc, kc);
-      B.gpu->mla_store(ckv.g, nw.g, 1e-6f, vg, kg);
-      expect_close(std::string("mla_store_") + name + "_" + B.mode(), "76rows", err(B, cache), B.tol(4e-3));
-      Pair o = out(B, T, shp.num_heads * shp.v_dim);
-      B.cpu.mla_attention(q.c, kv_b.c, vc, kc, shp, mode, o.c);
-      B.gpu->mla_attention(q.g, kv_b.g, vg, kg, shp, mode, o.g);
-      expect_close(std::string("mla_attention_") + name + "_" + B.mode(),
-                   "3seqs_" + std::to_string(shp.num_heads) + "heads", err(B, o), B.tol(2e-2));
+    for (const DType kv_dtype : {act(), DType::F8_E4M3}) {
+      const bool fp8 = kv_dtype == DType::F8_E4M3;
+      const std::string cache_name = fp8 ? "_fp8kv" : "";
+      for (MlaMode mode : {MlaMode::kAuto, MlaMode::kPlain, MlaMode::kAbsorbed}) {
+        const char* name = mode == MlaMode::kAuto ? "auto" : mode == MlaMode::kPlain ? "plain" : "absorbed";
+        Pair cache = put(B, pool, P, row, kv_dtype);
+        if (fp8) cache.c = testing::upload(B.cpu, pool, P, row, DType::F8_E4M3);
+        const KvLayer kc{cache.c.data, fp8 ? DType::F8_E4M3 : DType::F32, MixedBatch::kPageSize, row};
+        const KvLayer kg{cache.g.data, kv_dtype, MixedBatch::kPageSize, row};
+        B.cpu.mla_store(ckv.c, nw.c, 1e-6f, vc, kc);
+        B.gpu->mla_store(ckv.g, nw.g, 1e-6f, vg, kg);
+        // fp8: the same norm in fp32 on both sides, so the codes agree but for a value that
+        // lands within fp32 rounding of a tie between two codes.
+        expect_close(std::string("mla_store_") + name + cache_name + "_" + B.mode(), "76rows", err(B, cache),
+                     fp8 ? 2e-3 : B.tol(4e-3));
+        Pair o = out(B, T, shp.num_heads * shp.v_dim);
+        B.cpu.mla_attention(q.c, kv_b.c, vc, kc, shp, mode, o.c);
+        B.gpu->mla_attention(q.g, kv_b.g, vg, kg, shp, mode, o.g);
+        expect_close(std::string("mla_attention_") + name + cache_name + "_" + B.mode(),
+                     "3seqs_" + std::to_string(shp.num_heads) + "heads", err(B, o), B.tol(2e-2));
+      }
     }
   }
 }

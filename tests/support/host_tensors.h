@@ -82,11 +82,16 @@ inline void rmsnorm_f64(double* x, int n, const std::vector<float>& w, double ep
 
 // ---- host <-> backend -------------------------------------------------------------------
 
-// Host floats into a new backend tensor of `dtype` [rows, cols] (BF16 rounds to nearest even).
+// Host floats into a new backend tensor of `dtype` [rows, cols] (BF16 and F8_E4M3 round to
+// nearest even).
 inline Tensor upload(Ops& ops, const std::vector<float>& v, int64_t rows, int64_t cols, DType dtype = DType::F32) {
   Tensor t = ops.alloc(rows, cols, dtype, "test");
   if (dtype == DType::F32) {
     ops.upload(t, 0, v.data(), v.size() * sizeof(float));
+  } else if (dtype == DType::F8_E4M3) {
+    std::vector<uint8_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_f8e4m3(v[i]);
+    ops.upload(t, 0, h.data(), h.size());
   } else {
     std::vector<uint16_t> h(v.size());
     for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
@@ -102,11 +107,15 @@ inline Matrix upload_matrix(Ops& ops, const HostMatrix& m) {
   out.in = m.in;
   return out;
 }
-// A backend tensor (F32, BF16 or I32) back to host floats.
+// A backend tensor (F32, BF16, F8_E4M3 or I32) back to host floats.
 inline std::vector<float> download(Ops& ops, const Tensor& t) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   if (t.dtype == DType::F32) {
     ops.download(t, out.data());
+  } else if (t.dtype == DType::F8_E4M3) {
+    std::vector<uint8_t> h(out.size());
+    ops.download(t, h.data());
+    for (size_t i = 0; i < h.size(); ++i) out[i] = f8e4m3_to_f32(h[i]);
   } else if (t.dtype == DType::BF16) {
     std::vector<uint16_t> h(out.size());
     ops.download(t, h.data());

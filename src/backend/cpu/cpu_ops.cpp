@@ -262,11 +262,17 @@ void CpuOps::gated_rmsnorm(const Tensor& o, const Tensor& gate, const Tensor& w,
 
 namespace {
 
-float* cache_row(const KvLayer& cache, const BatchView& batch, const BatchSeq& seq, int pos) {
-  MR_CHECK(cache.dtype == DType::F32) << "the CPU KV cache is F32";
+// Where position `pos` of a sequence sits in the paged cache: its row's first element.
+int64_t cache_row_index(const KvLayer& cache, const BatchView& batch, const BatchSeq& seq, int pos) {
   const int page = batch.page_table[seq.page_start + pos / cache.page_size_tokens];
-  return static_cast<float*>(cache.base) +
-         (static_cast<int64_t>(page) * cache.page_size_tokens + pos % cache.page_size_tokens) * cache.row_width;
+  return (static_cast<int64_t>(page) * cache.page_size_tokens + pos % cache.page_size_tokens) * cache.row_width;
+}
+
+// The CPU keeps the cache in F32, or in fp8 e4m3 (--kv-cache-dtype fp8_e4m3: each value
+// rounded to nearest even and saturated at +-448, scale 1, as vLLM's fp8 cache without
+// calibrated scales), which it widens back to F32 to attend.
+void check_cache_dtype(const KvLayer& cache) {
+  MR_CHECK(cache.dtype == DType::F32 || cache.dtype == DType::F8_E4M3) << "the CPU KV cache is F32 or F8_E4M3";
 }
 
 }  // namespace
@@ -274,12 +280,20 @@ float* cache_row(const KvLayer& cache, const BatchView& batch, const BatchSeq& s
 void CpuOps::mla_store(const Tensor& ckv, const Tensor& norm_w, float eps, const BatchView& batch, KvLayer cache) {
   const int L = static_cast<int>(norm_w.numel()), R = static_cast<int>(ckv.cols) - L;
   MR_CHECK(R >= 0 && cache.row_width == L + R) << "mla_store row width";
+  check_cache_dtype(cache);
+  std::vector<float> row(static_cast<size_t>(L + R));
   for (int t = 0; t < batch.n_tokens(); ++t) {
     const BatchSeq& seq = batch.seqs[batch.token_seq[t]];
     const float* src = f32(ckv) + static_cast<int64_t>(t) * (L + R);
-    float* row = cache_row(cache, batch, seq, batch.positions[t]);
-    cpu::rmsnorm(src, 1, L, f32(norm_w), eps, row);
-    std::copy(src + L, src + L + R, row + L);
+    cpu::rmsnorm(src, 1, L, f32(norm_w), eps, row.data());
+    std::copy(src + L, src + L + R, row.data() + L);
+    const int64_t at = cache_row_index(cache, batch, seq, batch.positions[t]);
+    if (cache.dtype == DType::F32) {
+      std::copy(row.begin(), row.end(), static_cast<float*>(cache.base) + at);
+    } else {
+      uint8_t* dst = static_cast<uint8_t*>(cache.base) + at;
+      for (int i = 0; i < L + R; ++i) dst[i] = f32_to_f8e4m3(row[i]);
+    }
   }
 }
 
@@ -289,12 +303,26 @@ void CpuOps::mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView&
   const int64_t q_width = static_cast<int64_t>(H) * (shape.nope + shape.rope), o_width = static_cast<int64_t>(H) * shape.v_dim;
   MR_CHECK(q.cols == q_width && o.cols == o_width) << "mla_attention shapes";
   MR_CHECK(kv_b.out == H * (shape.nope + shape.v_dim) && kv_b.in == shape.kv_lora) << "kv_b shape";
+  check_cache_dtype(cache);
+  const int W = cache.row_width;
   std::vector<const float*> rows;
+  std::vector<float> widened;  // an fp8 cache's rows of one sequence, as F32
   for (int s = 0; s < batch.n_seqs(); ++s) {
     const BatchSeq& seq = batch.seqs[s];
     const int n_positions = seq.n_past + seq.n_new;
     rows.resize(n_positions);
-    for (int p = 0; p < n_positions; ++p) rows[p] = cache_row(cache, batch, seq, p);
+    if (cache.dtype == DType::F8_E4M3) widened.resize(static_cast<size_t>(n_positions) * W);
+    for (int p = 0; p < n_positions; ++p) {
+      const int64_t at = cache_row_index(cache, batch, seq, p);
+      if (cache.dtype == DType::F32) {
+        rows[p] = static_cast<const float*>(cache.base) + at;
+        continue;
+      }
+      const uint8_t* src = static_cast<const uint8_t*>(cache.base) + at;
+      float* dst = widened.data() + static_cast<size_t>(p) * W;
+      for (int i = 0; i < W; ++i) dst[i] = f8e4m3_to_f32(src[i]);
+      rows[p] = dst;
+    }
     const float* qs = f32(q) + seq.token_start * q_width;
     float* os = f32(o) + seq.token_start * o_width;
     const bool absorbed = mode == MlaMode::kAbsorbed || (mode == MlaMode::kAuto && seq.n_new == 1);

@@ -327,7 +327,7 @@ class CudaOps final : public Ops {
       Tensor o_lat = scratch(T, static_cast<int64_t>(H) * shp.kv_lora, DType::F32);
       Tensor partials = scratch(static_cast<int64_t>(mla_absorbed_partial_floats(T, H, shp.kv_lora)) + 1, 1, DType::F32);
       mla_absorb_query(q.as<float>(), kvb, T, shp, tables(batch), only_single, q_abs.as<float>(), stream_);
-      mla_attend_absorbed(q_abs.as<float>(), T, shp, tables(batch), cache, only_single, o_lat.as<float>(),
+      mla_attend_absorbed(q_abs.as<float>(), T, shp, tables(batch), cache, only_single, !float32_, o_lat.as<float>(),
                           partials.as<float>(), stream_);
       mla_expand_output(o_lat.as<float>(), kvb, T, shp, tables(batch), only_single, o.as<float>(), stream_);
     }

@@ -40,5 +40,32 @@ TEST(Dtype, F8E4M3KnownValues) {
   EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0x7f)));
 }
 
+// The encoder against the format's own definition: every finite code decodes and encodes
+// back to itself, and a value between two neighbouring codes goes to the nearer one, a tie
+// to the one with an even mantissa (round to nearest even, as the GPU's cvt.rn.satfinite and
+// torch do). Past the largest finite value (448) it saturates.
+TEST(Dtype, F8E4M3EncodesToTheNearestCodeTiesToEven) {
+  for (int c = 0; c < 0x7f; ++c) {
+    for (uint8_t sign : {0x00, 0x80}) {
+      const uint8_t code = static_cast<uint8_t>(c | sign);
+      EXPECT_EQ(f32_to_f8e4m3(f8e4m3_to_f32(code)), code) << "code " << c;
+    }
+  }
+  for (int c = 0; c + 1 < 0x7f; ++c) {  // neighbours c, c + 1 (positive, increasing)
+    const float lo = f8e4m3_to_f32(static_cast<uint8_t>(c)), hi = f8e4m3_to_f32(static_cast<uint8_t>(c + 1));
+    const float mid = 0.5f * (lo + hi);  // exact: both have few mantissa bits
+    const int even = (c & 1) == 0 ? c : c + 1;
+    EXPECT_EQ(f32_to_f8e4m3(mid), even) << "tie between " << lo << " and " << hi;
+    EXPECT_EQ(f32_to_f8e4m3(-mid), 0x80 | even);
+    EXPECT_EQ(f32_to_f8e4m3(std::nextafter(mid, 0.0f)), c);
+    EXPECT_EQ(f32_to_f8e4m3(std::nextafter(mid, 1e9f)), c + 1);
+  }
+  EXPECT_EQ(f32_to_f8e4m3(449.0f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(1e30f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(-INFINITY), 0xfe);
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(1.0f, -11)), 0x00);  // under half the smallest subnormal
+  EXPECT_TRUE(std::isnan(f8e4m3_to_f32(f32_to_f8e4m3(NAN))));
+}
+
 }  // namespace
 }  // namespace moonrun

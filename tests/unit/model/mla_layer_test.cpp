@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "../../support/host_tensors.h"
 #include "backend/cpu/cpu_ops.h"
@@ -66,7 +67,10 @@ struct MlaRef {
   std::vector<double> rows;  // [T, kv_lora + rope]
 };
 
-MlaRef mla_reference_f64(const HostMla& w, const MlaDims& m, const std::vector<float>& x, int T) {
+// fp8_rows: the cache holds each row rounded to float8 e4m3 (--kv-cache-dtype fp8), and the
+// attention reads those rounded rows (the plain form expands its keys and values from them).
+MlaRef mla_reference_f64(const HostMla& w, const MlaDims& m, const std::vector<float>& x, int T,
+                         bool fp8_rows = false) {
   using moonrun::testing::linear_f64;
   using moonrun::testing::rmsnorm_f64;
   const int H = m.attn.num_heads, L = m.attn.kv_lora, R = m.attn.rope;
@@ -87,6 +91,11 @@ MlaRef mla_reference_f64(const HostMla& w, const MlaDims& m, const std::vector<f
   std::vector<double> latent(static_cast<size_t>(T) * L);
   for (int t = 0; t < T; ++t) {
     rmsnorm_f64(&ref.rows[static_cast<size_t>(t) * (L + R)], L, w.kv_a_layernorm, m.kv_a_norm_eps);
+    if (fp8_rows)
+      for (int i = 0; i < L + R; ++i) {
+        double& v = ref.rows[static_cast<size_t>(t) * (L + R) + i];
+        v = f8e4m3_to_f32(f32_to_f8e4m3(static_cast<float>(v)));
+      }
     for (int l = 0; l < L; ++l) latent[t * L + l] = ref.rows[t * (L + R) + l];
   }
   std::vector<double> kv = linear_f64(w.kv_b_proj, latent, T);  // [T, H, nope | v]
@@ -129,7 +138,8 @@ struct LayerRun {
   Tensor pool;
   std::vector<int32_t> pages;
   int written = 0;  // positions [0, written) hold rows
-  LayerRun(const Layer& layer, int max_tokens) : L(layer) {
+  DType cache_dtype;
+  LayerRun(const Layer& layer, int max_tokens, DType kv_dtype = DType::F32) : L(layer), cache_dtype(kv_dtype) {
     using moonrun::testing::upload;
     using moonrun::testing::upload_matrix;
     const HostMla& h = L.w;
@@ -143,7 +153,7 @@ struct LayerRun {
     w.o_proj = upload_matrix(ops, h.o_proj);
     w.g_proj = upload_matrix(ops, h.g_proj);
     const int n_pages = (max_tokens + kPageSize - 1) / kPageSize;
-    pool = ops.alloc(static_cast<int64_t>(n_pages) * kPageSize, L.dims.attn.row_width(), DType::F32, "pool");
+    pool = ops.alloc(static_cast<int64_t>(n_pages) * kPageSize, L.dims.attn.row_width(), cache_dtype, "pool");
     for (int p = 0; p < n_pages; ++p) pages.push_back(n_pages - 1 - p);
   }
   std::vector<float> forward(const std::vector<float>& x, int begin, int end, MlaMode mode) {
@@ -158,7 +168,7 @@ struct LayerRun {
                                                                  x.begin() + static_cast<size_t>(end) * H),
                                          n, H);
     Tensor out = ops.scratch(n, H, DType::F32);
-    mla_forward(ops, w, L.dims, xt, view, KvLayer{pool.data, DType::F32, kPageSize, L.dims.attn.row_width()}, mode,
+    mla_forward(ops, w, L.dims, xt, view, KvLayer{pool.data, cache_dtype, kPageSize, L.dims.attn.row_width()}, mode,
                 out);
     return moonrun::testing::download(ops, out);
   }
@@ -167,8 +177,9 @@ struct LayerRun {
     const int row = L.dims.attn.row_width();
     std::vector<float> out;
     for (int p = 0; p < written; ++p) {
-      const float* r = pool.as<float>() + (static_cast<size_t>(pages[p / kPageSize]) * kPageSize + p % kPageSize) * row;
-      out.insert(out.end(), r, r + row);
+      const size_t at = (static_cast<size_t>(pages[p / kPageSize]) * kPageSize + p % kPageSize) * row;
+      for (int i = 0; i < row; ++i)
+        out.push_back(cache_dtype == DType::F32 ? pool.as<float>()[at + i] : f8e4m3_to_f32(pool.as<uint8_t>()[at + i]));
     }
     return out;
   }
@@ -231,6 +242,40 @@ TEST(MlaLayer, PrefillThenDecodeEqualsOneShot) {
   }
   EXPECT_LT(max_abs_diff(out_one, out_pieces), 1e-5 * std::max(1.0, max_abs(out_one)));
   EXPECT_EQ(one.rows(), pieces.rows());
+}
+
+// --kv-cache-dtype fp8: the layer with an e4m3 cache is exactly the float64 layer over rows
+// rounded to e4m3 (prefill plain and absorbed, then decode over the cache), and how far
+// that is from the unrounded layer is the tolerance docs/performance.md states for fp8 KV.
+TEST(MlaLayer, Fp8CacheIsTheLayerOverRoundedRows) {
+  double worst_vs_exact = 0;
+  unsigned seed = 90;
+  for (bool q_lora : {true, false})
+    for (MlaMode mode : {MlaMode::kPlain, MlaMode::kAbsorbed}) {
+      Layer L = make_layer(q_lora, true, seed++);
+      const int T = 19;
+      Rng rng(seed + 100);
+      std::vector<float> x = rng.vec(static_cast<size_t>(T) * L.dims.hidden, -1, 1);
+      MlaRef rounded = mla_reference_f64(L.w, L.dims, x, T, /*fp8_rows=*/true);
+      MlaRef exact = mla_reference_f64(L.w, L.dims, x, T);
+      LayerRun fp8(L, T, DType::F8_E4M3);
+      // A prefill of 12 tokens, then 7 decode steps through the cache.
+      std::vector<float> out = fp8.forward(x, 0, 12, mode);
+      for (int t = 12; t < T; ++t) {
+        std::vector<float> o = fp8.forward(x, t, t + 1, MlaMode::kAuto);
+        out.insert(out.end(), o.begin(), o.end());
+      }
+      const double scale = std::max(1.0, max_abs(std::vector<float>(exact.out.begin(), exact.out.end())));
+      EXPECT_LT(max_abs_diff(out, rounded.out), 2e-5 * scale) << "q_lora=" << q_lora;
+      EXPECT_LT(max_abs_diff(fp8.rows(), rounded.rows), 1e-6);
+      worst_vs_exact = std::max(worst_vs_exact, max_abs_diff(out, exact.out) / scale);
+    }
+  // e4m3 keeps 3 mantissa bits (relative rounding <= 2^-4 per value); through the softmax and
+  // the value sum the layer output moves by a few percent of its largest value, not more.
+  EXPECT_GT(worst_vs_exact, 1e-4);  // the rounding is really applied
+  EXPECT_LT(worst_vs_exact, 5e-2);
+  std::printf("fp8 KV cache: layer output within %.4f of the exact layer (of the output's largest value)\n",
+              worst_vs_exact);
 }
 
 }  // namespace

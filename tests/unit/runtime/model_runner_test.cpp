@@ -74,6 +74,40 @@ TEST(ModelRunner, AloneEqualsBatchesOnAReferenceFixture) {
   expect_batching_changes_nothing(fixtures::fixtures_dir() + "/k3-tiny-a", 512);
 }
 
+// --kv-cache-dtype fp8 through the whole runtime on a reference fixture with MLA layers:
+// the pool really holds e4m3 (the prompt's logits move against the float32 cache's) by a
+// bounded amount, and batching still changes nothing. kimi-linear-tiny (KDA + MLA, plain
+// MoE): its routing holds under this perturbation, so the move measures the cache. (On the
+// K3 tiny fixtures it flips routing decisions and moves logits by as much as bf16 compute
+// does, tests/fixtures/README.md; the layer-level bound is MlaLayer.Fp8CacheIsTheLayerOverRoundedRows.)
+TEST(ModelRunner, Fp8KvCacheOnAReferenceFixture) {
+  const std::string dir = fixtures::fixtures_dir() + "/kimi-linear-tiny";
+  const int vocab = 512, n_seqs = 12, max_tokens = 6;
+  RuntimeOptions f32 = test_runtime_options("cpu", 0), fp8 = f32;
+  fp8.kv_cache_dtype = "fp8";
+  const std::vector<testing::SeqResult> exact = testing::run_alone(dir, n_seqs, max_tokens, vocab, f32);
+  const std::vector<testing::SeqResult> e4m3 = testing::run_alone(dir, n_seqs, max_tokens, vocab, fp8);
+  ASSERT_EQ(exact.size(), e4m3.size());
+  double worst = 0, range = 0;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    // The first step's logits: the prompt alone decides them (later ones follow the tokens).
+    const std::vector<float> a(exact[i].logits.begin(), exact[i].logits.begin() + vocab);
+    const std::vector<float> b(e4m3[i].logits.begin(), e4m3[i].logits.begin() + vocab);
+    worst = std::max(worst, testing::max_abs_diff(a, b));
+    range = std::max(range, testing::max_abs(a));
+  }
+  std::printf("fp8 KV cache, kimi-linear-tiny: prompt logits within %.4f of the float32 cache's (largest |logit| %.2f)\n",
+              worst, range);
+  EXPECT_GT(worst, 1e-5) << "the fp8 cache changes nothing: is it in effect?";
+  EXPECT_LT(worst, 0.05 * range);
+  const std::vector<testing::SeqResult> batched = testing::run_batched(dir, n_seqs, max_tokens, 7, vocab, fp8);
+  ASSERT_EQ(batched.size(), e4m3.size());
+  for (size_t i = 0; i < e4m3.size(); ++i) {
+    EXPECT_EQ(batched[i].tokens, e4m3[i].tokens) << "sequence " << i;
+    EXPECT_LE(testing::max_abs_diff(batched[i].logits, e4m3[i].logits), 1e-5) << "sequence " << i;
+  }
+}
+
 // ---- the engine over the runner ---------------------------------------------------------
 
 std::vector<int32_t> engine_prompt(int i) {

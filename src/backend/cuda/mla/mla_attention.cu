@@ -21,6 +21,7 @@
 // rewrite: decode 0.29 ms absorbed, a 4-token chunk 0.31 ms plain, a 512-token prompt 4.2 ms.)
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "common/check.h"
 #include "backend/cuda/common/bulk_copy.cuh"
@@ -417,7 +418,8 @@ bool group_kernel_applies(int num_heads, int kv_lora, int rope, DType cache_dtyp
 }
 
 // ---- the same on the tensor cores ------------------------------------------------------
-// With a bf16 cache the grouped decode runs its two products on mma.sync.m16n8k16: the 16
+// With a bf16 or fp8 cache (fp8 rows widened to bf16 as they come into shared memory: exact)
+// the grouped decode runs its two products on mma.sync.m16n8k16: the 16
 // heads are the M side. Per chunk of 64 cached rows (staged once in shared memory): S =
 // Q_abs K^T (warp w takes keys 8w .. 8w + 7 over the 576-wide rows), an online softmax per
 // head in fp32 (warp w: heads 2w, 2w + 1), then O += P V with V the rows' first kv_lora
@@ -440,15 +442,38 @@ size_t group_mma_smem_bytes(int row_width) {
          3 * kGroupHeads * sizeof(float);
 }
 
-// grid (n_tokens, num_heads / 16, n_splits), kThreads threads.
+// An fp8 chunk comes through registers (16 values a load, widened to bf16 on the way into
+// shared memory): at most this many loads a thread, so rows up to 12 x 256 x 16 B / 64 = 768.
+constexpr int kFp8LoadsPerThread = 12;
+constexpr int kFp8Batch = 6;
+
+// 16 e4m3 values -> 16 bf16 (exact: every e4m3 value is a bf16 value), by the hardware's
+// e4m3x2 -> f16x2 conversion, then f16 -> f32 -> bf16 (both exact).
+__device__ __forceinline__ void widen_fp8x16(const uint4 v, bf16* dst) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2)));
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    out[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// grid (n_tokens, num_heads / 16, n_splits), kThreads threads. Cache: bf16 or fp8.
+template <typename Cache>
 __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float* __restrict__ q_abs,
-                                                                    AbsorbedSource<bf16> src, int kv_lora, int rope,
+                                                                    AbsorbedSource<Cache> src, int kv_lora, int rope,
                                                                     float scale, float* __restrict__ o,
                                                                     float* __restrict__ part_acc,
                                                                     float* __restrict__ part_ml) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int row_width = kv_lora + rope, st = mma_row_stride(row_width);
-  const bf16** row_ptr = reinterpret_cast<const bf16**>(smem_raw);       // [64]
+  const Cache** row_ptr = reinterpret_cast<const Cache**>(smem_raw);     // [64]
   bf16* rows = reinterpret_cast<bf16*>(smem_raw + kRowPtrBytes);          // [64][st]
   bf16* q_s = rows + kMmaChunk * st;                                      // [16][st]
   float* s_s = reinterpret_cast<float*>(q_s + kGroupHeads * st);          // [16][64]
@@ -477,7 +502,6 @@ __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float*
   float acc[8][4];
 #pragma unroll
   for (int u = 0; u < 8; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0;
-  const int pieces = row_width / 8;
 
   for (int c0 = begin; c0 < end; c0 += kMmaChunk) {
     const int n = min(kMmaChunk, end - c0);
@@ -487,13 +511,35 @@ __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float*
     // read and the row read of each piece in turn: ~20 us a chunk, 0.35 ms a layer at b=8.)
     if (tid < kMmaChunk) row_ptr[tid] = tid < n ? src.key_a(c0 + tid, 0) : nullptr;
     __syncthreads();
-    for (int i = tid; i < kMmaChunk * pieces; i += kThreads) {
-      const int r = i / pieces, piece = i % pieces;
-      bf16* dst = rows + r * st + piece * 8;
-      if (r < n) cp_async16(dst, row_ptr[r] + piece * 8);
-      else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    if constexpr (std::is_same_v<Cache, bf16>) {
+      const int pieces = row_width / 8;
+      for (int i = tid; i < kMmaChunk * pieces; i += kThreads) {
+        const int r = i / pieces, piece = i % pieces;
+        bf16* dst = rows + r * st + piece * 8;
+        if (r < n) cp_async16(dst, row_ptr[r] + piece * 8);
+        else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+      cp_async_wait_all();
+    } else {
+      // fp8: the chunk's loads in batches of kFp8Batch, each batch issued before any of it
+      // is widened into its bf16 row (a batch of 12 held 184 registers: one block an SM).
+      const int pieces16 = row_width / 16;
+      for (int k0 = 0; k0 < kFp8LoadsPerThread && (tid + k0 * kThreads) < kMmaChunk * pieces16; k0 += kFp8Batch) {
+        uint4 v[kFp8Batch];
+#pragma unroll
+        for (int k = 0; k < kFp8Batch; ++k) {
+          const int i = tid + (k0 + k) * kThreads, r = i / pieces16;
+          v[k] = make_uint4(0, 0, 0, 0);
+          if (i < kMmaChunk * pieces16 && r < n)
+            v[k] = *reinterpret_cast<const uint4*>(row_ptr[r] + (i % pieces16) * 16);
+        }
+#pragma unroll
+        for (int k = 0; k < kFp8Batch; ++k) {
+          const int i = tid + (k0 + k) * kThreads;
+          if (i < kMmaChunk * pieces16) widen_fp8x16(v[k], rows + (i / pieces16) * st + (i % pieces16) * 16);
+        }
+      }
     }
-    cp_async_wait_all();
     __syncthreads();
     // S[16 heads][keys 8w .. 8w + 7] = Q K^T over row_width.
     {
@@ -589,9 +635,12 @@ __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float*
   }
 }
 
+template <typename Cache>
 bool group_mma_applies(int num_heads, int kv_lora, int rope) {
-  return num_heads % kGroupHeads == 0 && kv_lora % 64 == 0 && kv_lora <= 512 && (kv_lora + rope) % 16 == 0 &&
-         group_mma_smem_bytes(kv_lora + rope) <= 200 * 1024;
+  const int row = kv_lora + rope;
+  const bool loads_fit = std::is_same_v<Cache, bf16> || row <= 16 * kThreads * kFp8LoadsPerThread / kMmaChunk;
+  return num_heads % kGroupHeads == 0 && kv_lora % 64 == 0 && kv_lora <= 512 && row % 16 == 0 && loads_fit &&
+         group_mma_smem_bytes(row) <= 200 * 1024;
 }
 
 float softmax_scale(int nope, int rope) { return 1.0f / std::sqrt(static_cast<float>(nope + rope)); }
@@ -631,14 +680,12 @@ void mla_attend_plain(const float* q, const float* kv, const KvLayer& cache, con
                       int n_past, const MlaShape& shape, float* o, float* partials, cudaStream_t stream) {
   const int H = shape.num_heads, n_splits = plain_splits(n_tokens, H, n_past + n_tokens);
   const float scale = softmax_scale(shape.nope, shape.rope);
-  if (cache.dtype == DType::BF16) {
-    const PlainSource<bf16> src{kv, paged_rows<bf16>(cache), pages, n_past, H, shape.kv_lora, shape.nope, shape.v_dim};
-    launch_attend(q, src, n_tokens, H, shape.nope, shape.rope, shape.v_dim, scale, n_splits, o, partials, stream);
-  } else {
-    const PlainSource<float> src{kv,         paged_rows<float>(cache), pages, n_past, H, shape.kv_lora, shape.nope,
+  with_cache_type(cache.dtype, [&](auto tag) {
+    using Cache = typename decltype(tag)::type;
+    const PlainSource<Cache> src{kv,           paged_rows<Cache>(cache), pages, n_past, H, shape.kv_lora, shape.nope,
                                  shape.v_dim};
     launch_attend(q, src, n_tokens, H, shape.nope, shape.rope, shape.v_dim, scale, n_splits, o, partials, stream);
-  }
+  });
 }
 
 void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaShape& shape, const BatchTables& batch,
@@ -658,37 +705,51 @@ void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaSh
 }
 
 void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                         const KvLayer& cache, bool only_single_token, float* o_lat, float* partials,
-                         cudaStream_t stream) {
+                         const KvLayer& cache, bool only_single_token, bool bf16_math, float* o_lat,
+                         float* partials, cudaStream_t stream) {
   const int H = shape.num_heads, n_splits = absorbed_splits(n_tokens, H);
   const float scale = softmax_scale(shape.nope, shape.rope);
-  // The grouped kernels (16 heads a block): on the tensor cores where they apply, else on
-  // CUDA cores; both leave partials for combine_splits_kernel when the positions are split.
-  const bool mma = cache.dtype == DType::BF16 && group_mma_applies(H, shape.kv_lora, shape.rope);
-  if (n_tokens > 0 && (mma || group_kernel_applies(H, shape.kv_lora, shape.rope, cache.dtype))) {
-    const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
-    auto* kernel = mma ? attend_group_mma_kernel : attend_group_kernel;
-    const size_t smem = mma ? group_mma_smem_bytes(shape.row_width()) : group_smem_bytes(shape.row_width());
-    allow_dynamic_smem(kernel, smem);
-    float* part_acc = n_splits > 1 ? partials : nullptr;
-    float* part_ml = n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
-    kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(q_abs, src, shape.kv_lora, shape.rope,
-                                                                                  scale, o_lat, part_acc, part_ml);
-    CUDA_CHECK_LAUNCH();
-    if (n_splits > 1) {
-      combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
-                                                                       shape.kv_lora, o_lat);
-      CUDA_CHECK_LAUNCH();
+  // The grouped kernels (16 heads a block): on the tensor cores where they apply (bf16 or
+  // fp8 caches), else on CUDA cores (bf16); both leave partials for combine_splits_kernel
+  // when the positions are split. Otherwise one block per (token, head).
+  with_cache_type(cache.dtype, [&](auto tag) {
+    using Cache = typename decltype(tag)::type;
+    const AbsorbedSource<Cache> src{paged_rows<Cache>(cache), batch, only_single_token, shape.kv_lora};
+    bool grouped = false;
+    if constexpr (!std::is_same_v<Cache, float>) {
+      const bool mma = (std::is_same_v<Cache, bf16> || bf16_math) && group_mma_applies<Cache>(H, shape.kv_lora, shape.rope);
+      if constexpr (std::is_same_v<Cache, bf16>)
+        grouped = mma || group_kernel_applies(H, shape.kv_lora, shape.rope, cache.dtype);
+      else
+        grouped = mma;
+      if (n_tokens > 0 && grouped) {
+        float* part_acc = n_splits > 1 ? partials : nullptr;
+        float* part_ml =
+            n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
+        const dim3 grid(n_tokens, H / kGroupHeads, n_splits);
+        if (mma) {
+          const size_t smem = group_mma_smem_bytes(shape.row_width());
+          allow_dynamic_smem(attend_group_mma_kernel<Cache>, smem);
+          attend_group_mma_kernel<Cache><<<grid, kThreads, smem, stream>>>(q_abs, src, shape.kv_lora, shape.rope,
+                                                                           scale, o_lat, part_acc, part_ml);
+        } else if constexpr (std::is_same_v<Cache, bf16>) {
+          const size_t smem = group_smem_bytes(shape.row_width());
+          allow_dynamic_smem(attend_group_kernel, smem);
+          attend_group_kernel<<<grid, kThreads, smem, stream>>>(q_abs, src, shape.kv_lora, shape.rope, scale, o_lat,
+                                                                part_acc, part_ml);
+        }
+        CUDA_CHECK_LAUNCH();
+        if (n_splits > 1) {
+          combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
+                                                                           shape.kv_lora, o_lat);
+          CUDA_CHECK_LAUNCH();
+        }
+        return;
+      }
     }
-  } else if (cache.dtype == DType::BF16) {
-    const AbsorbedSource<bf16> src{paged_rows<bf16>(cache), batch, only_single_token, shape.kv_lora};
     launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, n_splits, o_lat, partials,
                   stream);
-  } else {
-    const AbsorbedSource<float> src{paged_rows<float>(cache), batch, only_single_token, shape.kv_lora};
-    launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, n_splits, o_lat, partials,
-                  stream);
-  }
+  });
 }
 
 void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const MlaShape& shape,

@@ -3,7 +3,7 @@
 //
 // Row of position p (kv_lora + rope values, 576 at K3 size):
 //   [ RMSNorm(latent) * kv_a_layernorm  (kv_lora) | k_pe (rope, as projected: NoPE) ]
-// The norm runs in fp32 on the fp32 projection; only the stored row is rounded (bf16).
+// The norm runs in fp32 on the fp32 projection; only the stored row is rounded (bf16 or fp8).
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/mla/mla_device.cuh"
 
@@ -48,31 +48,26 @@ __global__ void gather_latents_kernel(PagedRows<Cache> cache, const int32_t* __r
 void mla_store(const float* ckv, int n_tokens, int kv_lora, int rope, const float* norm_w, float eps,
                const BatchTables& batch, const KvLayer& cache, cudaStream_t stream) {
   if (n_tokens <= 0) return;
-  if (cache.dtype == DType::BF16)
-    store_rows_kernel<bf16><<<n_tokens, kThreads, 0, stream>>>(ckv, kv_lora, rope, norm_w, eps, batch,
-                                                               paged_rows<bf16>(cache));
-  else
-    store_rows_kernel<float><<<n_tokens, kThreads, 0, stream>>>(ckv, kv_lora, rope, norm_w, eps, batch,
-                                                                paged_rows<float>(cache));
+  with_cache_type(cache.dtype, [&](auto tag) {
+    using Cache = typename decltype(tag)::type;
+    store_rows_kernel<Cache><<<n_tokens, kThreads, 0, stream>>>(ckv, kv_lora, rope, norm_w, eps, batch,
+                                                                paged_rows<Cache>(cache));
+  });
   CUDA_CHECK_LAUNCH();
 }
 
 void mla_gather_latents(const KvLayer& cache, const int32_t* pages, int n_positions, int kv_lora, bool act_bf16,
                         void* latents, cudaStream_t stream) {
   if (n_positions <= 0) return;
-  const bool cache_bf16 = cache.dtype == DType::BF16;
-  if (cache_bf16 && act_bf16)
-    gather_latents_kernel<<<n_positions, kThreads, 0, stream>>>(paged_rows<bf16>(cache), pages, kv_lora,
-                                                                 static_cast<bf16*>(latents));
-  else if (cache_bf16)
-    gather_latents_kernel<<<n_positions, kThreads, 0, stream>>>(paged_rows<bf16>(cache), pages, kv_lora,
-                                                                 static_cast<float*>(latents));
-  else if (act_bf16)
-    gather_latents_kernel<<<n_positions, kThreads, 0, stream>>>(paged_rows<float>(cache), pages, kv_lora,
-                                                                 static_cast<bf16*>(latents));
-  else
-    gather_latents_kernel<<<n_positions, kThreads, 0, stream>>>(paged_rows<float>(cache), pages, kv_lora,
-                                                                 static_cast<float*>(latents));
+  with_cache_type(cache.dtype, [&](auto tag) {
+    using Cache = typename decltype(tag)::type;
+    if (act_bf16)
+      gather_latents_kernel<<<n_positions, kThreads, 0, stream>>>(paged_rows<Cache>(cache), pages, kv_lora,
+                                                                   static_cast<bf16*>(latents));
+    else
+      gather_latents_kernel<<<n_positions, kThreads, 0, stream>>>(paged_rows<Cache>(cache), pages, kv_lora,
+                                                                   static_cast<float*>(latents));
+  });
   CUDA_CHECK_LAUNCH();
 }
 

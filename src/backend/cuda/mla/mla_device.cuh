@@ -3,6 +3,7 @@
 // cache row address, loads that widen bf16 to fp32, and block reductions. Internal to
 // src/backend/cuda/mla.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -14,10 +15,30 @@ namespace moonrun::cuda::mla_detail {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+// The cache's element types: float (--dtype float32), bf16, and fp8 e4m3 (--kv-cache-dtype
+// fp8: stored rounded to nearest even and saturated at +-448, scale 1; the CPU's
+// f32_to_f8e4m3 is the same rounding).
+using fp8 = __nv_fp8_e4m3;
+
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const fp8* p) { return static_cast<float>(*p); }
 __device__ __forceinline__ void st(float* p, float v) { *p = v; }
 __device__ __forceinline__ void st(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st(fp8* p, float v) { *p = fp8(v); }  // cvt.rn.satfinite.e4m3x2
+
+// Calls f(TypeTag<Cache>{}) with the element type of a cache of dtype d, so one launch site
+// serves the three cache types.
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+template <typename F>
+void with_cache_type(DType d, F&& f) {
+  if (d == DType::BF16) f(TypeTag<bf16>{});
+  else if (d == DType::F8_E4M3) f(TypeTag<fp8>{});
+  else f(TypeTag<float>{});
+}
 
 // One layer of the paged cache with rows of element type Cache.
 template <typename Cache>

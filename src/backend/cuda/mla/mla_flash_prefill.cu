@@ -204,17 +204,13 @@ void mla_flash_prefill(const float* q, const bf16* kv, const KvLayer& cache, con
   const size_t smem = flash_smem_bytes(shape);
   const dim3 grid((n_tokens + kQ - 1) / kQ, shape.num_heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.nope + shape.rope));
-  if (cache.dtype == DType::BF16) {
-    allow_dynamic_smem(flash_prefill_kernel<bf16>, smem);
-    const FlashArgs<bf16> a{q, kv, paged_rows<bf16>(cache), pages, n_tokens, n_past, shape.num_heads,
-                            shape.kv_lora, shape.nope, shape.rope, shape.v_dim, scale, o};
-    flash_prefill_kernel<bf16><<<grid, kFaWarps * 32, smem, stream>>>(a);
-  } else {
-    allow_dynamic_smem(flash_prefill_kernel<float>, smem);
-    const FlashArgs<float> a{q, kv, paged_rows<float>(cache), pages, n_tokens, n_past, shape.num_heads,
+  with_cache_type(cache.dtype, [&](auto tag) {
+    using Cache = typename decltype(tag)::type;
+    allow_dynamic_smem(flash_prefill_kernel<Cache>, smem);
+    const FlashArgs<Cache> a{q, kv, paged_rows<Cache>(cache), pages, n_tokens, n_past, shape.num_heads,
                              shape.kv_lora, shape.nope, shape.rope, shape.v_dim, scale, o};
-    flash_prefill_kernel<float><<<grid, kFaWarps * 32, smem, stream>>>(a);
-  }
+    flash_prefill_kernel<Cache><<<grid, kFaWarps * 32, smem, stream>>>(a);
+  });
   CUDA_CHECK_LAUNCH();
 }
 

@@ -62,9 +62,11 @@ void mla_flash_prefill(const float* q, const bf16* kv, const KvLayer& cache, con
 // q_abs[t, h] = [W_uk_h^T q_nope[t, h] | q_pe[t, h]]; q_abs [n_tokens, H, kv_lora + rope] fp32.
 void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaShape& shape, const BatchTables& batch,
                       bool only_single_token, float* q_abs, cudaStream_t stream);
-// o_lat [n_tokens, H, kv_lora] fp32 over each token's positions [0, pos].
+// o_lat [n_tokens, H, kv_lora] fp32 over each token's positions [0, pos]. bf16_math: the
+// tensor-core kernel (Q and P rounded to bf16) may serve an fp8 cache; false (--dtype
+// float32) keeps every product in fp32. A bf16 cache always takes it where it applies.
 void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                         const KvLayer& cache, bool only_single_token, float* o_lat, float* partials,
+                         const KvLayer& cache, bool only_single_token, bool bf16_math, float* o_lat, float* partials,
                          cudaStream_t stream);
 // o[t, h] = W_uv_h o_lat[t, h]; o [n_tokens, H, v] fp32.
 void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const MlaShape& shape,
