@@ -41,6 +41,7 @@ GPU=$(head -1 "$OUT/gpu.txt")
 
 if [[ -n $PREBUILT ]]; then
   export LD_LIBRARY_PATH=$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export MOONRUN_PREBUILT=1  # e2e: the binary's build tree is elsewhere
   EXE=$PREBUILT/bin/moonrun
   OPS=$PREBUILT/bin/moonrun_ops_tests
   row build prebuilt "$PREBUILT"
