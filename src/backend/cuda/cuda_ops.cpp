@@ -381,20 +381,20 @@ class CudaOps final : public Ops {
     group_by_expert(ids.as<int32_t>(), n_slots, w1.first_expert, E, groups, stream_);
     const int max_active = std::min(E, n_slots);
     const bool x_bf16 = x.dtype == DType::BF16;
-    Tensor g = scratch(n_slots, inter, DType::F32), u = scratch(n_slots, inter, DType::F32);
     Tensor h = scratch(n_slots, inter, x.dtype);
     Tensor out = scratch(n_slots, D, DType::F32);
     // Slots of another expert-parallel rank's experts add nothing to the combine.
     if (parallel_size() > 1) zero(out);
     const StackedExperts s1 = stacked(w1), s3 = stacked(w3);
-    if (grouped_mxfp4_stream_supported(s1, x_bf16, T, x.data) && grouped_mxfp4_stream_supported(s3, x_bf16, T, x.data)) {
-      // Decode: gate and up in one launch (one tail instead of two).
-      grouped_mxfp4_stream_pair(x.as<bf16>(), K, s1, g.as<float>(), &s3, u.as<float>(), groups, max_active, stream_);
+    if (grouped_mxfp4_stream_gated_supported(s1, s3, x_bf16, T, x.data)) {
+      // Decode: gate and up in one launch that stores h = act(gate, up) itself.
+      grouped_mxfp4_stream_gated(x.as<bf16>(), K, s1, s3, act, groups, max_active, h.as<bf16>(), stream_);
     } else {
+      Tensor g = scratch(n_slots, inter, DType::F32), u = scratch(n_slots, inter, DType::F32);
       grouped_expert_linear(x.data, x_bf16, K, s1, groups, max_active, T, g.as<float>(), stream_);
       grouped_expert_linear(x.data, x_bf16, K, s3, groups, max_active, T, u.as<float>(), stream_);
+      gated_activation(g, u, act, h);
     }
-    gated_activation(g, u, act, h);
     grouped_expert_linear(h.data, x_bf16, 1, stacked(w2), groups, max_active, T, out.as<float>(), stream_);
     combine_experts(out.as<float>(), weights.as<float>(), T, K, D, y.as<float>(), stream_);
   }

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/dense/dense_ops.h"
+#include "backend/cuda/dense/gated_act.cuh"
 
 namespace moonrun::cuda {
 namespace {
@@ -16,15 +17,6 @@ int grid_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<int>(std::min<int64_t>(blocks, 132 * 16));
 }
-
-// The CPU formulas term by term, in the same evaluation order. tanhf/expf are CUDA's
-// full-precision versions (a few ulp from glibc's), not the --use_fast_math intrinsics.
-__device__ __forceinline__ float situ(float g, float u, float beta, float linear_beta) {
-  const float a = beta * tanhf(g / beta) * (1.0f / (1.0f + expf(-g)));
-  const float b = linear_beta > 0.0f ? linear_beta * tanhf(u / linear_beta) : u;
-  return a * b;
-}
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }

@@ -6,7 +6,9 @@
 // One block per 32 rows (two m16 tiles) of one active expert (grid: active experts bound x
 // out / 32), and the block's whole tile - 32 rows of in / 2 code bytes, contiguous in the
 // stacked layout, and their 32 x in / 32 scales - comes into shared memory by 33 bulk copies
-// on one mbarrier.
+// on one mbarrier. The gate and up projections run as one launch whose blocks take 16 rows
+// of each and store act(gate, up) in bf16 for the down projection (SiTU fused: no fp32
+// products through memory, no elementwise kernel).
 // Why whole tiles: a decode step streams each expert's codes once, and what limits that
 // stream is how many bytes are in flight (~48 KB per multiprocessor at 4.2 TB/s). Chunked
 // pipelines of per-row copies (128 to 256 bytes a row a stage) moved 1.9-2.1 TB/s even with
@@ -29,6 +31,7 @@
 #include "backend/cuda/common/bulk_copy.cuh"
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/dense/gated_act.cuh"
 #include "backend/cuda/moe/moe_ops.h"
 #include "backend/cuda/moe/mxfp4_rows.cuh"
 
@@ -87,27 +90,31 @@ __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, co
   }
 }
 
-// Up to two matrices of one shape over the same x and groups (the gate and up projections):
-// grid y runs over the first's row tiles, then the second's.
+// One matrix (y), or the gate and up projections of one shape over the same x and groups,
+// stored as h = act(gate, up) in bf16 (kGated): the SiTU between the up and down projections
+// applied as the sums are stored, so neither fp32 product goes through memory and the
+// elementwise kernel goes. A gated block takes 16 rows of each (tile 0 the gate's, tile 1
+// the up's rows of the same indices), so both sums of an output are in the same thread.
 struct Jobs {
-  StackedExperts m[2];
-  float* y[2];
+  StackedExperts gate, up;  // up: kGated only
+  float* y = nullptr;       // !kGated: [slots, out] fp32
+  bf16* h = nullptr;        // kGated: [slots, out] bf16
+  ActivationParams act;
 };
 
+template <bool kGated>
 __global__ void __launch_bounds__(kThreads)
     grouped_mxfp4_tile_kernel(const bf16* __restrict__ x, int x_row_div, Jobs jobs, ExpertGroups g) {
   extern __shared__ uint4 smem[];
   __shared__ const bf16* x_rows[kMaxTokens];
   if (static_cast<int>(blockIdx.x) >= *g.num_active) return;  // uniform over the block
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, t = lane % 4;
-  const int tiles = jobs.m[0].out / kRows, job = static_cast<int>(blockIdx.y) / tiles;
-  // (Selected, not indexed: an indexed parameter array is copied to local memory.)
-  const StackedExperts m = job == 0 ? jobs.m[0] : jobs.m[1];
-  float* __restrict__ y = job == 0 ? jobs.y[0] : jobs.y[1];
+  const StackedExperts& m = jobs.gate;
   const int e = g.active[blockIdx.x];
   const int begin = g.offsets[e], n_slots = g.offsets[e + 1] - begin;  // <= kMaxTokens
   const int in = m.in, out = m.out, code_bytes = in / 2, stride = code_bytes + kRowPad, scale_bytes = in / 32;
-  const int row0 = (static_cast<int>(blockIdx.y) - job * tiles) * kRows;
+  constexpr int kBlockRows = kGated ? 16 : kRows;  // output rows of each matrix
+  const int row0 = static_cast<int>(blockIdx.y) * kBlockRows;
   const int64_t row = static_cast<int64_t>(e) * out + row0;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
   uint8_t* codes = reinterpret_cast<uint8_t*>(smem) + kBarrierBytes;
@@ -118,10 +125,18 @@ __global__ void __launch_bounds__(kThreads)
   if (warp == 0) {
     if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(kRows * (code_bytes + scale_bytes)));
     __syncwarp();
-    const uint8_t* w = static_cast<const uint8_t*>(m.w);
     static_assert(kRows == 32, "a lane a row");
-    bulk_copy(codes + lane * stride, w + (row + lane) * code_bytes, code_bytes, bar);
-    if (lane == 0) bulk_copy(scales, m.scales + row * scale_bytes, kRows * scale_bytes, bar);
+    if constexpr (kGated) {
+      // Lanes 0-15: the gate's rows, 16-31: the up's (pointers selected one by one: a
+      // parameter struct selected by lane is copied to local memory).
+      const uint8_t* w = static_cast<const uint8_t*>(lane < 16 ? jobs.gate.w : jobs.up.w);
+      const uint8_t* sc = lane < 16 ? jobs.gate.scales : jobs.up.scales;
+      bulk_copy(codes + lane * stride, w + (row + lane % 16) * code_bytes, code_bytes, bar);
+      if (lane % 16 == 0) bulk_copy(scales + (lane / 16) * 16 * scale_bytes, sc + row * scale_bytes, 16 * scale_bytes, bar);
+    } else {
+      bulk_copy(codes + lane * stride, static_cast<const uint8_t*>(m.w) + (row + lane) * code_bytes, code_bytes, bar);
+      if (lane == 0) bulk_copy(scales, m.scales + row * scale_bytes, kRows * scale_bytes, bar);
+    }
   }
   // A lane without a token reads token 0's x: its MMA column is never stored.
   const bf16* xr = x_rows[gid < n_slots ? gid : 0];
@@ -145,19 +160,27 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (warp > 0) return;
 #pragma unroll
-  for (int tt = 0; tt < kTiles; ++tt) {
+  for (int tt = 0; tt < kTiles; ++tt)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       for (int w = 0; w < kWarps - 1; ++w) acc[tt][i] += partial[((w * kTiles + tt) * 4 + i) * 32 + lane];
-    // C fragment: rows gid / gid + 8 of the tile, tokens 2t / 2t + 1.
-    const int r = row0 + 16 * tt + gid;
+  // C fragment: rows gid / gid + 8 of a tile, tokens 2t / 2t + 1.
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int n = 2 * t + j;
-      if (n >= n_slots) continue;
-      const int64_t s = g.perm[begin + n];
-      y[s * out + r] = acc[tt][j];
-      y[s * out + r + 8] = acc[tt][2 + j];
+  for (int j = 0; j < 2; ++j) {
+    const int n = 2 * t + j;
+    if (n >= n_slots) continue;
+    const int64_t s = g.perm[begin + n];
+    if constexpr (kGated) {
+      const int r = row0 + gid;
+      jobs.h[s * out + r] = __float2bfloat16_rn(gated_act(acc[0][j], acc[1][j], jobs.act));
+      jobs.h[s * out + r + 8] = __float2bfloat16_rn(gated_act(acc[0][2 + j], acc[1][2 + j], jobs.act));
+    } else {
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt) {
+        const int r = row0 + 16 * tt + gid;
+        jobs.y[s * out + r] = acc[tt][j];
+        jobs.y[s * out + r + 8] = acc[tt][2 + j];
+      }
     }
   }
 }
@@ -175,24 +198,37 @@ bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_
 
 void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
                           int max_active, int /*n_tokens*/, float* y, cudaStream_t stream) {
-  grouped_mxfp4_stream_pair(x, x_row_div, m, y, nullptr, nullptr, groups, max_active, stream);
+  Jobs jobs;
+  jobs.gate = m;
+  jobs.y = y;
+  const size_t smem = tile_smem_bytes(m.in);
+  allow_dynamic_smem(grouped_mxfp4_tile_kernel<false>, smem);
+  grouped_mxfp4_tile_kernel<false><<<dim3(max_active, m.out / kRows), kThreads, smem, stream>>>(x, x_row_div, jobs,
+                                                                                              groups);
+  CUDA_CHECK_LAUNCH();
 }
 
-void grouped_mxfp4_stream_pair(const bf16* x, int x_row_div, const StackedExperts& m0, float* y0,
-                               const StackedExperts* m1, float* y1, const ExpertGroups& groups, int max_active,
-                               cudaStream_t stream) {
-  if (m1 != nullptr && (m1->out != m0.out || m1->in != m0.in))
-    throw CudaError("grouped_mxfp4_stream_pair: two shapes, [" + std::to_string(m0.out) + ", " +
-                    std::to_string(m0.in) + "] and [" + std::to_string(m1->out) + ", " + std::to_string(m1->in) + "]");
+bool grouped_mxfp4_stream_gated_supported(const StackedExperts& gate, const StackedExperts& up, bool x_bf16,
+                                          int n_tokens, const void* x) {
+  return grouped_mxfp4_stream_supported(gate, x_bf16, n_tokens, x) &&
+         grouped_mxfp4_stream_supported(up, x_bf16, n_tokens, x) && gate.out == up.out && gate.in == up.in;
+}
+
+void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExperts& gate, const StackedExperts& up,
+                                const ActivationParams& act, const ExpertGroups& groups, int max_active, bf16* h,
+                                cudaStream_t stream) {
+  if (up.out != gate.out || up.in != gate.in)
+    throw CudaError("grouped_mxfp4_stream_gated: two shapes, [" + std::to_string(gate.out) + ", " +
+                    std::to_string(gate.in) + "] and [" + std::to_string(up.out) + ", " + std::to_string(up.in) + "]");
   Jobs jobs;
-  jobs.m[0] = m0;
-  jobs.y[0] = y0;
-  jobs.m[1] = m1 != nullptr ? *m1 : m0;
-  jobs.y[1] = y1;
-  const size_t smem = tile_smem_bytes(m0.in);
-  allow_dynamic_smem(grouped_mxfp4_tile_kernel, smem);
-  const dim3 grid(max_active, (m1 != nullptr ? 2 : 1) * (m0.out / kRows));
-  grouped_mxfp4_tile_kernel<<<grid, kThreads, smem, stream>>>(x, x_row_div, jobs, groups);
+  jobs.gate = gate;
+  jobs.up = up;
+  jobs.h = h;
+  jobs.act = act;
+  const size_t smem = tile_smem_bytes(gate.in);
+  allow_dynamic_smem(grouped_mxfp4_tile_kernel<true>, smem);
+  grouped_mxfp4_tile_kernel<true><<<dim3(max_active, gate.out / 16), kThreads, smem, stream>>>(x, x_row_div, jobs,
+                                                                                             groups);
   CUDA_CHECK_LAUNCH();
 }
 

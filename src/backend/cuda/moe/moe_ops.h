@@ -58,11 +58,14 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x);
 void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
                           int max_active, int n_tokens, float* y, cudaStream_t stream);
-// Two matrices of one shape over the same x (the gate and up projections) in one launch: y0
-// from m0, y1 from m1 (each as grouped_expert_linear). Both must be stream-supported.
-void grouped_mxfp4_stream_pair(const bf16* x, int x_row_div, const StackedExperts& m0, float* y0,
-                               const StackedExperts* m1, float* y1, const ExpertGroups& groups, int max_active,
-                               cudaStream_t stream);
+// The gate and up projections of one shape over the same x in one launch, stored as
+// h = act(gate x, up x) in bf16 ([slots, out], as gated_activation of the two
+// grouped_expert_linear outputs, bit for bit).
+bool grouped_mxfp4_stream_gated_supported(const StackedExperts& gate, const StackedExperts& up, bool x_bf16,
+                                          int n_tokens, const void* x);
+void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExperts& gate, const StackedExperts& up,
+                                const ActivationParams& act, const ExpertGroups& groups, int max_active, bf16* h,
+                                cudaStream_t stream);
 bool grouped_mxfp4_mma_supported(const StackedExperts& m, bool x_bf16);
 void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
                        int max_active, int n_tokens, float* y, cudaStream_t stream);
