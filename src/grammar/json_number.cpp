@@ -9,7 +9,8 @@ namespace {
 
 using Frag = Builder::Frag;
 
-constexpr int kMaxDigits = 16;  // integer digits of an unbounded number
+constexpr int kMaxDigits = 16;         // integer (and fraction) digits of an unbounded number
+constexpr int kMaxExponentDigits = 2;  // e-99 .. e+99
 
 std::string digits_of(uint64_t v) { return std::to_string(v); }
 
@@ -31,7 +32,11 @@ Frag JsonGrammar::number_any(bool integer) {
     e.set('E');
     sign.set('+');
     sign.set('-');
-    parts.push_back(b_.opt(b_.seq({b_.symbols(e), b_.opt(b_.symbols(sign)), digits(1, 3)})));
+    // Two exponent digits: with 16 integer digits the largest number is ~1e115, the smallest
+    // non-zero ~1e-115, so every accepted text is a finite double. Three allowed 1e999, which
+    // JavaScript's JSON.parse reads as Infinity and a schema validator (ajv) rejects as not
+    // a number (seen at temperature 1 on the GPU, where sampling wandered into it).
+    parts.push_back(b_.opt(b_.seq({b_.symbols(e), b_.opt(b_.symbols(sign)), digits(1, kMaxExponentDigits)})));
   }
   return b_.seq(std::move(parts));
 }

@@ -3,6 +3,8 @@
 // plain integer arithmetic (bounds), and the schema's own rules checked on the parsed
 // value. Texts come from hand-written valid/invalid examples and from random walks that
 // sample any allowed token under the masks, with a token budget.
+#include <cmath>
+#include <cstdlib>
 #include <random>
 #include <regex>
 
@@ -151,6 +153,23 @@ TEST(JsonSchema, IntegerBoundsAgreeWithArithmetic) {
   EXPECT_TRUE(num.accepts("2"));
   EXPECT_FALSE(num.accepts("3"));
   EXPECT_FALSE(num.accepts("0"));
+}
+
+// Every number the unbounded grammar accepts is a finite double: JSON.parse reads 1e999 as
+// Infinity, which a validator (ajv) rejects as "must be number". The largest and smallest
+// texts it allows, read by strtod, stay finite and non-zero.
+TEST(JsonSchema, UnboundedNumbersAreFiniteDoubles) {
+  const auto num = compile(R"({"type":"number"})");
+  const std::string sixteen_nines(16, '9');
+  for (const std::string& t : std::vector<std::string>{sixteen_nines + "." + sixteen_nines + "e99",
+                                                      "-" + sixteen_nines + "E+99", "0.0000000000000001e-99",
+                                                      "1.5e-7", "-0.25", "42"}) {
+    EXPECT_TRUE(num.accepts(t)) << t;
+    const double v = std::strtod(t.c_str(), nullptr);
+    EXPECT_TRUE(std::isfinite(v) && v != 0) << t << " reads as " << v;
+  }
+  for (const std::string& t : std::vector<std::string>{"1e999", "1e100", "9E+308", "1e-400", sixteen_nines + "9"})
+    EXPECT_FALSE(num.accepts(t)) << t;
 }
 
 TEST(JsonSchema, PatternsAgreeWithEcmaScriptRegex) {
