@@ -71,6 +71,18 @@ void ProfiledOps::linear(const Tensor& x, const Matrix& w, Tensor y) {
   const double flops = 2.0 * static_cast<double>(x.rows) * w.out * w.in;
   timed(matrix_label("linear", w), bytes_of(w) + bytes_of(x) + bytes_of(y), flops, [&] { in_.linear(x, w, y); });
 }
+void ProfiledOps::linear_shared_input(const Tensor& x, std::span<const Matrix* const> ws,
+                                      std::span<const Tensor> ys) {
+  if (ws.empty()) return;
+  double bytes = bytes_of(x), flops = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    bytes += bytes_of(*ws[i]) + bytes_of(ys[i]);
+    flops += 2.0 * static_cast<double>(x.rows) * ws[i]->out * ws[i]->in;
+  }
+  const std::string label = "linear x" + std::to_string(ws.size());
+  timed(matrix_label(label.c_str(), *ws[0]), bytes, flops,
+        [&] { in_.linear_shared_input(x, ws, ys); });
+}
 void ProfiledOps::add(const Tensor& a, const Tensor& b, Tensor y) {
   timed("add", bytes_of(a) + bytes_of(b) + bytes_of(y), 0, [&] { in_.add(a, b, y); });
 }

@@ -62,6 +62,7 @@ class ProfiledOps final : public Ops {
   void embedding(const Tensor& table, int64_t first_row, const BatchView& batch, Tensor out) override;
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) override;
   void linear(const Tensor& x, const Matrix& w, Tensor y) override;
+  void linear_shared_input(const Tensor& x, std::span<const Matrix* const> ws, std::span<const Tensor> ys) override;
   void add(const Tensor& a, const Tensor& b, Tensor y) override;
   void mul(const Tensor& a, const Tensor& b, Tensor y) override;
   void gated_activation(const Tensor& gate, const Tensor& up, const ActivationParams& act, Tensor y) override;

@@ -109,6 +109,13 @@ class Ops {
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) = 0;
   // y = x W^T; x act dtype (or F32 with an F32 weight), y F32 or act dtype.
   virtual void linear(const Tensor& x, const Matrix& w, Tensor y) = 0;
+  // ys[i] = x W_i^T for several projections of one input (a KDA layer's q, k, v and output
+  // gate). The default is linear() for each; a backend may run them as one call when the
+  // matrices share a shape and lie back to back in memory (as the loader places a KDA
+  // layer's four) and the outputs do too.
+  virtual void linear_shared_input(const Tensor& x, std::span<const Matrix* const> ws, std::span<const Tensor> ys) {
+    for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], ys[i]);
+  }
   virtual void add(const Tensor& a, const Tensor& b, Tensor y) = 0;  // F32; y may alias a or b
   // y = a * b elementwise; a, b F32; y F32 or act dtype (may alias a when F32).
   virtual void mul(const Tensor& a, const Tensor& b, Tensor y) = 0;

@@ -31,6 +31,9 @@ struct Lister {
     mat(w.q_proj, n("q_proj.weight"), P, H, ShardRule::column);
     mat(w.k_proj, n("k_proj.weight"), P, H, ShardRule::column);
     mat(w.v_proj, n("v_proj.weight"), P, H, ShardRule::column);
+    // The full-rank output gate right after q, k, v: the four back to back in memory, so a
+    // decode step projects them in one call (Ops::linear_shared_input).
+    if (cfg.kda_full_rank_gate) mat(w.g_proj, n("g_proj.weight"), P, H, ShardRule::column);
     sink.f32(w.q_conv, n("q_conv1d.weight"), DType::F32, {P, 1, K}, P, K, ShardRule::column);
     sink.f32(w.k_conv, n("k_conv1d.weight"), DType::F32, {P, 1, K}, P, K, ShardRule::column);
     sink.f32(w.v_conv, n("v_conv1d.weight"), DType::F32, {P, 1, K}, P, K, ShardRule::column);
@@ -42,9 +45,7 @@ struct Lister {
     mat(w.f_a_proj, n("f_a_proj.weight"), d, H, ShardRule::replicated);
     mat(w.f_b_proj, n("f_b_proj.weight"), P, d, ShardRule::column);
     mat(w.b_proj, n("b_proj.weight"), nh, H, ShardRule::column);
-    if (cfg.kda_full_rank_gate) {
-      mat(w.g_proj, n("g_proj.weight"), P, H, ShardRule::column);
-    } else {
+    if (!cfg.kda_full_rank_gate) {
       mat(w.g_a_proj, n("g_a_proj.weight"), d, H, ShardRule::replicated);
       mat(w.g_b_proj, n("g_b_proj.weight"), P, d, ShardRule::column);
     }

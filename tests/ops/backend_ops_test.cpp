@@ -134,6 +134,38 @@ TEST_P(BackendOps, DenseOps) {
   B.cpu.linear(xa.c, m.c, l.c);
   B.gpu->linear(xa.g, m.g, l.g);
   expect_close(std::string("linear_") + B.mode(), "37x96->200", err(B, l), B.tol(1e-5));
+  // Four projections of one input (a KDA layer's q, k, v, gate): back to back in one weight
+  // buffer and one output buffer, then the same matrices into outputs that are not. 5 and 37
+  // tokens, F32 and act outputs.
+  for (const int Tn : {5, T}) {
+    for (const DType ydt : {DType::F32, act()}) {
+      Pair xs = put(B, normal(Tn * H, 8), Tn, H, act());
+      Pair wall = put(B, normal(4 * O * H, 9, 0.1f), 4 * O, H, B.gpu->weight_dtype());
+      Pair ys = out(B, 4 * Tn, O, ydt), ys_apart = out(B, 8 * Tn, O, ydt);
+      for (const bool apart : {false, true}) {
+        Matrix wc[4], wg[4];
+        Tensor yc[4], yg[4];
+        for (int i = 0; i < 4; ++i) {
+          wc[i] = Matrix{wall.c.rows_view(i * O, O), {}, O, H};
+          wg[i] = Matrix{wall.g.rows_view(i * O, O), {}, O, H};
+          const Pair& dst = apart ? ys_apart : ys;
+          const int64_t row = (apart ? 2 * i : i) * Tn;  // apart: a gap after each output
+          yc[i] = dst.c.rows_view(row, Tn);
+          yg[i] = dst.g.rows_view(row, Tn);
+        }
+        const Matrix* pc[] = {&wc[0], &wc[1], &wc[2], &wc[3]};
+        const Matrix* pg[] = {&wg[0], &wg[1], &wg[2], &wg[3]};
+        B.cpu.linear_shared_input(xs.c, pc, yc);
+        B.gpu->linear_shared_input(xs.g, pg, yg);
+        for (int i = 0; i < 4; ++i) {
+          const double e = optest::normalised_error(testing::download(*B.gpu, yg[i]), testing::download(B.cpu, yc[i]));
+          expect_close(std::string("linear_shared_input_") + (apart ? "apart_" : "") + B.mode(),
+                       std::to_string(Tn) + "x96->4x200_" + dtype_name(ydt) + "_" + std::to_string(i), e,
+                       ydt == DType::BF16 ? B.tol(4e-3) : B.tol(1e-5));
+        }
+      }
+    }
+  }
   // add, mul, sigmoid, gated activations (SiTU and SwiGLU)
   Pair a = put(B, normal(T * H, 6), T, H), c = put(B, normal(T * H, 7), T, H);
   Pair s = out(B, T, H), p = out(B, T, H, act());

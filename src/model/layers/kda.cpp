@@ -2,6 +2,12 @@
 
 namespace moonrun {
 
+namespace {
+// Up to this many tokens (decode batches) a KDA layer projects q, k, v and its output gate in
+// one linear_shared_input call; a longer prompt would need four [T, H*d] buffers at once.
+constexpr int64_t kSharedProjectionMaxTokens = 256;
+}  // namespace
+
 int64_t kda_conv_window_floats(const KdaShape& shape) {
   return static_cast<int64_t>(shape.conv_kernel - 1) * shape.proj_dim();
 }
@@ -17,17 +23,27 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   const int64_t window = kda_conv_window_floats(shape);
   auto part = [&](int64_t offset) { return StateLayer{state.base + offset, state.slot_stride_floats}; };
 
-  // q, k, v: projection, then the short conv, each with its own window.
-  Tensor proj = ops.scratch(T, D, DType::F32);  // a projection before its conv; later the output gate
-  Tensor q = ops.scratch(T, D, DType::F32);     // [T, H*d]
+  // q, k, v: projection, then the short conv, each with its own window. A decode-size batch
+  // projects q, k, v and K3's full-rank output gate in one call (four [H*d, hidden] matrices
+  // over the same x, back to back as the loader places them, so a backend can stream them as
+  // one GEMM); a prompt-size one, one at a time through one buffer.
+  const bool together = T <= kSharedProjectionMaxTokens && !w.g_proj.empty();
+  Tensor projs = ops.scratch(together ? 4 * T : T, D, DType::F32);
+  auto proj = [&](int i) { return together ? projs.rows_view(i * T, T) : projs; };
+  if (together) {
+    const Matrix* ws[] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.g_proj};
+    const Tensor ys[] = {proj(0), proj(1), proj(2), proj(3)};
+    ops.linear_shared_input(x, ws, ys);
+  }
+  Tensor q = ops.scratch(T, D, DType::F32);  // [T, H*d]
   Tensor k = ops.scratch(T, D, DType::F32);
   Tensor v = ops.scratch(T, D, DType::F32);
-  ops.linear(x, w.q_proj, proj);
-  ops.short_conv(proj, w.q_conv, batch, part(0), /*silu=*/true, q);
-  ops.linear(x, w.k_proj, proj);
-  ops.short_conv(proj, w.k_conv, batch, part(window), true, k);
-  ops.linear(x, w.v_proj, proj);
-  ops.short_conv(proj, w.v_conv, batch, part(2 * window), true, v);
+  if (!together) ops.linear(x, w.q_proj, proj(0));
+  ops.short_conv(proj(0), w.q_conv, batch, part(0), /*silu=*/true, q);
+  if (!together) ops.linear(x, w.k_proj, proj(1));
+  ops.short_conv(proj(1), w.k_conv, batch, part(window), true, k);
+  if (!together) ops.linear(x, w.v_proj, proj(2));
+  ops.short_conv(proj(2), w.v_conv, batch, part(2 * window), true, v);
 
   // L2 norm per head (the reference does it inside the kernel), q scaled by d^-1/2.
   ops.l2norm_rows(q.reshaped(d), 1.0f / std::sqrt(static_cast<float>(d)));
@@ -47,11 +63,12 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   ops.kda_recurrence(q, k, v, g, beta, batch, part(kda_s_offset(shape)), static_cast<int>(H), static_cast<int>(d),
                      mode, o);
 
-  // Output gate: full rank in K3, low rank in Kimi Linear (into proj's buffer).
-  Tensor gate = proj;
-  if (!w.g_proj.empty()) {
+  // Output gate: full rank in K3 (already projected when `together`), low rank in Kimi
+  // Linear (into the projection buffer).
+  Tensor gate = proj(3);
+  if (!together && !w.g_proj.empty()) {
     ops.linear(x, w.g_proj, gate);
-  } else {
+  } else if (!together) {
     Tensor glow = ops.scratch(T, w.g_a_proj.out, ops.act_dtype());
     ops.linear(x, w.g_a_proj, glow);
     ops.linear(glow, w.g_b_proj, gate);
