@@ -112,7 +112,7 @@ class Ops {
   // ys[i] = x W_i^T for several projections of one input (a KDA layer's q, k, v and output
   // gate). The default is linear() for each; a backend may run them as one call when the
   // matrices share a shape and lie back to back in memory (as the loader places a KDA
-  // layer's four) and the outputs do too.
+  // layer's four) and the outputs do too (CUDA: one strided-batched cuBLASLt GEMM).
   virtual void linear_shared_input(const Tensor& x, std::span<const Matrix* const> ws, std::span<const Tensor> ys) {
     for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], ys[i]);
   }

@@ -192,6 +192,27 @@ class CudaOps final : public Ops {
       throw CudaError("linear: x " + shape(x) + " with a " + dtype_name(w.w.dtype) + " weight into " + shape(y));
     }
   }
+  void linear_shared_input(const Tensor& x, std::span<const Matrix* const> ws, std::span<const Tensor> ys) override {
+    check(ws.size() == ys.size(), "linear_shared_input: as many outputs as matrices");
+    if (ws.size() < 2 || x.dtype != DType::BF16) return Ops::linear_shared_input(x, ws, ys);
+    const Matrix& w0 = *ws[0];
+    const Tensor& y0 = ys[0];
+    const size_t w_bytes = static_cast<size_t>(w0.out) * w0.in * sizeof(bf16);
+    bool back_to_back = !w0.mxfp4() && w0.w.dtype == DType::BF16 && y0.rows == x.rows && y0.cols == w0.out &&
+                        x.cols == w0.in && (y0.dtype == DType::F32 || y0.dtype == DType::BF16);
+    for (size_t i = 1; back_to_back && i < ws.size(); ++i) {
+      const Matrix& w = *ws[i];
+      back_to_back = !w.mxfp4() && w.w.dtype == DType::BF16 && w.out == w0.out && w.in == w0.in &&
+                     w.w.data == static_cast<const char*>(w0.w.data) + i * w_bytes && ys[i].dtype == y0.dtype &&
+                     ys[i].rows == y0.rows && ys[i].cols == y0.cols &&
+                     ys[i].data == static_cast<const char*>(y0.data) + i * y0.nbytes();
+    }
+    if (!back_to_back) return Ops::linear_shared_input(x, ws, ys);
+    const DeviceLinear lin{w0.w.as<bf16>(), w0.out, w0.in};
+    const int n = static_cast<int>(x.rows), batch = static_cast<int>(ws.size());
+    if (y0.dtype == DType::BF16) blas_->linear_batched(x.as<bf16>(), n, lin, batch, y0.as<bf16>());
+    else blas_->linear_batched(x.as<bf16>(), n, lin, batch, y0.as<float>());
+  }
   void add(const Tensor& a, const Tensor& b, Tensor y) override {
     same_shape(a, b, "add");
     same_shape(a, y, "add");

@@ -55,10 +55,10 @@ uint32_t alignment_bytes(const void* p) {
 }  // namespace
 
 const Blas::Plan& Blas::plan(cudaDataType_t ab_type, cudaDataType_t cd_type, int out_features, int n_tokens,
-                             int in_features, const void* w, const void* x, const void* y) {
+                             int in_features, const void* w, const void* x, const void* y, int batch) {
   const uint32_t align_w = alignment_bytes(w), align_x = alignment_bytes(x), align_y = alignment_bytes(y);
   const PlanKey key{static_cast<int>(ab_type), static_cast<int>(cd_type), out_features, n_tokens, in_features,
-                    static_cast<int>(align_w), static_cast<int>(align_x), static_cast<int>(align_y)};
+                    static_cast<int>(align_w), static_cast<int>(align_x), static_cast<int>(align_y), batch};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
 
   Plan p;
@@ -70,6 +70,17 @@ const Blas::Plan& Blas::plan(cudaDataType_t ab_type, cudaDataType_t cd_type, int
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab_type, in_features, out_features, in_features));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab_type, in_features, n_tokens, in_features));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cd_type, out_features, n_tokens, out_features));
+  if (batch > 1) {
+    // Strided batch: the weights back to back, x shared (stride 0), the outputs back to back.
+    const int32_t count = batch;
+    const int64_t stride_a = static_cast<int64_t>(out_features) * in_features, stride_b = 0,
+                  stride_c = static_cast<int64_t>(out_features) * n_tokens;
+    for (auto [layout, stride] : {std::pair{p.a, stride_a}, std::pair{p.b, stride_b}, std::pair{p.c, stride_c}}) {
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                    sizeof(stride)));
+    }
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -113,17 +124,17 @@ const Blas::Plan& Blas::plan(cudaDataType_t ab_type, cudaDataType_t cd_type, int
 }
 
 void Blas::matmul(cudaDataType_t ab_type, cudaDataType_t cd_type, const void* x, int n_tokens, const void* w,
-                  int out_features, int in_features, void* y) {
-  if (n_tokens < 0 || out_features < 0 || in_features < 0)
+                  int out_features, int in_features, void* y, int batch) {
+  if (n_tokens < 0 || out_features < 0 || in_features < 0 || batch < 1)
     throw CudaError("Blas::linear: negative size (" + std::to_string(n_tokens) + ", " +
                     std::to_string(out_features) + ", " + std::to_string(in_features) + ")");
   if (n_tokens == 0 || out_features == 0) return;
   if (in_features == 0) {  // the empty sum: cuBLASLt rejects k = 0
     const size_t elem = cd_type == CUDA_R_32F ? 4 : 2;
-    CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(n_tokens) * out_features * elem, stream_));
+    CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(batch) * n_tokens * out_features * elem, stream_));
     return;
   }
-  const Plan& p = plan(ab_type, cd_type, out_features, n_tokens, in_features, w, x, y);
+  const Plan& p = plan(ab_type, cd_type, out_features, n_tokens, in_features, w, x, y, batch);
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
                               workspace_bytes_, stream_));
@@ -135,6 +146,14 @@ void Blas::linear(const bf16* x, int n_tokens, const DeviceLinear& w, float* y) 
 
 void Blas::linear(const bf16* x, int n_tokens, const DeviceLinear& w, bf16* y) {
   matmul(CUDA_R_16BF, CUDA_R_16BF, x, n_tokens, w.w, w.out_features, w.in_features, y);
+}
+
+void Blas::linear_batched(const bf16* x, int n_tokens, const DeviceLinear& w, int batch, float* y) {
+  matmul(CUDA_R_16BF, CUDA_R_32F, x, n_tokens, w.w, w.out_features, w.in_features, y, batch);
+}
+
+void Blas::linear_batched(const bf16* x, int n_tokens, const DeviceLinear& w, int batch, bf16* y) {
+  matmul(CUDA_R_16BF, CUDA_R_16BF, x, n_tokens, w.w, w.out_features, w.in_features, y, batch);
 }
 
 void Blas::linear_f32(const float* x, int n_tokens, const float* w, int out_features, int in_features, float* y) {

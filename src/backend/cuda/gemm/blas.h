@@ -34,6 +34,11 @@ class Blas {
   // y[t, o] = sum_i x[t, i] * w[o, i]; x [n_tokens, in] bf16, y [n_tokens, out].
   void linear(const bf16* x, int n_tokens, const DeviceLinear& w, float* y);
   void linear(const bf16* x, int n_tokens, const DeviceLinear& w, bf16* y);
+  // `batch` matrices of w's shape back to back (w.w, w.w + out * in, ...) over the same x, in
+  // one strided-batched call: y_b = y + b * n_tokens * out. Several decode-size projections
+  // of one input stream as one GEMM instead of one tail each.
+  void linear_batched(const bf16* x, int n_tokens, const DeviceLinear& w, int batch, float* y);
+  void linear_batched(const bf16* x, int n_tokens, const DeviceLinear& w, int batch, bf16* y);
   // All fp32, TF32 off: the router's logits ("router logits in fp32 from the full-width x").
   // x [n_tokens, in], w [out, in] row-major fp32, y [n_tokens, out].
   void linear_f32(const float* x, int n_tokens, const float* w, int out_features, int in_features, float* y);
@@ -49,12 +54,12 @@ class Blas {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  // (in/out data types, m, n, k, alignment of the pointers in bytes)
-  using PlanKey = std::tuple<int, int, int, int, int, int, int, int>;
+  // (in/out data types, m, n, k, alignment of the pointers in bytes, batch)
+  using PlanKey = std::tuple<int, int, int, int, int, int, int, int, int>;
   const Plan& plan(cudaDataType_t ab_type, cudaDataType_t cd_type, int out_features, int n_tokens,
-                   int in_features, const void* w, const void* x, const void* y);
+                   int in_features, const void* w, const void* x, const void* y, int batch);
   void matmul(cudaDataType_t ab_type, cudaDataType_t cd_type, const void* x, int n_tokens, const void* w,
-              int out_features, int in_features, void* y);
+              int out_features, int in_features, void* y, int batch = 1);
 
   std::map<PlanKey, Plan> plans_;
   cudaStream_t stream_;
