@@ -12,6 +12,7 @@
 
 #include "backend/cpu/zmq_comm.h"
 #include "common/log.h"
+#include "model/checkpoint.h"
 #include "runtime/runtime_builder.h"
 #include "runtime/step_codec.h"
 
@@ -107,9 +108,7 @@ CacheConfig cache_from_json(const json& j) {
   c.num_state_slots = j.at("num_state_slots").get<int>();
   c.num_snapshot_slots = j.at("num_snapshot_slots").get<int>();
   c.prefix_block_tokens = j.at("prefix_block_tokens").get<int>();
-  const std::string kv = j.value("kv_dtype", "");
-  for (DType d : kAllDTypes)
-    if (kv == dtype_name(d)) c.layout.kv_dtype = d;
+  if (auto kv = dtype_from_name(j.value("kv_dtype", "")); kv.is_ok()) c.layout.kv_dtype = *kv;  // "": unset
   return c;
 }
 
