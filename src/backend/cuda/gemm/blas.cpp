@@ -126,8 +126,9 @@ const Blas::Plan& Blas::plan(cudaDataType_t ab_type, cudaDataType_t cd_type, int
 void Blas::matmul(cudaDataType_t ab_type, cudaDataType_t cd_type, const void* x, int n_tokens, const void* w,
                   int out_features, int in_features, void* y, int batch) {
   if (n_tokens < 0 || out_features < 0 || in_features < 0 || batch < 1)
-    throw CudaError("Blas::linear: negative size (" + std::to_string(n_tokens) + ", " +
-                    std::to_string(out_features) + ", " + std::to_string(in_features) + ")");
+    throw CudaError("Blas::linear: negative size or batch < 1 (" + std::to_string(n_tokens) + ", " +
+                    std::to_string(out_features) + ", " + std::to_string(in_features) + ", batch " +
+                    std::to_string(batch) + ")");
   if (n_tokens == 0 || out_features == 0) return;
   if (in_features == 0) {  // the empty sum: cuBLASLt rejects k = 0
     const size_t elem = cd_type == CUDA_R_32F ? 4 : 2;
