@@ -203,6 +203,61 @@ TEST_P(BackendOps, DenseOps) {
                testing::download(B.cpu, gth.c));
 }
 
+// The row kernels at decode widths, where each has a vectorised kernel besides the general
+// one: a token at K3's hidden (7168; 1024 threads of two float4 chunks), 140 rows of 2048
+// (256 threads of eight), and 8200 wide (more than 2048 chunks: the general kernel). Token
+// 0's embedding row and a full-width gather are compared too.
+TEST_P(BackendOps, RowOpsAtDecodeWidths) {
+  Backends& B = b();
+  struct Shape {
+    int rows, width;
+  };
+  for (const Shape sh : {Shape{1, 7168}, Shape{3, 7168}, Shape{140, 2048}, Shape{2, 8200}}) {
+    const std::string name = std::to_string(sh.rows) + "x" + std::to_string(sh.width);
+    Pair x = put(B, normal(static_cast<size_t>(sh.rows) * sh.width, 70, 3.0f), sh.rows, sh.width);
+    Pair w = put(B, optest::random_uniform(sh.width, 71, 0.5f, 1.5f), 1, sh.width);
+    Pair y = out(B, sh.rows, sh.width), ya = out(B, sh.rows, sh.width, act());
+    B.cpu.rmsnorm(x.c, w.c, 1e-6f, y.c);
+    B.gpu->rmsnorm(x.g, w.g, 1e-6f, y.g);
+    B.cpu.rmsnorm(x.c, w.c, 1e-6f, ya.c);
+    B.gpu->rmsnorm(x.g, w.g, 1e-6f, ya.g);
+    expect_close(std::string("rmsnorm_") + B.mode(), name, err(B, y), 2e-6);
+    expect_close(std::string("rmsnorm_act_") + B.mode(), name, err(B, ya), B.tol(4e-3));
+    // AttnRes over 6 blocks (K3's deepest mix in the slice) and over 16 (past the
+    // vectorised kernel's 16 inputs: the general one).
+    for (const int nb : {6, 16}) {
+      Pair blocks = put(B, normal(static_cast<size_t>(nb) * sh.rows * sh.width, 72 + nb, 2.0f), nb * sh.rows,
+                        sh.width);
+      Pair wn = put(B, optest::random_uniform(sh.width, 73, 0.5f, 1.5f), 1, sh.width);
+      Pair wp = put(B, normal(sh.width, 74, 0.05f), 1, sh.width);
+      Pair mix = out(B, sh.rows, sh.width);
+      B.cpu.attn_res_mix(x.c, blocks.c, nb, wn.c, wp.c, 1e-5f, mix.c);
+      B.gpu->attn_res_mix(x.g, blocks.g, nb, wn.g, wp.g, 1e-5f, mix.g);
+      expect_close(std::string("attn_res_mix_") + B.mode(), name + "_" + std::to_string(nb) + "blocks", err(B, mix),
+                   1e-5);
+    }
+    std::vector<int32_t> picks;
+    for (int i = 0; i < sh.rows; ++i) picks.push_back((i * 7 + 3) % sh.rows);
+    Pair rows = put_i32(B, picks, sh.rows, 1);
+    Pair gth = out(B, sh.rows, sh.width);
+    B.cpu.gather_rows(x.c, rows.c.as<int32_t>(), gth.c);
+    B.gpu->gather_rows(x.g, rows.g.as<int32_t>(), gth.g);
+    expect_exact(std::string("gather_rows_") + B.mode(), name, testing::download(*B.gpu, gth.g),
+                 testing::download(B.cpu, gth.c));
+  }
+  const int V = 50, H = 7168;
+  Pair table = put(B, normal(static_cast<size_t>(V) * H, 75), V, H, B.gpu->weight_dtype());
+  ForwardBatch fb;
+  const int32_t ids[] = {17, 3, 49};
+  fb.add_seq(ids, 3, 0, 0, nullptr, 0);
+  const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
+  Pair e = out(B, 3, H);
+  B.cpu.embedding(table.c, 0, vc, e.c);
+  B.gpu->embedding(table.g, 0, vg, e.g);
+  expect_exact(std::string("embedding_") + B.mode(), "3x7168", testing::download(*B.gpu, e.g),
+               testing::download(B.cpu, e.c));
+}
+
 // ---- the vision tower ----------------------------------------------------------------------
 
 // GELU in both forms, and the tower's attention over two images of different sizes (rows
@@ -383,8 +438,12 @@ TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
   // cache. Each runs over a cache of the compute dtype and over an fp8 (e4m3) one, which
   // both backends hold as the same codes (the GPU's hardware conversion against the CPU's
   // f32_to_f8e4m3 in mla_store).
+  // The fourth is K3's per-head shape (kv_lora 512, nope 128, rope 64, v 128) over 16 heads.
+  // In bf16 every shape's query absorption and output expansion take the 16-byte-load
+  // kernels (kv_lora / 8 divides the block).
   // MlaShape: heads, kv_lora, nope, rope, v.
-  for (const MlaShape shp : {MlaShape{4, 32, 16, 8, 24}, MlaShape{16, 32, 24, 8, 32}, MlaShape{16, 128, 24, 16, 32}}) {
+  for (const MlaShape shp : {MlaShape{4, 32, 16, 8, 24}, MlaShape{16, 32, 24, 8, 32}, MlaShape{16, 128, 24, 16, 32},
+                             MlaShape{16, 512, 128, 64, 128}}) {
     const int row = shp.row_width(), P = MixedBatch::kPages * MixedBatch::kPageSize;
     const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
     // A pool already holding rows of the past positions.
@@ -433,6 +492,23 @@ TEST_P(BackendOps, RouterAndExperts) {
     expect_exact(std::string("router_ids_") + B.mode(), p.num_expert_group > 1 ? "grouped" : "plain",
                  testing::download(*B.gpu, ids.g), testing::download(B.cpu, ids.c));
     expect_close(std::string("router_weights_") + B.mode(), "21x16", err(B, w), 1e-6);
+  }
+  // K3's router (896 experts, top 16, one group) for one and five tokens, with logits
+  // rounded to a coarse grid so that equal biased scores occur and the lower id must win,
+  // and grouped over 8 groups keeping 3.
+  for (const RouterParams& p : {RouterParams{896, 16, 1, 1, true, 2.5f}, RouterParams{896, 16, 8, 3, true, 2.5f}}) {
+    for (const int n : {1, 5}) {
+      std::vector<float> lg = normal(static_cast<size_t>(n) * 896, 62 + n, 2.0f);
+      for (float& v : lg) v = std::round(v * 4.0f) / 4.0f;
+      Pair logits = put(B, lg, n, 896), bias = put(B, std::vector<float>(896, 0.0f), 1, 896);
+      Pair ids = out(B, n, 16, DType::I32), w = out(B, n, 16);
+      B.cpu.router_topk(logits.c, bias.c, p, ids.c, w.c);
+      B.gpu->router_topk(logits.g, bias.g, p, ids.g, w.g);
+      const std::string name = std::to_string(n) + "x896" + (p.num_expert_group > 1 ? "_grouped" : "");
+      expect_exact(std::string("router_ids_") + B.mode(), name, testing::download(*B.gpu, ids.g),
+                   testing::download(B.cpu, ids.c));
+      expect_close(std::string("router_weights_") + B.mode(), name, err(B, w), 1e-6);
+    }
   }
   // experts: MXFP4 (the same codes on both) and dense. Which MXFP4 kernel: up to 8 tokens
   // with in % 64 and out % 32, the whole-tile decode kernel (6x128x192, 5x1344x192 - 21

@@ -56,4 +56,22 @@ __device__ T block_max(T v, T lowest, T* shared) {
   return shared[0];
 }
 
+// Row kernels that hold their row in registers, four values a load: a block a row, thread i
+// owning float4 chunks i, i + blockDim, ... (kChunks of them at most). Few rows (decode):
+// 1024 threads of 2 chunks, so one row's loads are all in flight at once; many rows: 256
+// threads of 8. Fewer threads where the row is narrow. chunks = 0: the row is wider than
+// 2048 chunks (the caller's scalar kernel takes it).
+struct VecRowLaunch {
+  int threads = 0;
+  int chunks = 0;
+};
+inline VecRowLaunch vec_row_launch(int n_rows, int n4) {
+  const bool few = n_rows < 132;  // an H200's multiprocessors
+  const int chunks = few ? 2 : 8, max_threads = few ? 1024 : 256;
+  if (n4 <= 0 || n4 > chunks * max_threads) return {};
+  const int threads = ((n4 + chunks - 1) / chunks + 31) / 32 * 32;
+  return {threads, chunks};
+}
+constexpr int vec_row_max_threads(int chunks) { return chunks == 2 ? 1024 : 256; }
+
 }  // namespace moonrun::cuda

@@ -56,13 +56,14 @@ __global__ void to_f32_kernel(const bf16* __restrict__ x, int64_t n, float* __re
     y[i] = __bfloat162float(x[i]);
 }
 
-// One block per output row, 4-byte words (rows are whole elements of >= 2 bytes; the
-// byte tail is copied bytewise).
-__global__ void gather_rows_kernel(const char* __restrict__ x, size_t row_bytes, const int32_t* __restrict__ rows,
-                                   char* __restrict__ y) {
-  const char* src = x + static_cast<size_t>(rows[blockIdx.x]) * row_bytes;
-  char* dst = y + static_cast<size_t>(blockIdx.x) * row_bytes;
-  for (size_t i = threadIdx.x; i < row_bytes; i += blockDim.x) dst[i] = src[i];
+// One block per output row: 16-byte words where the row and both pointers allow (a
+// 7168-float row copied a byte at a time took 21 us), else bytes.
+template <typename Word>
+__global__ void gather_rows_kernel(const Word* __restrict__ x, size_t row_words, const int32_t* __restrict__ rows,
+                                   Word* __restrict__ y) {
+  const Word* src = x + static_cast<size_t>(rows[blockIdx.x]) * row_words;
+  Word* dst = y + static_cast<size_t>(blockIdx.x) * row_words;
+  for (size_t i = threadIdx.x; i < row_words; i += blockDim.x) dst[i] = src[i];
 }
 
 template <typename Out>
@@ -125,8 +126,12 @@ void to_f32(const bf16* x, int64_t n, float* y, cudaStream_t stream) {
 
 void gather_rows(const void* x, size_t row_bytes, const int32_t* rows, int n_rows, void* y, cudaStream_t stream) {
   if (n_rows <= 0 || row_bytes == 0) return;
-  gather_rows_kernel<<<n_rows, kThreads, 0, stream>>>(static_cast<const char*>(x), row_bytes, rows,
-                                                      static_cast<char*>(y));
+  if (row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0)
+    gather_rows_kernel<uint4><<<n_rows, kThreads, 0, stream>>>(static_cast<const uint4*>(x), row_bytes / 16, rows,
+                                                               static_cast<uint4*>(y));
+  else
+    gather_rows_kernel<char><<<n_rows, kThreads, 0, stream>>>(static_cast<const char*>(x), row_bytes, rows,
+                                                              static_cast<char*>(y));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -173,17 +173,22 @@ template <class Source>
 __global__ void combine_splits_kernel(Source src, const float* __restrict__ part_acc,
                                       const float* __restrict__ part_ml, int n_splits, int out_dim,
                                       float* __restrict__ o) {
+  __shared__ float split_weight[kMaxSplits];  // e^(m_s - M), each once (not once per output dim)
   if (src.bind(blockIdx.x) <= 0) return;
   const int64_t th = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
   const float* ml = part_ml + th * n_splits * 2;
   float M = -INFINITY;
   for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml[2 * s]);
+  if (static_cast<int>(threadIdx.x) < n_splits) split_weight[threadIdx.x] = expf(ml[2 * threadIdx.x] - M);
+  __syncthreads();
   float denom = 0;
-  for (int s = 0; s < n_splits; ++s) denom += expf(ml[2 * s] - M) * ml[2 * s + 1];
+  for (int s = 0; s < n_splits; ++s) denom += split_weight[s] * ml[2 * s + 1];
   const float inv = 1.0f / denom;
+  const float* acc = part_acc + th * n_splits * out_dim;
   for (int j = threadIdx.x; j < out_dim; j += kThreads) {
     float a = 0;
-    for (int s = 0; s < n_splits; ++s) a += expf(ml[2 * s] - M) * part_acc[(th * n_splits + s) * out_dim + j];
+#pragma unroll 8
+    for (int s = 0; s < n_splits; ++s) a += split_weight[s] * acc[s * out_dim + j];
     o[th * out_dim + j] = a * inv;
   }
 }
@@ -255,6 +260,96 @@ __global__ void expand_output_kernel(const float* __restrict__ o_lat, const W* _
     s = warp_sum(s);
     if (lane == 0) ot[j] = s;
   }
+}
+
+// The two kernels above for bf16 kv_b, 8 weights a 16-byte load: one (token, head) pair
+// reads 128 KiB of W_uk or W_uv, and two-byte loads, one dependent chain of 128 (absorb) or
+// 16 (expand) a thread, made each 30-36 us at K3's width on an H200 whatever the batch.
+// absorb: thread (g, c) of (kThreads / (kv_lora / 8)) x kv_lora / 8 takes columns 8c .. 8c + 7
+// over rows n = g, g + groups, ... (K3: 4 groups); the groups' partial sums meet in shared
+// memory (kThreads x 8 floats).
+
+__device__ __forceinline__ void fma_bf16x8(uint4 w, float s, float acc[8]) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[2 * i] += s * __uint_as_float(words[i] << 16);
+    acc[2 * i + 1] += s * __uint_as_float(words[i] & 0xFFFF0000u);
+  }
+}
+
+__global__ void absorb_query_vec_kernel(const float* __restrict__ q, const bf16* __restrict__ kv_b, int kv_lora,
+                                        int nope, int rope, int v_dim, BatchTables batch, bool only_single_token,
+                                        float* __restrict__ q_abs) {
+  extern __shared__ float absorb_smem[];  // q_nope [nope], then partial sums [groups][kv_lora]
+  float* q_nope = absorb_smem;
+  float* partial = absorb_smem + nope;
+  const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
+  if (!computes(batch, t, only_single_token)) return;
+  const float* qt = q + (static_cast<int64_t>(t) * num_heads + h) * (nope + rope);
+  float* dst = q_abs + (static_cast<int64_t>(t) * num_heads + h) * (kv_lora + rope);
+  for (int n = threadIdx.x; n < nope; n += kThreads) q_nope[n] = qt[n];
+  __syncthreads();
+  const int cols = kv_lora / 8, groups = kThreads / cols, c = threadIdx.x % cols, g = threadIdx.x / cols;
+  const uint4* W_uk = reinterpret_cast<const uint4*>(kv_b + static_cast<int64_t>(h) * (nope + v_dim) * kv_lora);
+  float acc[8] = {};
+#pragma unroll 8
+  for (int n = g; n < nope; n += groups) fma_bf16x8(W_uk[static_cast<int64_t>(n) * cols + c], q_nope[n], acc);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) partial[g * kv_lora + 8 * c + i] = acc[i];
+  __syncthreads();
+  for (int l = threadIdx.x; l < kv_lora; l += kThreads) {
+    float sum = 0;
+    for (int gg = 0; gg < groups; ++gg) sum += partial[gg * kv_lora + l];
+    dst[l] = sum;
+  }
+  for (int d = threadIdx.x; d < rope; d += kThreads) dst[kv_lora + d] = qt[nope + d];
+}
+
+// expand: warp w takes output rows w, w + kWarps, ..., four at a time; lane l the 8-wide
+// column chunks l, l + 32, ... of each.
+__global__ void expand_output_vec_kernel(const float* __restrict__ o_lat, const bf16* __restrict__ kv_b, int kv_lora,
+                                         int nope, int v_dim, BatchTables batch, bool only_single_token,
+                                         float* __restrict__ o) {
+  extern __shared__ float lat[];  // [kv_lora]
+  const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
+  if (!computes(batch, t, only_single_token)) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, cols = kv_lora / 8;
+  const float* src = o_lat + (static_cast<int64_t>(t) * num_heads + h) * kv_lora;
+  for (int i = threadIdx.x; i < kv_lora; i += kThreads) lat[i] = src[i];
+  __syncthreads();
+  const uint4* W_uv = reinterpret_cast<const uint4*>(kv_b + (static_cast<int64_t>(h) * (nope + v_dim) + nope) * kv_lora);
+  float* ot = o + (static_cast<int64_t>(t) * num_heads + h) * v_dim;
+  constexpr int kRowsAtOnce = 4;
+  for (int j0 = warp * kRowsAtOnce; j0 < v_dim; j0 += kWarps * kRowsAtOnce) {
+    float s[kRowsAtOnce] = {};
+    for (int c = lane; c < cols; c += 32) {
+      const float4 x0 = *reinterpret_cast<const float4*>(lat + 8 * c), x1 = *reinterpret_cast<const float4*>(lat + 8 * c + 4);
+      const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int r = 0; r < kRowsAtOnce; ++r) {
+        if (j0 + r >= v_dim) continue;
+        const uint4 w = W_uv[static_cast<int64_t>(j0 + r) * cols + c];
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          s[r] += __uint_as_float(words[i] << 16) * x[2 * i] + __uint_as_float(words[i] & 0xFFFF0000u) * x[2 * i + 1];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsAtOnce; ++r) {
+      const float sum = warp_sum(s[r]);
+      if (lane == 0 && j0 + r < v_dim) ot[j0 + r] = sum;
+    }
+  }
+}
+
+// Where the vectorised kernels apply: bf16 kv_b on 16-byte rows, and for absorb a whole
+// number of row groups in the block (8 kv_lora / 8 divides kThreads).
+bool vec_kv_b_applies(const KvB& kv_b, const MlaShape& shape) {
+  const int cols = shape.kv_lora / 8;
+  return kv_b.bf16 && shape.kv_lora % 8 == 0 && reinterpret_cast<uintptr_t>(kv_b.w) % 16 == 0 && cols > 0 &&
+         kThreads % cols == 0;
 }
 
 // ---- decode over all heads of a group at once -------------------------------------------
@@ -692,6 +787,14 @@ void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaSh
                       bool only_single_token, float* q_abs, cudaStream_t stream) {
   if (n_tokens <= 0) return;
   const dim3 grid(n_tokens, shape.num_heads);
+  if (vec_kv_b_applies(kv_b, shape)) {
+    const size_t smem = (shape.nope + static_cast<size_t>(kThreads) * 8) * sizeof(float);
+    absorb_query_vec_kernel<<<grid, kThreads, smem, stream>>>(q, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
+                                                              shape.nope, shape.rope, shape.v_dim, batch,
+                                                              only_single_token, q_abs);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   const size_t smem = shape.nope * sizeof(float);
   if (kv_b.bf16)
     absorb_query_kernel<<<grid, kThreads, smem, stream>>>(q, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
@@ -757,6 +860,12 @@ void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const 
   if (n_tokens <= 0) return;
   const dim3 grid(n_tokens, shape.num_heads);
   const size_t smem = shape.kv_lora * sizeof(float);
+  if (vec_kv_b_applies(kv_b, shape)) {
+    expand_output_vec_kernel<<<grid, kThreads, smem, stream>>>(o_lat, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
+                                                               shape.nope, shape.v_dim, batch, only_single_token, o);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (kv_b.bf16)
     expand_output_kernel<<<grid, kThreads, smem, stream>>>(o_lat, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
                                                            shape.nope, shape.v_dim, batch, only_single_token, o);

@@ -1,11 +1,12 @@
 // The MoE router's choice on the GPU: the twin of cpu::route_token (backend/cpu/router.cpp,
-// K3_SPEC.md §2 "MoE layer"). One warp per token; the biased scores live in shared memory.
+// K3_SPEC.md §2 "MoE layer"). One warp per token, its scores in registers (and, for the
+// group stage, in shared memory).
 //
 // Selection without sorting: the CPU orders experts by (biased score descending, id
-// ascending) and takes the first top_k. Here the k-th pick is the best expert strictly
-// AFTER the (k-1)-th pick in that total order, found by one warp argmax per pick. Nothing is
-// written back between picks, so there is no masking state to race on. The group stage
-// (stable_sort of group scores, keep the first topk_group) uses the same rule.
+// ascending) and takes the first top_k. Here each pick is one warp argmax in that total
+// order over the experts not yet picked (each lane's own experts, a bit mask of which are
+// left). The group stage (stable_sort of group scores, keep the first topk_group) takes the
+// k-th group as the best one strictly after the (k-1)-th in the same order.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -20,6 +21,7 @@ namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpsPerBlock = 4;  // tokens per block
+constexpr int kMaxPerLane = 32;    // experts a lane holds: up to 1024
 
 // The CPU's expression, term for term (expf, not __expf: weights must match to ~1e-6).
 __device__ __forceinline__ float router_sigmoid(float logit) { return 1.0f / (1.0f + expf(-logit)); }
@@ -56,7 +58,22 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, const float
   float* group_score = choice + E;                             // [G]
   const float* lg = logits + static_cast<size_t>(t) * E;
 
-  for (int e = lane; e < E; e += 32) choice[e] = router_sigmoid(lg[e]) + (bias ? bias[e] : 0.0f);
+  // Lane l's experts l, l + 32, ...: every logit and bias load in flight at once (a loop
+  // that loads, computes and stores each in turn waits on memory 28 times at K3's 896), the
+  // unbiased scores (the picks' weights) and the biased ones in registers.
+  float sg[kMaxPerLane], v[kMaxPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    const int e = lane + 32 * j;
+    sg[j] = e < E ? lg[e] : 0.0f;
+    v[j] = e < E && bias ? bias[e] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    sg[j] = router_sigmoid(sg[j]);
+    v[j] += sg[j];
+    if (grouped && lane + 32 * j < E) choice[lane + 32 * j] = v[j];
+  }
   __syncwarp();
 
   // Groups: score = best + second best biased score; keep the first topk_group groups in
@@ -98,22 +115,45 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, const float
     return choice[e];
   };
 
-  // Top-k picks in order; every lane knows every pick, lane k%32 stores pick k.
+  // Top-k picks in order; every lane knows every pick, lane k%32 stores pick k. Lane l holds
+  // experts l, l + 32, ... in registers with its best remaining one; a pick takes the warp's
+  // best, and only the lane it came from looks at its experts again. (Scanning all E for
+  // every pick cost 26 us a token at K3's 896 experts and top-16.)
+  // The lane's best also carries its unbiased score (the pick's weight), so a pick loads
+  // nothing from memory.
+  uint32_t alive = 0;
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e >= E) continue;
+    alive |= 1u << j;
+    if (grouped) v[j] = biased(e);
+  }
+  float mine_w = 0.0f;
+  auto lane_best = [&] {
+    Pick best{-INFINITY, INT_MAX};
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j)  // ascending ids: the first of equal values wins
+      if (((alive >> j) & 1u) && (v[j] > best.v || best.i == INT_MAX)) {
+        best = Pick{v[j], lane + 32 * j};
+        mine_w = sg[j];
+      }
+    return best;
+  };
+  Pick mine = lane_best();
   int32_t* ids = expert_ids + static_cast<size_t>(t) * p.top_k;
   float* wts = weights + static_cast<size_t>(t) * p.top_k;
-  Pick prev{INFINITY, -1};
   float sum = 0.0f;  // the CPU's sequential sum over picks
   for (int k = 0; k < p.top_k; ++k) {
-    Pick mine{-INFINITY, INT_MAX};
-    for (int e = lane; e < E; e += 32) {
-      const Pick c{biased(e), e};
-      if (before(prev, c) && before(c, mine)) mine = c;
+    const Pick pick = warp_best(mine);
+    const float w = __shfl_sync(kFullMask, mine_w, pick.i % 32);  // unbiased score
+    if (pick.i % 32 == lane) {
+      alive &= ~(1u << (pick.i / 32));
+      mine = lane_best();
     }
-    prev = warp_best(mine);
-    const float w = router_sigmoid(lg[prev.i]);  // unbiased score
     sum += w;
     if (lane == k % 32) {
-      ids[k] = prev.i;
+      ids[k] = pick.i;
       wts[k] = w;
     }
   }
@@ -131,6 +171,9 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, const float
 void router_topk(const float* logits, const float* bias, int n_tokens, const RouterParams& p,
                  int32_t* expert_ids, float* weights, cudaStream_t stream) {
   if (n_tokens <= 0) return;
+  if (p.num_experts > 32 * kMaxPerLane)
+    throw CudaError("router_topk: " + std::to_string(p.num_experts) + " experts, more than " +
+                    std::to_string(32 * kMaxPerLane));
   if (p.num_experts <= 0 || p.top_k <= 0 || p.top_k > p.num_experts)
     throw CudaError("router_topk: bad top_k " + std::to_string(p.top_k) + " of " + std::to_string(p.num_experts));
   const bool grouped = p.num_expert_group > 1 && p.num_expert_group > p.topk_group;
