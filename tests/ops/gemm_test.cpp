@@ -3,7 +3,8 @@
 // 130x1024x1000, a misaligned x (offset by one bf16), and K3's real projections: shared
 // expert 7168->6144 and 6144->7168, latent MoE 7168->3584 and 3584->7168, the dense FFN
 // 7168->33792 and 33792->7168, the lm_head 7168->163840 (a few tokens), and the fp32
-// router 7168->896.
+// router 7168->896; the decode sizes (1..8 tokens) that take the skinny tensor-core kernel,
+// printed beside cuBLASLt on the same shape, and the batched call over one input.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "backend/cpu/linear.h"
 #include "backend/cuda/common/device_buffer.h"
 #include "backend/cuda/gemm/blas.h"
+#include "backend/cuda/gemm/skinny_gemm.h"
 #include "op_test_util.h"
 #include "core_inputs.h"
 
@@ -80,6 +82,20 @@ void check_random(Blas& blas, const Case& c, uint64_t seed) {
     const double per_ms = total_ms / kReps;
     std::printf("gemm %s: %.3f ms per call, %.0f GB/s of bf16 weights\n", shape.c_str(), per_ms,
                 2.0 * c.in * c.out / (per_ms * 1e6));
+    if (skinny_linear_supported(d_x.data() + c.x_offset, c.n_tokens, d_w.data(), c.out, c.in)) {
+      // The same shape through cuBLASLt, for the side-by-side (docs/performance.md).
+      blas.set_skinny(false);
+      blas.linear(d_x.data() + c.x_offset, c.n_tokens, lin, d_y32.data());
+      CUDA_CHECK(cudaEventRecord(start, blas.stream()));
+      for (int r = 0; r < kReps; ++r) blas.linear(d_x.data() + c.x_offset, c.n_tokens, lin, d_y32.data());
+      CUDA_CHECK(cudaEventRecord(stop, blas.stream()));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      blas.set_skinny(true);
+      CUDA_CHECK(cudaEventElapsedTime(&total_ms, start, stop));
+      std::printf("gemm %s: skinny kernel %.0f GB/s, cuBLASLt %.0f GB/s\n", shape.c_str(),
+                  2.0 * c.in * c.out / (per_ms * 1e6), 2.0 * c.in * c.out / (total_ms / kReps * 1e6));
+      blas.linear(d_x.data() + c.x_offset, c.n_tokens, lin, d_y32.data());  // the skinny result, checked below
+    }
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
   }
@@ -139,6 +155,40 @@ TEST_F(GemmTest, K3SharedExpertAndLatent) {
 TEST_F(GemmTest, K3DenseFfn) {
   REQUIRE_GPU();
   for (const Case& c : {Case{2, 7168, 33792}, Case{2, 33792, 7168}}) check_random(*blas_, c, 300 + c.out);
+}
+
+// Decode sizes (1..8 tokens) take the skinny tensor-core kernel where the shape allows:
+// K3's KDA / MLA output projections 12288 -> 7168 and the MLA q_b 1536 -> 18432 (the shapes
+// above take it too), at every token count it serves; 9 tokens go to cuBLASLt.
+TEST_F(GemmTest, K3DecodeSizes) {
+  REQUIRE_GPU();
+  for (const Case& c : {Case{1, 12288, 7168}, Case{8, 12288, 7168}, Case{5, 1536, 18432}, Case{9, 1536, 18432}})
+    check_random(*blas_, c, 600 + c.n_tokens);
+}
+
+// Several matrices of one input in one call (KDA's q, k, v and gate at decode): each output
+// against the CPU, through the skinny kernel (1 and 6 tokens) and through cuBLASLt's strided
+// batch (12 tokens).
+TEST_F(GemmTest, BatchedSharedInput) {
+  REQUIRE_GPU();
+  const int in = 7168, out = 12288 / 4, batch = 4;
+  for (const int T : {1, 6, 12}) {
+    const auto x = fast_uniform(static_cast<size_t>(T) * in, 700 + T, -1.0f, 1.0f, true);
+    const auto w = fast_uniform(static_cast<size_t>(batch) * out * in, 710 + T, -1.0f, 1.0f, true);
+    DeviceBuffer<bf16> d_x(optest::to_bf16_parallel(x)), d_w(optest::to_bf16_parallel(w));
+    DeviceBuffer<float> d_y(static_cast<size_t>(batch) * T * out);
+    blas_->linear_batched(d_x.data(), T, DeviceLinear{d_w.data(), out, in}, batch, d_y.data());
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const std::vector<float> got = d_y.download();
+    for (int b = 0; b < batch; ++b) {
+      std::vector<float> want(static_cast<size_t>(T) * out);
+      cpu::matmul_xwT(x.data(), T, in, w.data() + static_cast<size_t>(b) * out * in, out, want.data());
+      const std::vector<float> mine(got.begin() + static_cast<size_t>(b) * T * out,
+                                    got.begin() + static_cast<size_t>(b + 1) * T * out);
+      expect_close("gemm_batched_f32out", shape_str({T, in, out}) + "_" + std::to_string(b),
+                   normalised_error(mine, want), kF32OutThreshold);
+    }
+  }
 }
 
 TEST_F(GemmTest, K3LmHead) {

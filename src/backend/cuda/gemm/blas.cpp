@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/gemm/skinny_gemm.h"
 
 namespace moonrun::cuda {
 
@@ -141,19 +142,32 @@ void Blas::matmul(cudaDataType_t ab_type, cudaDataType_t cd_type, const void* x,
                               workspace_bytes_, stream_));
 }
 
+// Decode sizes (at most 8 tokens, enough output rows to fill the GPU) go to the skinny
+// tensor-core kernel (skinny_gemm.h): the same fp32 dot products, at the copy rate.
+template <typename Out>
+bool Blas::skinny(const bf16* x, int n_tokens, const DeviceLinear& w, int batch, Out* y) {
+  if (!skinny_enabled_ || !skinny_linear_supported(x, n_tokens, w.w, w.out_features, w.in_features)) return false;
+  skinny_linear(x, n_tokens, w.w, w.out_features, w.in_features, batch, y, stream_);
+  return true;
+}
+
 void Blas::linear(const bf16* x, int n_tokens, const DeviceLinear& w, float* y) {
+  if (skinny(x, n_tokens, w, 1, y)) return;
   matmul(CUDA_R_16BF, CUDA_R_32F, x, n_tokens, w.w, w.out_features, w.in_features, y);
 }
 
 void Blas::linear(const bf16* x, int n_tokens, const DeviceLinear& w, bf16* y) {
+  if (skinny(x, n_tokens, w, 1, y)) return;
   matmul(CUDA_R_16BF, CUDA_R_16BF, x, n_tokens, w.w, w.out_features, w.in_features, y);
 }
 
 void Blas::linear_batched(const bf16* x, int n_tokens, const DeviceLinear& w, int batch, float* y) {
+  if (batch >= 1 && skinny(x, n_tokens, w, batch, y)) return;
   matmul(CUDA_R_16BF, CUDA_R_32F, x, n_tokens, w.w, w.out_features, w.in_features, y, batch);
 }
 
 void Blas::linear_batched(const bf16* x, int n_tokens, const DeviceLinear& w, int batch, bf16* y) {
+  if (batch >= 1 && skinny(x, n_tokens, w, batch, y)) return;
   matmul(CUDA_R_16BF, CUDA_R_16BF, x, n_tokens, w.w, w.out_features, w.in_features, y, batch);
 }
 

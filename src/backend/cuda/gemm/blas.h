@@ -1,6 +1,7 @@
 #pragma once
-// Dense projections on the GPU through cuBLASLt: bf16 inputs and weights, fp32 accumulation
-// (K3_SPEC.md §2: bf16 storage, fp32 math). The CPU twin is cpu::matmul_xwT.
+// Dense projections on the GPU through cuBLASLt, and at decode sizes through the skinny
+// tensor-core kernel (skinny_gemm.h): bf16 inputs and weights, fp32 accumulation (K3_SPEC.md
+// §2: bf16 storage, fp32 math). The CPU twin is cpu::matmul_xwT.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -43,6 +44,10 @@ class Blas {
   // x [n_tokens, in], w [out, in] row-major fp32, y [n_tokens, out].
   void linear_f32(const float* x, int n_tokens, const float* w, int out_features, int in_features, float* y);
 
+  // Decode sizes take the skinny tensor-core kernel (skinny_gemm.h) unless this is off (the
+  // tests and benchmarks set it to compare with cuBLASLt on the same shapes).
+  void set_skinny(bool on) { skinny_enabled_ = on; }
+
   // Workspace for split-K and stream-K algorithms.
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
@@ -61,7 +66,11 @@ class Blas {
   void matmul(cudaDataType_t ab_type, cudaDataType_t cd_type, const void* x, int n_tokens, const void* w,
               int out_features, int in_features, void* y, int batch = 1);
 
+  template <typename Out>
+  bool skinny(const bf16* x, int n_tokens, const DeviceLinear& w, int batch, Out* y);
+
   std::map<PlanKey, Plan> plans_;
+  bool skinny_enabled_ = true;
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
