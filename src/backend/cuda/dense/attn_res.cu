@@ -15,6 +15,15 @@ namespace {
 
 constexpr int kMixThreads = 256;
 
+// The depth softmax over the n scores in place, in float and in index order (one thread).
+__device__ __forceinline__ void softmax_in_order(float* w, int n) {
+  float max_score = -INFINITY;
+  for (int i = 0; i < n; ++i) max_score = fmaxf(max_score, w[i]);
+  float denom = 0;
+  for (int i = 0; i < n; ++i) denom += (w[i] = expf(w[i] - max_score));
+  for (int i = 0; i < n; ++i) w[i] = w[i] / denom;
+}
+
 // grid: n_tokens; dynamic shared memory: the n_blocks + 1 scores, then weights (padded, see
 // attn_res_mix).
 // The arithmetic follows the CPU's step by step: sums of squares and of V * (w_norm * w_proj)
@@ -46,13 +55,7 @@ __global__ void attn_res_mix_kernel(const float* prefix, const float* __restrict
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float max_score = -INFINITY;
-    for (int i = 0; i < n_v; ++i) max_score = fmaxf(max_score, weight[i]);
-    float denom = 0;
-    for (int i = 0; i < n_v; ++i) denom += (weight[i] = expf(weight[i] - max_score));
-    for (int i = 0; i < n_v; ++i) weight[i] = weight[i] / denom;
-  }
+  if (threadIdx.x == 0) softmax_in_order(weight, n_v);
   __syncthreads();
   // Each thread reads V_i[c] for its own c before writing out[c]: out may alias prefix.
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
@@ -136,13 +139,7 @@ __global__ void __launch_bounds__(vec_row_max_threads(kChunks))
     weight[i] = static_cast<float>(dot) * inv_rms;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float max_score = -INFINITY;
-    for (int i = 0; i < n_v; ++i) max_score = fmaxf(max_score, weight[i]);
-    float denom = 0;
-    for (int i = 0; i < n_v; ++i) denom += (weight[i] = expf(weight[i] - max_score));
-    for (int i = 0; i < n_v; ++i) weight[i] = weight[i] / denom;
-  }
+  if (threadIdx.x == 0) softmax_in_order(weight, n_v);
   __syncthreads();
   // Each thread reads V_i of its own chunks before writing them: out may alias prefix.
   float4 mixed[kChunks];

@@ -217,6 +217,20 @@ void launch_attend(const float* q, const Source& src, int n_tokens, int num_head
   }
 }
 
+// Block (t, h) of a query-absorption kernel: its query row qt and output row dst, q_nope
+// staged in shared memory; false (the block leaves) for a token this call does not compute.
+__device__ __forceinline__ bool stage_query(const float* q, float* q_abs, int kv_lora, int nope, int rope,
+                                            const BatchTables& batch, bool only_single_token, float* q_nope,
+                                            const float*& qt, float*& dst) {
+  const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
+  if (!computes(batch, t, only_single_token)) return false;  // uniform over the block
+  qt = q + (static_cast<int64_t>(t) * num_heads + h) * (nope + rope);
+  dst = q_abs + (static_cast<int64_t>(t) * num_heads + h) * (kv_lora + rope);
+  for (int n = threadIdx.x; n < nope; n += kThreads) q_nope[n] = qt[n];
+  __syncthreads();
+  return true;
+}
+
 // grid (n_tokens, H); dynamic shared memory nope floats.
 // q_abs[t, h, l] = sum_n q_nope[t, h, n] * W_uk_h[n, l];  q_abs[t, h, kv_lora + d] = q_pe[t, h, d].
 template <typename W>
@@ -224,12 +238,10 @@ __global__ void absorb_query_kernel(const float* __restrict__ q, const W* __rest
                                     int rope, int v_dim, BatchTables batch, bool only_single_token,
                                     float* __restrict__ q_abs) {
   extern __shared__ float q_nope[];  // [nope]
-  const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
-  if (!computes(batch, t, only_single_token)) return;
-  const float* qt = q + (static_cast<int64_t>(t) * num_heads + h) * (nope + rope);
-  float* dst = q_abs + (static_cast<int64_t>(t) * num_heads + h) * (kv_lora + rope);
-  for (int n = threadIdx.x; n < nope; n += kThreads) q_nope[n] = qt[n];
-  __syncthreads();
+  const int h = blockIdx.y;
+  const float* qt;
+  float* dst;
+  if (!stage_query(q, q_abs, kv_lora, nope, rope, batch, only_single_token, q_nope, qt, dst)) return;
   const W* W_uk = kv_b + static_cast<int64_t>(h) * (nope + v_dim) * kv_lora;  // [nope, kv_lora]
   for (int l = threadIdx.x; l < kv_lora; l += kThreads) {
     float s = 0;
@@ -284,12 +296,10 @@ __global__ void absorb_query_vec_kernel(const float* __restrict__ q, const bf16*
   extern __shared__ float absorb_smem[];  // q_nope [nope], then partial sums [groups][kv_lora]
   float* q_nope = absorb_smem;
   float* partial = absorb_smem + nope;
-  const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
-  if (!computes(batch, t, only_single_token)) return;
-  const float* qt = q + (static_cast<int64_t>(t) * num_heads + h) * (nope + rope);
-  float* dst = q_abs + (static_cast<int64_t>(t) * num_heads + h) * (kv_lora + rope);
-  for (int n = threadIdx.x; n < nope; n += kThreads) q_nope[n] = qt[n];
-  __syncthreads();
+  const int h = blockIdx.y;
+  const float* qt;
+  float* dst;
+  if (!stage_query(q, q_abs, kv_lora, nope, rope, batch, only_single_token, q_nope, qt, dst)) return;
   const int cols = kv_lora / 8, groups = kThreads / cols, c = threadIdx.x % cols, g = threadIdx.x / cols;
   const uint4* W_uk = reinterpret_cast<const uint4*>(kv_b + static_cast<int64_t>(h) * (nope + v_dim) * kv_lora);
   float acc[8] = {};
