@@ -202,7 +202,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     lr.ops.push_back(MR_TRY(make_ops(lr.device, o, i, std::move(comm))));
   }
   Ops& ops0 = *lr.ops[0];
-  lr.kv_dtype = MR_TRY(kv_dtype_for(o.kv_cache_dtype, ops0.act_dtype()));
+  lr.layout.kv_dtype = MR_TRY(kv_dtype_for(o.kv_cache_dtype, ops0.act_dtype()));
   lr.dtype_name = ops0.act_dtype() == DType::BF16 ? "bfloat16" : "float32";
 
   // Weights: each local rank reads its byte ranges.
@@ -240,8 +240,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
 
   // What the cache pools may use on this process's ranks.
   const CacheSpec spec = model.cache_spec();
-  lr.layout.kv_bytes_per_token = spec.kv_bytes_per_token(lr.kv_dtype);
-  lr.layout.kv_dtype = lr.kv_dtype;
+  lr.layout.kv_bytes_per_token = spec.kv_bytes_per_token(*lr.layout.kv_dtype);
   lr.layout.state_bytes_per_slot = spec.state_bytes_per_slot();
   const int running = o.max_running_requests;
   const int snapshots = o.prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
@@ -301,7 +300,7 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   lr.models.clear();
   if (o.log) {
     // SGLang's line, which the seed's users read: dtype, #tokens, KV size; then our detail.
-    MR_LOG(INFO) << "KV Cache is allocated. dtype: " << kv_dtype_name(lr.kv_dtype)
+    MR_LOG(INFO) << "KV Cache is allocated. dtype: " << kv_dtype_name(*lr.layout.kv_dtype)
                  << ", #tokens: " << cache.total_tokens() << ", KV size: " << fmt2(cache.kv_bytes() / 1e9)
                  << " GB (" << cache.num_pages << " pages x " << cache.page_size_tokens << " tokens, "
                  << lr.layout.kv_bytes_per_token << " bytes/token); state: " << cache.num_state_slots << " + "
@@ -320,7 +319,7 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
   Runtime rt;
   rt.device = lr.device;
   rt.dtype_name = lr.dtype_name;
-  rt.kv_dtype_name = kv_dtype_name(lr.kv_dtype);
+  rt.kv_dtype_name = kv_dtype_name(*lr.layout.kv_dtype);
   rt.config = lr.config;
   rt.weight_bytes = static_cast<int64_t>(lr.models[0]->weight_bytes());
   rt.cache = MR_TRY(size_cache(lr, lr.budget_bytes, o));

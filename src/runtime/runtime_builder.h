@@ -102,8 +102,7 @@ struct LoadedRanks {
   std::vector<std::unique_ptr<Model>> models;
   std::string device, dtype_name;
   ModelConfig config;
-  DType kv_dtype = DType::F32;
-  CacheLayout layout;        // one rank's bytes per token and per state slot
+  CacheLayout layout;        // one rank's bytes per token and per state slot, the KV dtype
   int64_t budget_bytes = 0;  // what one rank's pools may take
 };
 Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const RuntimeOptions& options);

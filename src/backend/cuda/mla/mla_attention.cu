@@ -517,8 +517,9 @@ __global__ void __launch_bounds__(kThreads) attend_group_kernel(const float* __r
   }
 }
 
-bool group_kernel_applies(int num_heads, int kv_lora, int rope, DType cache_dtype) {
-  return cache_dtype == DType::BF16 && num_heads % kGroupHeads == 0 && kv_lora % 8 == 0 && kv_lora <= kMaxLatent &&
+// For a bf16 cache (its only caller's branch).
+bool group_kernel_applies(int num_heads, int kv_lora, int rope) {
+  return num_heads % kGroupHeads == 0 && kv_lora % 8 == 0 && kv_lora <= kMaxLatent &&
          (kv_lora + rope) % 8 == 0 && group_smem_bytes(kv_lora + rope) <= 200 * 1024;
 }
 
@@ -832,7 +833,7 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
     if constexpr (!std::is_same_v<Cache, float>) {
       const bool mma = (std::is_same_v<Cache, bf16> || bf16_math) && group_mma_applies<Cache>(H, shape.kv_lora, shape.rope);
       if constexpr (std::is_same_v<Cache, bf16>)
-        grouped = mma || group_kernel_applies(H, shape.kv_lora, shape.rope, cache.dtype);
+        grouped = mma || group_kernel_applies(H, shape.kv_lora, shape.rope);
       else
         grouped = mma;
       if (n_tokens > 0 && grouped) {
