@@ -24,4 +24,11 @@ inline std::vector<float> to_float(const std::vector<bf16>& x) {
 // x rounded to bf16 and back: what a bf16 activation or weight holds.
 inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
+#if defined(__CUDACC__)
+// The two bf16 of a 32-bit word (the lower index in the low half, as a 16-byte load of a bf16
+// row holds them) as floats, exactly: one shift or mask each, no conversion instruction.
+__device__ __forceinline__ float bf16_lo(uint32_t pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
+#endif
+
 }  // namespace moonrun::cuda

@@ -173,9 +173,6 @@ void attn_res_mix(const float* prefix, const float* blocks, int n_blocks, int n_
                   const float* w_norm, const float* w_proj, float eps, float* out, cudaStream_t stream) {
   if (n_tokens <= 0 || hidden <= 0) return;
   if (n_blocks < 0) throw CudaError("attn_res_mix: n_blocks < 0");
-  // Padded by a few floats: nvcc unrolls the depth loop and loads shared memory a few
-  // entries ahead of the bound (harmless on the hardware, but compute-sanitizer flags reads
-  // past the allocation).
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const VecRowLaunch vec = hidden % 4 == 0 && n_blocks + 1 <= kMaxMixInputs && aligned(prefix) && aligned(blocks) &&
                                    aligned(w_norm) && aligned(w_proj) && aligned(out)
@@ -191,6 +188,9 @@ void attn_res_mix(const float* prefix, const float* blocks, int n_blocks, int n_
     CUDA_CHECK_LAUNCH();
     return;
   }
+  // Padded by a few floats: nvcc unrolls the depth loop and loads shared memory a few
+  // entries ahead of the bound (harmless on the hardware, but compute-sanitizer flags reads
+  // past the allocation).
   const size_t shared_bytes = static_cast<size_t>((n_blocks + 1 + 3) / 4 * 4 + 8) * sizeof(float);
   attn_res_mix_kernel<<<n_tokens, kMixThreads, shared_bytes, stream>>>(prefix, blocks, n_blocks, n_tokens, hidden,
                                                                        w_norm, w_proj, eps, out);

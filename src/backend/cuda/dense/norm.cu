@@ -15,7 +15,7 @@ __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(bf16 v) { return __bfloat162float(v); }
 
 // out[t, :] = float(table[ids[t] - first_row, :]), or zeros when this (vocab-parallel)
-// table does not hold that id; grid: n_tokens. kVec: 8 values a load (one 16-byte load of
+// table does not hold that id; grid: n_tokens. vec8: 8 values a load (one 16-byte load of
 // bf16, two of fp32) where the row and pointers allow - a one-token step is one row, and
 // scalar loads left it latency-bound (13 us for 7168 values on an H200).
 template <typename Table>
@@ -35,8 +35,8 @@ __global__ void embed_kernel(const Table* __restrict__ table, int64_t first_row,
           const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            v[2 * i] = __uint_as_float(words[i] << 16);
-            v[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+            v[2 * i] = bf16_lo(words[i]);
+            v[2 * i + 1] = bf16_hi(words[i]);
           }
         } else {
           const float4 a = *reinterpret_cast<const float4*>(row + c), b = *reinterpret_cast<const float4*>(row + c + 4);
@@ -83,9 +83,9 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, int dim, const float
 }
 
 // The same arithmetic with the row held in registers, four values a load: thread i owns
-// float4 chunks i, i + blockDim, ... (at most kChunks; vec_row_launch, block_reduce.cuh). Decode normalises a handful of
-// rows, one block each; the loop above reads them 28 dependent loads deep per thread and
-// then again for the output (14 us a 7168-wide row on an H200, ten times a K3 layer pair).
+// float4 chunks i, i + blockDim, ... (at most kChunks; vec_row_launch, block_reduce.cuh).
+// Decode normalises a handful of rows, one block each; the loop above reads them 28
+// dependent loads deep per thread and then again for the output (14 us a 7168-wide row on an H200, ten times a K3 layer pair).
 // Here all of a thread's loads are in flight at once, the row is read once, and a few rows
 // get 1024 threads each.
 __device__ __forceinline__ void store4(float* p, float a, float b, float c, float d) {
@@ -100,8 +100,9 @@ __device__ __forceinline__ void store4(bf16* p, float a, float b, float c, float
 }
 
 template <typename Out, int kChunks>
-__global__ void __launch_bounds__(vec_row_max_threads(kChunks)) rmsnorm_vec_kernel(const float* __restrict__ x, int dim, const float* __restrict__ weight, float eps,
-                                   Out* __restrict__ y) {
+__global__ void __launch_bounds__(vec_row_max_threads(kChunks))
+    rmsnorm_vec_kernel(const float* __restrict__ x, int dim, const float* __restrict__ weight, float eps,
+                       Out* __restrict__ y) {
   __shared__ double partial[32];
   const int n4 = dim / 4;
   const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * dim);

@@ -285,8 +285,8 @@ __device__ __forceinline__ void fma_bf16x8(uint4 w, float s, float acc[8]) {
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    acc[2 * i] += s * __uint_as_float(words[i] << 16);
-    acc[2 * i + 1] += s * __uint_as_float(words[i] & 0xFFFF0000u);
+    acc[2 * i] += s * bf16_lo(words[i]);
+    acc[2 * i + 1] += s * bf16_hi(words[i]);
   }
 }
 
@@ -343,7 +343,7 @@ __global__ void expand_output_vec_kernel(const float* __restrict__ o_lat, const 
         const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          s[r] += __uint_as_float(words[i] << 16) * x[2 * i] + __uint_as_float(words[i] & 0xFFFF0000u) * x[2 * i + 1];
+          s[r] += bf16_lo(words[i]) * x[2 * i] + bf16_hi(words[i]) * x[2 * i + 1];
       }
     }
 #pragma unroll
