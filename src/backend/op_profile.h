@@ -59,6 +59,7 @@ class ProfiledOps final : public Ops {
   void reset_scratch() override { in_.reset_scratch(); }
   BatchView upload_batch(const ForwardBatch& batch) override { return in_.upload_batch(batch); }
 
+  void repack_experts(ExpertMatrices& m) override { in_.repack_experts(m); }
   void embedding(const Tensor& table, int64_t first_row, const BatchView& batch, Tensor out) override;
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) override;
   void linear(const Tensor& x, const Matrix& w, Tensor y) override;

@@ -191,6 +191,10 @@ class Ops {
   // ids [T, K] I32 in order of decreasing biased score, weights [T, K] F32.
   virtual void router_topk(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor ids,
                            Tensor weights) = 0;
+  // Stacked experts just uploaded (each once, before any moe_experts over them): rewrite
+  // them into this backend's own layout. The CPU keeps the checkpoint's; CUDA re-lays each
+  // word of MXFP4 codes pair-ready for the bf16 tensor cores (cuda/moe/mxfp4_pairs.h).
+  virtual void repack_experts(ExpertMatrices& m) { (void)m; }
   // y[t] = sum_k weights[t, k] * w2_e(act(w1_e x[t], w3_e x[t])), e = ids[t, k], k ascending.
   // x [T, in] act dtype; y [T, in] F32. Each expert runs once over the tokens that chose it.
   virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertMatrices& w1,

@@ -294,6 +294,7 @@ void WeightLoader::experts(ExpertMatrices& dst, int layer, ExpertMatrix which, i
       m.stream_block(scales, in / 32, r0, r1, c0 / 32, c1 / 32, dst.stacked.scales, stats_,
                      static_cast<int64_t>(e) * out_l * (in_l / 32));
     }
+    if (m.ok()) m.ops.repack_experts(dst);  // every expert's codes are in place
   } catch (const BackendError& e) {
     m.fail(resource_exhausted("loading the experts of layer " + std::to_string(layer) + ": " + e.what()));
   }

@@ -86,6 +86,7 @@ Result<std::vector<KernelFigure>> run_k3_kernel_bench(Ops& ops, const nlohmann::
       m.stacked.scales = ops.alloc(static_cast<int64_t>(E) * out_f, in_f / 32, DType::U8, "scales");
       ops.upload(m.stacked.w, 0, codes.data(), codes.size());
       ops.upload(m.stacked.scales, 0, scales.data(), scales.size());
+      ops.repack_experts(m);  // as the loader does
       return m;
     };
     const ExpertMatrices w1 = experts(kFfn, kLatent), w3 = experts(kFfn, kLatent), w2 = experts(kLatent, kFfn);

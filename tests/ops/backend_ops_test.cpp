@@ -549,6 +549,7 @@ TEST_P(BackendOps, RouterAndExperts) {
             m.stacked.scales = ops->alloc(static_cast<int64_t>(E) * out_f, in_f / 32, DType::U8, "scales");
             ops->upload(m.stacked.w, 0, codes.data(), codes.size());
             ops->upload(m.stacked.scales, 0, scales.data(), scales.size());
+            ops->repack_experts(m);  // as the loader does (CUDA: the pair-ready code layout)
           }
         } else {
           Pair w = put(B, normal(static_cast<size_t>(E) * out_f * in_f, seed, 0.1f), static_cast<int64_t>(E) * out_f,

@@ -379,6 +379,11 @@ class CudaOps final : public Ops {
   }
 
   // ---- MoE ---------------------------------------------------------------------------
+  void repack_experts(ExpertMatrices& m) override {
+    if (!m.stacked.mxfp4()) return;
+    repack_mxfp4_codes(m.stacked.w.data, m.stacked.w.nbytes(), stream_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   void router_topk(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor ids,
                    Tensor weights) override {
     check(logits.cols == p.num_experts && ids.cols == p.top_k && ids.dtype == DType::I32, "router_topk shapes");

@@ -19,6 +19,7 @@
 
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/moe/moe_ops.h"
+#include "backend/cuda/moe/mxfp4_pairs.h"
 
 namespace moonrun::cuda {
 
@@ -57,12 +58,12 @@ __device__ __forceinline__ void load_weight_chunk(const StackedExperts& m, int64
     const uint4 q = *reinterpret_cast<const uint4*>(codes + static_cast<size_t>(row) * (in / 2) + c * 16);
     const float scale = e8m0_value(m.scales[static_cast<size_t>(row) * (in / kChunk) + c]);
     const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    // Word v: elements 8v .. 8v + 7, re-laid at load (mxfp4_pairs.h); code_of reads them back
+    // one at a time (this kernel is the reference, not the fast path).
 #pragma unroll
-    for (int b = 0; b < 16; ++b) {  // byte b: element 2b in the low nibble, 2b+1 in the high
-      const uint32_t byte = (words[b / 4] >> (8 * (b % 4))) & 0xffu;
-      w[2 * b] = e2m1_value(byte & 0xfu) * scale;
-      w[2 * b + 1] = e2m1_value(byte >> 4) * scale;
-    }
+    for (int v = 0; v < 4; ++v)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) w[8 * v + n] = e2m1_value(mxfp4_pairs::code_of(words[v], n)) * scale;
   } else if constexpr (kKind == Kind::bf16) {
     const uint4* p =
         reinterpret_cast<const uint4*>(static_cast<const bf16*>(m.w) + static_cast<size_t>(row) * in + c * kChunk);

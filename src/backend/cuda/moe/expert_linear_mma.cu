@@ -16,9 +16,10 @@
 // B, so the sum is unchanged and every thread's operands are contiguous: the code bytes
 // 8t .. 8t + 7 of its two rows (g = lane / 4 and g + 8), one 8-byte load each, and x[16t ..
 // 16t + 15] of its token, two 16-byte loads - no shared-memory staging, no barrier in the
-// loop. The next slice's loads are issued before the current slice's MMAs. Each nibble
-// becomes a bf16 through a 16-entry table and is multiplied by the group's E8M0 scale as a
-// bf16 power of two: exact (a code has two significant bits), so the products the MMA
+// loop. The next slice's loads are issued before the current slice's MMAs. The codes are
+// re-laid at load so each bf16 pair of them comes out of a word by a shift and a mask
+// (mxfp4_rows.cuh, mxfp4_pairs.h), then is multiplied by the group's E8M0 scale as a bf16
+// power of two: exact (a code has two significant bits), so the products the MMA
 // accumulates in fp32 are the CPU's code * scale * x products; only the summation order
 // differs. Weights are read once per token tile: once per step at decode batch sizes.
 #include <cuda_bf16.h>
@@ -38,19 +39,6 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kRows = 16;   // per block: one m16 tile
 constexpr int kSlice = 64;  // k per warp iteration: two MXFP4 scale groups
-
-// E2M1 code -> bf16 bits (sign bit 3; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6).
-__constant__ uint16_t kE2m1Bf16[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
-                                       0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
-
-using mxfp4::bf16x2_mul;
-using mxfp4::scale_e8m0;  // 2^(s - 127) as a bf16 pair
-
-// One code byte (k in the low nibble, k + 1 in the high) times its scale, as a bf16 pair.
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t byte, uint32_t scale2, const uint16_t* lut) {
-  const uint32_t pair = static_cast<uint32_t>(lut[byte & 0xFu]) | (static_cast<uint32_t>(lut[byte >> 4]) << 16);
-  return bf16x2_mul(pair, scale2);
-}
 
 // What one thread loads for one k-slice: its 8 code bytes of rows g and g + 8, their scales,
 // and x[16t .. 16t + 15] of each token fragment's token g. kFrags n8 fragments make a token
@@ -84,15 +72,36 @@ __device__ __forceinline__ void load_slice(SliceLoads<kFrags>& L, const uint8_t*
   }
 }
 
+// The four MMA steps of one slice: step s takes k 16t + 4s .. + 3 - pairs 2(s % 2) and
+// 2(s % 2) + 1 of code word s / 2 (mxfp4_rows.cuh), x words 2s and 2s + 1 of the eight.
+template <bool kTwoStep, int kFrags>
+__device__ __forceinline__ void slice_mmas(const SliceLoads<kFrags>& cur, int n_frags, float acc[kFrags][4]) {
+  const uint32_t fa = mxfp4::scale_factor<kTwoStep>(cur.scale_a), fb = mxfp4::scale_factor<kTwoStep>(cur.scale_b);
+  const uint32_t wa[2] = {cur.code_a.x, cur.code_a.y}, wb[2] = {cur.code_b.x, cur.code_b.y};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    uint32_t a[4];
+    if (s % 2 == 0)
+      mxfp4::a_operands<kTwoStep, 0>(wa[s / 2], wb[s / 2], fa, fb, a);
+    else
+      mxfp4::a_operands<kTwoStep, 1>(wa[s / 2], wb[s / 2], fa, fb, a);
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) {
+      if (f >= n_frags) break;  // uniform over the warp
+      const uint4 xv = cur.x[f][s / 2];
+      const uint32_t b0 = s % 2 == 0 ? xv.x : xv.z, b1 = s % 2 == 0 ? xv.y : xv.w;
+      mma_m16n8k16_bf16(acc[f], a[0], a[1], a[2], a[3], b0, b1);
+    }
+  }
+}
+
 // grid (active experts bound, out / 16), kWarps * 32 threads.
 template <int kFrags>
 __global__ void __launch_bounds__(kWarps * 32)
     grouped_mxfp4_mma_kernel(const bf16* __restrict__ x, int x_row_div, StackedExperts m, ExpertGroups g,
                              float* __restrict__ y) {
   __shared__ float partial[kWarps - 1][kFrags][4][32];
-  __shared__ uint16_t lut[16];
   if (static_cast<int>(blockIdx.x) >= *g.num_active) return;  // uniform over the block
-  if (threadIdx.x < 16) lut[threadIdx.x] = kE2m1Bf16[threadIdx.x];
   const int e = g.active[blockIdx.x];
   const int begin = g.offsets[e], n_slots = g.offsets[e + 1] - begin;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, t = lane % 4;
@@ -105,7 +114,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint8_t* scales_a = m.scales + row_a * (in / 32);
   const uint8_t* scales_b = m.scales + row_b * (in / 32);
   const int n_slices = in / kSlice;
-  __syncthreads();  // lut
 
   constexpr int kTokens = 8 * kFrags;
   for (int tile = 0; tile < n_slots; tile += kTokens) {
@@ -134,24 +142,12 @@ __global__ void __launch_bounds__(kWarps * 32)
       const SliceLoads<kFrags> cur = next;
       if (sl + kWarps < n_slices)
         load_slice(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, (sl + kWarps) * kSlice, t);
-      const uint32_t sa = scale_e8m0(cur.scale_a), sb = scale_e8m0(cur.scale_b);
-      const uint32_t wa[2] = {cur.code_a.x, cur.code_a.y}, wb[2] = {cur.code_b.x, cur.code_b.y};
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        // Step s takes k 16t + 4s .. + 3: code bytes 2s and 2s + 1 of the thread's eight.
-        const uint32_t byte0a = (wa[s / 2] >> (16 * (s % 2))) & 0xFFu, byte1a = (wa[s / 2] >> (16 * (s % 2) + 8)) & 0xFFu;
-        const uint32_t byte0b = (wb[s / 2] >> (16 * (s % 2))) & 0xFFu, byte1b = (wb[s / 2] >> (16 * (s % 2) + 8)) & 0xFFu;
-        const uint32_t a0 = dequant_pair(byte0a, sa, lut), a2 = dequant_pair(byte1a, sa, lut);
-        const uint32_t a1 = dequant_pair(byte0b, sb, lut), a3 = dequant_pair(byte1b, sb, lut);
-#pragma unroll
-        for (int f = 0; f < kFrags; ++f) {
-          if (f >= n_frags) break;  // uniform over the warp
-          // x[16t + 4s .. + 3]: word 2s (k + 0, 1) and 2s + 1 (k + 2, 3) of the 8 loaded.
-          const uint4 xv = cur.x[f][s / 2];
-          const uint32_t b0 = s % 2 == 0 ? xv.x : xv.z, b1 = s % 2 == 0 ? xv.y : xv.w;
-          mma_m16n8k16_bf16(acc[f], a0, a1, a2, a3, b0, b1);
-        }
-      }
+      // Scales past 128 (values beyond 12) take the two-multiply path, decided per slice
+      // for the warp.
+      if (__any_sync(0xffffffffu, cur.scale_a > 128 || cur.scale_b > 128))
+        slice_mmas<true>(cur, n_frags, acc);
+      else
+        slice_mmas<false>(cur, n_frags, acc);
     }
     // Warps 1..3 hand their partial tiles to warp 0, which adds them in warp order.
     if (warp > 0) {

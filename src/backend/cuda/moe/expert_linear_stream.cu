@@ -15,7 +15,8 @@
 // the MMAs taken out (docs/performance.md); a 57 KB tile a block, three blocks a
 // multiprocessor, keeps ~170 KB in flight with a handful of copy instructions. The dequant-
 // isation is integer work that, with the copies fixed, bounds the kernel (ncu: the ALU pipe
-// at ~70 %); two tiles a warp share each slice's x loads and pairing between them.
+// at ~70 % with the checkpoint's code layout; the codes are now re-laid at load so that a
+// pair costs one shift and one mask, mxfp4_pairs.h); two tiles a warp share each slice's x.
 //
 // The eight warps split the reduction: warp w takes the 64-wide slices w, w + 8, ... and the
 // partial tiles are added in warp order, so the result is the same on every run. x stays in
@@ -74,8 +75,6 @@ __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, co
     const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
                             x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
     if (sl + kWarps < n_slices) load_x(xr, sl + kWarps, t, x_next);
-    uint32_t xp[8];
-    mxfp4::x_pairs(xw, xp);  // once for both tiles
 #pragma unroll
     for (int tt = 0; tt < kTiles; ++tt) {
       const int ra = 16 * tt + gid, rb = ra + 8;
@@ -85,7 +84,7 @@ __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, co
       // k 16t .. 16t + 15 of the slice lie in scale group 2 sl + t / 2.
       const uint32_t sa = scales[ra * scale_bytes + 2 * sl + t / 2];
       const uint32_t sb = scales[rb * scale_bytes + 2 * sl + t / 2];
-      mxfp4::mma_mxfp4_codes<kTwoStep>(ca, cb, sa, sb, xp, acc[tt]);
+      mxfp4::mma_mxfp4_codes<kTwoStep>(ca, cb, sa, sb, xw, acc[tt]);
     }
   }
 }

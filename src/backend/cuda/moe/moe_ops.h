@@ -75,4 +75,8 @@ void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, co
 void combine_experts(const float* expert_out, const float* weights, int n_tokens, int top_k, int dim, float* y,
                      cudaStream_t stream);
 
+// Rewrites MXFP4 codes (bytes, whole 32-bit words) in place into the pair-ready layout every
+// MXFP4 kernel here reads (mxfp4_pairs.h). Once per matrix, after its upload.
+void repack_mxfp4_codes(void* codes, size_t bytes, cudaStream_t stream);
+
 }  // namespace moonrun::cuda
