@@ -577,6 +577,51 @@ TEST_P(BackendOps, RouterAndExperts) {
                    err(B, y), B.tol(2e-2));
     }
   }
+
+  // Many experts: the grouping scans 32-expert chunks in parallel (200 experts: 7 chunks, the
+  // last partial, most experts idle), and places more than 32 slots; an expert-parallel
+  // shard (experts 64-163 of the 200) drops the slots that chose another rank's experts.
+  for (const int Tn : {3, 40}) {
+    const int E2 = 200, K2 = 8, Dn = 64, In = 64;
+    for (const auto [first, count] : {std::pair{0, E2}, std::pair{64, 100}}) {
+      std::vector<int32_t> ids;
+      for (int t = 0; t < Tn; ++t)
+        for (int k = 0; k < K2; ++k) ids.push_back((t * 37 + k * 23 + (t * k) % 5) % E2);
+      Pair id = put_i32(B, ids, Tn, K2);
+      Pair wt = put(B, optest::random_uniform(Tn * K2, 64, 0.0f, 1.0f), Tn, K2);
+      Pair x = put(B, normal(Tn * Dn, 65), Tn, Dn, act());
+      auto experts = [&](int out_f, int in_f, uint64_t seed) {
+        ExpertMatrices c, g;
+        std::vector<uint8_t> codes(static_cast<size_t>(count) * out_f * in_f / 2), scales(codes.size() / 16);
+        testing::Rng r(seed);
+        for (auto& v : codes) v = static_cast<uint8_t>(r.bits());
+        for (auto& v : scales) v = static_cast<uint8_t>(120 + r.bits() % 5);
+        for (Ops* ops : {static_cast<Ops*>(&B.cpu), B.gpu.get()}) {
+          ExpertMatrices& m = ops == &B.cpu ? c : g;
+          m.num_experts = count;
+          m.first_expert = first;
+          m.stacked.out = out_f;
+          m.stacked.in = in_f;
+          m.stacked.w = ops->alloc(static_cast<int64_t>(count) * out_f, in_f / 2, DType::U8, "codes");
+          m.stacked.scales = ops->alloc(static_cast<int64_t>(count) * out_f, in_f / 32, DType::U8, "scales");
+          ops->upload(m.stacked.w, 0, codes.data(), codes.size());
+          ops->upload(m.stacked.scales, 0, scales.data(), scales.size());
+          ops->repack_experts(m);
+        }
+        return std::pair{c, g};
+      };
+      auto [w1c, w1g] = experts(In, Dn, 73);
+      auto [w3c, w3g] = experts(In, Dn, 74);
+      auto [w2c, w2g] = experts(Dn, In, 75);
+      Pair y = out(B, Tn, Dn);
+      const ActivationParams ap{true, 4.0f, 25.0f};
+      B.cpu.moe_experts(x.c, id.c, wt.c, w1c, w3c, w2c, ap, y.c);
+      B.gpu->moe_experts(x.g, id.g, wt.g, w1g, w3g, w2g, ap, y.g);
+      expect_close(std::string("moe_experts_many_") + B.mode(),
+                   std::to_string(Tn) + "x200_experts_" + std::to_string(first) + "+" + std::to_string(count),
+                   err(B, y), B.tol(2e-2));
+    }
+  }
 }
 
 // ---- sampling -----------------------------------------------------------------------------

@@ -408,9 +408,7 @@ class CudaOps final : public Ops {
     const int max_active = std::min(E, n_slots);
     const bool x_bf16 = x.dtype == DType::BF16;
     Tensor h = scratch(n_slots, inter, x.dtype);
-    Tensor out = scratch(n_slots, D, DType::F32);
-    // Slots of another expert-parallel rank's experts add nothing to the combine.
-    if (parallel_size() > 1) zero(out);
+    Tensor out = scratch(n_slots, D, DType::F32);  // slots of other ranks' experts: not written, not read
     const StackedExperts s1 = stacked(w1), s3 = stacked(w3);
     if (grouped_mxfp4_stream_gated_supported(s1, s3, x_bf16, T, x.data)) {
       // Decode: gate and up in one launch that stores h = act(gate, up) itself.
@@ -422,7 +420,8 @@ class CudaOps final : public Ops {
       gated_activation(g, u, act, h);
     }
     grouped_expert_linear(h.data, x_bf16, 1, stacked(w2), groups, max_active, T, out.as<float>(), stream_);
-    combine_experts(out.as<float>(), weights.as<float>(), T, K, D, y.as<float>(), stream_);
+    combine_experts(out.as<float>(), weights.as<float>(), ids.as<int32_t>(), w1.first_expert, E, T, K, D,
+                    y.as<float>(), stream_);
   }
 
   // ---- sampling ----------------------------------------------------------------------

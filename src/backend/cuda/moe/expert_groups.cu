@@ -17,10 +17,13 @@ namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// One block. Shared memory: count then cursor per expert [E].
+// One block. Shared memory: count then cursor per expert [E], then per 32-expert chunk its
+// slot total and its active-expert count [2 x chunks].
 // 1. count slots per expert (shared-memory atomics on integers: the counts, not their
 //    order, come out of it, so this is deterministic);
-// 2. warp 0 scans the counts into offsets and lists the active experts;
+// 2. every warp scans its chunks' counts; warp 0 scans the chunk totals; every warp then
+//    writes its chunks' offsets and active experts (one warp walking K3's 28 chunks in turn,
+//    28 dependent shuffle scans, took ~4 us of a decode step's MoE layer);
 // 3. warp 0 places the slots in slot order, 32 at a time: lanes naming the same expert
 //    (__match_any_sync) take consecutive places by lane rank, so each expert's list is
 //    ascending in slot id (a stable sort).
@@ -33,6 +36,9 @@ __global__ void group_by_expert_kernel(const int32_t* __restrict__ ids, int n_sl
     return e >= 0 && e < num_experts ? e : -1;
   };
   extern __shared__ int cursor[];  // [E]
+  const int n_chunks = (num_experts + 31) / 32;
+  int* chunk_slots = cursor + num_experts;  // [n_chunks]: slots, then (after 2) the first offset
+  int* chunk_active = chunk_slots + n_chunks;  // [n_chunks]: active experts, then the first place
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) cursor[e] = 0;
   __syncthreads();
   for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
@@ -40,34 +46,62 @@ __global__ void group_by_expert_kernel(const int32_t* __restrict__ ids, int n_sl
     if (e >= 0) atomicAdd(&cursor[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
   const unsigned lanes_below = (1u << lane) - 1u;
-
-  int running = 0, n_active = 0;
-  for (int base = 0; base < num_experts; base += 32) {
-    const int e = base + lane;
-    const int count = e < num_experts ? cursor[e] : 0;
-    int inclusive = count;  // warp inclusive scan of the counts
+  // Lane's expert of chunk c: its count and the inclusive scan of the chunk's counts.
+  auto chunk_scan = [&](int c, int& count, int& inclusive) {
+    const int e = 32 * c + lane;
+    count = e < num_experts ? cursor[e] : 0;
+    inclusive = count;
     for (int off = 1; off < 32; off <<= 1) {
       const int v = __shfl_up_sync(kFullMask, inclusive, off);
       if (lane >= off) inclusive += v;
     }
-    const int start = running + inclusive - count;
-    if (e < num_experts) {
-      g.offsets[e] = start;
-      cursor[e] = start;  // this lane's own entry: read above, rewritten here
-    }
+  };
+  for (int c = warp; c < n_chunks; c += n_warps) {
+    int count, inclusive;
+    chunk_scan(c, count, inclusive);
     const unsigned has = __ballot_sync(kFullMask, count > 0);
-    if (count > 0) g.active[n_active + __popc(has & lanes_below)] = e;
-    n_active += __popc(has);
-    running += __shfl_sync(kFullMask, inclusive, 31);
+    if (lane == 31) {
+      chunk_slots[c] = inclusive;
+      chunk_active[c] = __popc(has);
+    }
   }
-  if (lane == 0) {
-    g.offsets[num_experts] = running;
-    *g.num_active = n_active;
+  __syncthreads();
+  if (warp == 0) {  // exclusive scans of the chunk totals, in place
+    int running = 0, n_active = 0;
+    for (int base = 0; base < n_chunks; base += 32) {
+      const int c = base + lane;
+      const int slots = c < n_chunks ? chunk_slots[c] : 0, active = c < n_chunks ? chunk_active[c] : 0;
+      int inc_slots = slots, inc_active = active;
+      for (int off = 1; off < 32; off <<= 1) {
+        const int vs = __shfl_up_sync(kFullMask, inc_slots, off), va = __shfl_up_sync(kFullMask, inc_active, off);
+        if (lane >= off) inc_slots += vs, inc_active += va;
+      }
+      if (c < n_chunks) {
+        chunk_slots[c] = running + inc_slots - slots;
+        chunk_active[c] = n_active + inc_active - active;
+      }
+      running += __shfl_sync(kFullMask, inc_slots, 31);
+      n_active += __shfl_sync(kFullMask, inc_active, 31);
+    }
+    if (lane == 0) {
+      g.offsets[num_experts] = running;
+      *g.num_active = n_active;
+    }
   }
-  __syncwarp();
+  __syncthreads();
+  for (int c = warp; c < n_chunks; c += n_warps) {
+    int count, inclusive;
+    chunk_scan(c, count, inclusive);
+    const int e = 32 * c + lane, start = chunk_slots[c] + inclusive - count;
+    const unsigned has = __ballot_sync(kFullMask, count > 0);
+    if (e < num_experts) g.offsets[e] = start;
+    if (count > 0) g.active[chunk_active[c] + __popc(has & lanes_below)] = e;
+    if (e < num_experts) cursor[e] = start;  // only this lane read its count
+  }
+  __syncthreads();
+  if (warp > 0) return;
 
   for (int base = 0; base < n_slots; base += 32) {
     const int s = base + lane;
@@ -85,16 +119,37 @@ __global__ void group_by_expert_kernel(const int32_t* __restrict__ ids, int n_sl
 }
 
 // grid (n_tokens, dim blocks): y[t, c] = sum_k w[t, k] * out[t*K + k, c], k ascending; the
-// product and the sum rounded separately (no FMA contraction), as the CPU loop does.
+// product and the sum rounded separately (no FMA contraction), as the CPU loop does. A slot
+// whose expert another expert-parallel rank holds was never written: it adds 0, as on the
+// CPU (whose slot rows start at zero), without a memset of the slot rows.
 __global__ void combine_experts_kernel(const float* __restrict__ expert_out, const float* __restrict__ weights,
-                                       int top_k, int dim, float* __restrict__ y) {
+                                       const int32_t* __restrict__ ids, int first_expert, int num_experts, int top_k,
+                                       int dim, float* __restrict__ y) {
   const int t = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= dim) return;
   const float* w = weights + static_cast<size_t>(t) * top_k;
+  const int32_t* id = ids + static_cast<size_t>(t) * top_k;
+  auto held = [&](int k) {
+    return static_cast<unsigned>(__ldg(id + k) - first_expert) < static_cast<unsigned>(num_experts);
+  };
   const float* o = expert_out + static_cast<size_t>(t) * top_k * dim + c;
+  // Eight outputs' loads issued before the first is added (one dependent load a k cost a
+  // decode step's combine ~16 memory latencies).
+  constexpr int kBatch = 8;
   float acc = 0.0f;
-  for (int k = 0; k < top_k; ++k) acc = __fadd_rn(acc, __fmul_rn(o[static_cast<size_t>(k) * dim], w[k]));
+  int k = 0;
+  for (; k + kBatch <= top_k; k += kBatch) {
+    float v[kBatch], wk[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      v[j] = held(k + j) ? __ldg(o + static_cast<size_t>(k + j) * dim) : 0.0f;
+      wk[j] = __ldg(w + k + j);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) acc = __fadd_rn(acc, __fmul_rn(v[j], wk[j]));
+  }
+  for (; k < top_k; ++k) acc = __fadd_rn(acc, __fmul_rn(held(k) ? o[static_cast<size_t>(k) * dim] : 0.0f, w[k]));
   y[static_cast<size_t>(t) * dim + c] = acc;
 }
 
@@ -102,19 +157,20 @@ __global__ void combine_experts_kernel(const float* __restrict__ expert_out, con
 
 void group_by_expert(const int32_t* ids, int n_slots, int first_expert, int num_experts, const ExpertGroups& groups,
                      cudaStream_t stream) {
-  const size_t smem = sizeof(int) * static_cast<size_t>(num_experts);
+  const size_t smem = sizeof(int) * (static_cast<size_t>(num_experts) + 2 * ((num_experts + 31) / 32));
   if (num_experts <= 0 || smem > 48 * 1024)
     throw CudaError("group_by_expert: " + std::to_string(num_experts) + " experts");
   group_by_expert_kernel<<<1, 1024, smem, stream>>>(ids, n_slots, first_expert, num_experts, groups);
   CUDA_CHECK_LAUNCH();
 }
 
-void combine_experts(const float* expert_out, const float* weights, int n_tokens, int top_k, int dim, float* y,
-                     cudaStream_t stream) {
+void combine_experts(const float* expert_out, const float* weights, const int32_t* ids, int first_expert,
+                     int num_experts, int n_tokens, int top_k, int dim, float* y, cudaStream_t stream) {
   if (n_tokens <= 0 || dim <= 0) return;
   constexpr int kThreads = 256;
   const dim3 grid(n_tokens, (dim + kThreads - 1) / kThreads);
-  combine_experts_kernel<<<grid, kThreads, 0, stream>>>(expert_out, weights, top_k, dim, y);
+  combine_experts_kernel<<<grid, kThreads, 0, stream>>>(expert_out, weights, ids, first_expert, num_experts, top_k,
+                                                        dim, y);
   CUDA_CHECK_LAUNCH();
 }
 

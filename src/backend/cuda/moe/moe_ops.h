@@ -71,9 +71,11 @@ void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, co
                        int max_active, int n_tokens, float* y, cudaStream_t stream);
 
 // y[t, c] = sum_k weights[t, k] * expert_out[t * top_k + k, c], k ascending (the CPU's order).
-// expert_out [n_tokens * top_k, dim], weights [n_tokens, top_k], y [n_tokens, dim] fp32.
-void combine_experts(const float* expert_out, const float* weights, int n_tokens, int top_k, int dim, float* y,
-                     cudaStream_t stream);
+// expert_out [n_tokens * top_k, dim], weights [n_tokens, top_k], y [n_tokens, dim] fp32. A slot
+// whose id (ids [n_tokens, top_k]) is outside [first_expert, first_expert + num_experts) adds 0:
+// its expert_out row is never read.
+void combine_experts(const float* expert_out, const float* weights, const int32_t* ids, int first_expert,
+                     int num_experts, int n_tokens, int top_k, int dim, float* y, cudaStream_t stream);
 
 // Rewrites MXFP4 codes (bytes, whole 32-bit words) in place into the pair-ready layout every
 // MXFP4 kernel here reads (mxfp4_pairs.h). Once per matrix, after its upload.
