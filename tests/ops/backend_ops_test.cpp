@@ -343,6 +343,25 @@ void kda_ops_on_a_mixed_batch(Backends& B, int d) {
     expect_close(std::string("short_conv_") + (silu ? "silu_" : "") + B.mode(), rows_x_D, err(B, y), 1e-6);
     expect_close(std::string("short_conv_window_") + B.mode(), slots, err(B, st), 0.0);
   }
+  // A decode step (one token a sequence): the windows roll inside the conv's own launch.
+  {
+    ForwardBatch decode;
+    const int32_t one = 1;
+    for (int s = 0; s < MixedBatch::kSlots; ++s)
+      decode.add_seq(&one, 1, 20 + s, (s + 2) % MixedBatch::kSlots, mb.pages[s].data(), 2);
+    const BatchView dc = B.cpu.upload_batch(decode), dg = B.gpu->upload_batch(decode);
+    Pair xd = put(B, normal(MixedBatch::kSlots * D, 34), MixedBatch::kSlots, D);
+    Pair st = put(B, state, MixedBatch::kSlots, slot_floats);
+    for (int step = 0; step < 2; ++step) {  // the second step reads the first's rolled windows
+      Pair y = out(B, MixedBatch::kSlots, D);
+      B.cpu.short_conv(xd.c, w.c, dc, StateLayer{st.c.as<float>(), slot_floats}, true, y.c);
+      B.gpu->short_conv(xd.g, w.g, dg, StateLayer{st.g.as<float>(), slot_floats}, true, y.g);
+      expect_close(std::string("short_conv_decode_") + B.mode(), "step" + std::to_string(step) + "_" + seqs, err(B, y),
+                   1e-6);
+      expect_close(std::string("short_conv_decode_window_") + B.mode(), "step" + std::to_string(step) + "_" + slots,
+                   err(B, st), 0.0);
+    }
+  }
   // l2norm, the two decay gates, the gated norm
   Pair q = put(B, normal(T * D, 33), T, D);
   B.cpu.l2norm_rows(q.c.reshaped(d), 0.17f);

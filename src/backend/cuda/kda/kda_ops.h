@@ -16,9 +16,10 @@ namespace moonrun::cuda {
 // Causal depthwise conv (+ SiLU when apply_silu) of every sequence's rows, continuing from
 // its window, then the windows advanced. x, y [n_tokens, dim]; weight [dim, kernel].
 // token_seq [n_tokens], seqs [n_seqs]: the batch's device tables.
+// one_token_each: every sequence has exactly one new token (the windows roll in the same launch).
 void short_conv(const float* x, int n_tokens, int dim, const float* weight, int kernel, const int32_t* token_seq,
-                const BatchSeq* seqs, int n_seqs, float* window_base, int64_t slot_stride, bool apply_silu, float* y,
-                cudaStream_t stream);
+                const BatchSeq* seqs, int n_seqs, bool one_token_each, float* window_base, int64_t slot_stride,
+                bool apply_silu, float* y, cudaStream_t stream);
 
 // FLA's l2norm per row of d: x * scale / sqrt(sum(x^2) + 1e-6), in place.
 void l2norm_rows(float* x, int64_t n_rows, int d, float scale, cudaStream_t stream);
