@@ -271,8 +271,8 @@ class CudaOps final : public Ops {
   void short_conv(const Tensor& x, const Tensor& weight, const BatchView& batch, StateLayer window, bool silu,
                   Tensor y) override {
     same_shape(x, y, "short_conv");
-    bool one_token_each = true;
-    for (const BatchSeq& s : batch.host->seqs) one_token_each = one_token_each && s.n_new == 1;
+    // decode_only: one token a sequence (the runner refuses sequences with none).
+    const bool one_token_each = batch.host->decode_only();
     cuda::short_conv(x.as<float>(), static_cast<int>(x.rows), static_cast<int>(x.cols), weight.as<float>(),
                      static_cast<int>(weight.cols), batch.token_seq, batch.seqs, batch.n_seqs(), one_token_each,
                      window.base, window.slot_stride_floats, silu, y.as<float>(), stream_);
