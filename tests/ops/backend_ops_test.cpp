@@ -317,8 +317,9 @@ struct MixedBatch {
   int n_tokens() const { return fb.n_tokens(); }
 };
 
-// d = 32 takes the whole-head decode kernel and, in bf16, the tensor-core chunked one;
-// d = 48 the column-tile decode kernel and the fp32 chunked one.
+// d = 32 and 64 take the whole-head decode kernel and, in bf16, the tensor-core chunked one
+// (whose warps tile S differently at each width); d = 48 the column-tile decode kernel and the
+// fp32 chunked one.
 void kda_ops_on_a_mixed_batch(Backends& B, int d) {
   MixedBatch mb;
   const int T = mb.n_tokens(), H = 4, D = H * d, K = 4;
@@ -407,6 +408,7 @@ void kda_ops_on_a_mixed_batch(Backends& B, int d) {
 TEST_P(BackendOps, KdaOpsOnAMixedBatch) {
   kda_ops_on_a_mixed_batch(b(), 32);
   kda_ops_on_a_mixed_batch(b(), 48);
+  kda_ops_on_a_mixed_batch(b(), 64);
 }
 
 // The chunked recurrence at K3's head width (128) over prompts that cross the kernels' pass

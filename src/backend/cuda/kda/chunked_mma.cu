@@ -1,5 +1,5 @@
 // The chunked (WY) form of the KDA recurrence on the tensor cores: the same algebra as
-// chunked.cu (whose comment states it), with bf16 operands and fp32 accumulation, in three
+// chunked.cu (whose comment states it), with bf16 operands and fp32 accumulation, in two
 // kernels per pass of chunks (64 tokens a chunk):
 //
 // 1. prep, one block per (chunk, head), everything that does not read S:
@@ -13,15 +13,19 @@
 //      evaluated directly in fp32, as FLA's chunk_kda does;
 //    - (I + L)^-1 in fp32: the 16x16 diagonal blocks by substitution, then the bands below;
 //    - W = T (exp(G) k) and U = T v as MMAs, T = (I + L)^-1 Diag(beta) rounded to bf16;
-//    - the rows the later kernels read: QG = q exp(G), KG = k exp(G_last - G), exp(G_last).
+//    - the rows the state kernel reads: QG = q exp(G), KG = k exp(G_last - G), exp(G_last).
 // 2. state, one block per (head, 64 v-columns), the chunks in order: S [D, 64] stays in the
-//    MMA accumulators of its four warps (fp32); per chunk it goes out as bf16 (Sc), then
-//    V' = U - W S (out as bf16) and S = Diag(exp(G_last)) S + KG^T V'. Only this walk is
-//    sequential, so it carries nothing else; the next chunk's tiles load during this one.
-// 3. out, one block per (chunk, head), all chunks at once: o = QG Sc + P V'.
+//    MMA accumulators (fp32); per chunk V' = U - W S, o = QG S + P V' and
+//    S = Diag(exp(G_last)) S + KG^T V'. Only this walk is sequential; o is computed in it
+//    because S at the chunk's start and V' are already on the multiprocessor (a separate
+//    output kernel had to write and read both back: 150 MB a pass at K3's width), and the
+//    next chunk's tiles load during this one.
 //
-// Exponentials are __expf (ex2.approx): every argument is <= 0 and every result is rounded
-// to bf16 or multiplies an fp32 state whose own rounding is larger.
+// Exponentials are ex2.approx.ftz of G kept in log2 units (g is scaled by log2(e) as it is
+// summed): one instruction each, where __expf is a multiply, a range test and two
+// predicated multiplies around the same ex2. Every argument is <= 0; a result that flushes
+// to zero (below 2^-126) multiplies a row whose true weight is as small, and every result
+// is rounded to bf16 or multiplies an fp32 state whose own rounding is larger.
 //
 // This is FLA's chunk_kda in structure and precision (it too keeps S in fp32 and feeds bf16
 // to the tensor cores). The fp32 kernels of chunked.cu stay the reference: the fp32 mode
@@ -43,14 +47,24 @@ namespace {
 
 constexpr int kC = 64;              // tokens per chunk
 constexpr int kSub = 16;            // sub-chunk: one MMA row tile, and the factorisation's reference
-constexpr int kThreads = 128;       // state and out kernels: four warps, one 16-row tile of the chunk each
-constexpr int kPrepThreads = 256;   // prep kernel: eight warps (one block fills a multiprocessor's shared memory)
+// Prep kernel: sixteen warps. One block fills a multiprocessor's shared memory, so its warps
+// are all the multiprocessor has to hide latency with (at eight it was issue-bound, 3.6 cycles
+// a warp between instructions).
+constexpr int kPrepThreads = 512;
 constexpr int kChunksPerPass = 16;  // bounds the workspace (1,024 tokens a pass)
 // State kernel: v-columns per block. K3 (96 heads of 128) gives 192 blocks, two a multiprocessor
-// at most: every block of the pass is resident at once, with no second wave.
+// (104 KB of shared memory each): every block of the pass is resident at once.
 template <int D>
 constexpr int kBVof = D < 64 ? D : 64;
 constexpr int kKtRows = 96;         // the three reference-scaled key blocks: 16 + 32 + 48 rows
+
+constexpr float kLog2e = 1.4426950408889634f;
+// 2^x (x <= 0 here), results below 2^-126 flushed to zero.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -67,13 +81,14 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16* p) {
                : "memory");
 }
 
-// A fragment (16 x 16 at m0, k0) of a row-major [m][k] tile.
+// A fragment (16 x 16 at m0, k0) of a row-major [m][k] tile, by one ldmatrix: lanes 0-15
+// name rows m0 .. m0 + 15 at k0, lanes 16-31 the same rows at k0 + 8 (rows 16-byte aligned).
 __device__ __forceinline__ void load_a(uint32_t a[4], const bf16* base, int ld, int m0, int k0, int lane) {
-  const bf16* p = base + (m0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
-  a[0] = bf16_pair(p);
-  a[1] = bf16_pair(p + 8 * ld);
-  a[2] = bf16_pair(p + 8);
-  a[3] = bf16_pair(p + 8 * ld + 8);
+  const auto p = static_cast<uint32_t>(__cvta_generic_to_shared(base + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(p)
+               : "memory");
 }
 // A fragment (16 x 16 at m0, k0) of A = M^T, M stored row-major [k][m].
 __device__ __forceinline__ void load_a_trans(uint32_t a[4], const bf16* base, int ld, int m0, int k0, int lane) {
@@ -102,8 +117,6 @@ struct Workspace {
   float* U;           // WY rows of v (fp32: only ever an addend)
   bf16* P;            // [chunks, H, kC, kC]: the q-k pair matrix, lower triangle with diagonal
   float* eGlast;      // [chunks, H, D]
-  bf16* Vp;           // [T, H, D]: V' = U - W S (the state kernel's)
-  bf16* Sc;           // [chunks, H, D, D]: S at each chunk's start (the state kernel's)
 };
 
 struct PassArgs {
@@ -125,14 +138,19 @@ struct ChunkOfHead {
 template <int D>
 struct PrepSmem {
   static constexpr int ld = D + 8;  // bf16 row stride: +16 bytes keeps the fragment reads conflict-free
-  float G[kC][D];                   // g, then its in-chunk cumulative sum
-  float q[kC][D], k[kC][D], v[kC][D];
+  float G[kC][D];                   // g, then its in-chunk cumulative sum times log2(e)
+  float q[kC][D], k[kC][D];  // (v goes from global memory to registers to bf16: step 6)
   float A[kC][kC + 1];  // N = -L, strictly lower
   float beta[kC];
-  union {
+  float seg_total[kPrepThreads / D][D];  // the cumulative sum's segment totals
+  union alignas(16) {
     struct {
       bf16 Ks[kC][ld], Qs[kC][ld];  // k, q exp(G_c - G_r), r = c's sub-chunk's first row
       bf16 Kt[kKtRows][ld];         // for I = 1..3: k_j exp(G_{16I} - G_j), j < 16I, at row 8I(I-1)
+      // The lower-left 8x8 quadrant of each diagonal 16x16 block, through m = the block's
+      // ninth row: rows 16s + i of Qa are k_{m+i} exp(G_{m+i} - G_m) (i < 8) and
+      // q_{m+i-8} exp(G_{m+i-8} - G_m) (i >= 8); row 8s + j of Kb is k_{16s+j} exp(G_m - G_{16s+j}).
+      bf16 Qa[kC][ld], Kb[kC / 2][ld];
     } pairs;
     struct {
       bf16 T[kC][kC + 8];  // (I + L)^-1 Diag(beta)
@@ -142,9 +160,9 @@ struct PrepSmem {
   } u;
 };
 
-// One block per (chunk, head), kPrepThreads threads. The chunk's q, k, v, g come into shared
-// memory first, all copies in flight together; everything after reads shared memory only,
-// so no global load waits behind a global store.
+// One block per (chunk, head), kPrepThreads threads. The chunk's g, q and k come into shared
+// memory first, all copies in flight together; after them only v is read from global memory
+// (into registers, under the inverse).
 template <int D>
 __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -156,57 +174,89 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
   auto row = [&](int c) { return ch.row(c); };
 
   // 1. The chunk into shared memory; rows past its end are zeros (they decay nothing, add
-  //    nothing, and G_last = G[kC - 1]).
-  for (int e = tid; e < kC * D / 4; e += kPrepThreads) {
-    const int c = e / (D / 4), x = (e % (D / 4)) * 4;
-    if (c < C) {
-      const int64_t at = row(c) + x;
-      cp_async16(&s.G[c][x], a.g + at);
-      cp_async16(&s.q[c][x], a.q + at);
-      cp_async16(&s.k[c][x], a.k + at);
-      cp_async16(&s.v[c][x], a.v + at);
-    } else {
-      const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      *reinterpret_cast<float4*>(&s.G[c][x]) = z;
-      *reinterpret_cast<float4*>(&s.q[c][x]) = z;
-      *reinterpret_cast<float4*>(&s.k[c][x]) = z;
-      *reinterpret_cast<float4*>(&s.v[c][x]) = z;
-    }
+  //    nothing, and G_last = G[kC - 1]). Commit groups in the order they are needed (g for
+  //    the cumulative sum, then q and k), so the sum starts while q and k are arriving.
+  {
+    constexpr int kPieces = D / 4, kRowStep = kPrepThreads / kPieces;
+    static_assert(kPrepThreads % kPieces == 0, "prep: the threads tile whole rows");
+    const int x = (tid % kPieces) * 4;
+    auto load = [&](float (*dst)[D], const float* src) {
+      for (int c = tid / kPieces; c < kC; c += kRowStep) {
+        if (c < C) cp_async16(&dst[c][x], src + row(c) + x);
+        else *reinterpret_cast<float4*>(&dst[c][x]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    load(s.G, a.g);
+    load(s.q, a.q);
+    load(s.k, a.k);
   }
   if (tid < kC) s.beta[tid] = tid < C ? a.beta[static_cast<int64_t>(t0 + tid) * H + h] : 0.0f;
-  cp_async_wait_all();
+  asm volatile("cp.async.wait_group 2;\n" ::: "memory");  // g
   __syncthreads();
-  for (int x = tid; x < D; x += kPrepThreads) {
+  // G's cumulative sum: every thread scans kC / kSegs rows of one column, then adds the
+  // totals of the segments above it.
+  {
+    constexpr int kSegs = kPrepThreads / D, kSegRows = kC / kSegs;
+    static_assert(kPrepThreads % D == 0 && kC % kSegs == 0, "prep: the scan's segments tile the chunk");
+    const int x = tid % D, seg = tid / D, c0 = kSegRows * seg;
     float G = 0.0f;
-    for (int c = 0; c < kC; ++c) s.G[c][x] = G = s.G[c][x] + G;
-    a.w.eGlast[(static_cast<int64_t>(chunk) * H + h) * D + x] = __expf(G);
+#pragma unroll
+    for (int c = c0; c < c0 + kSegRows; ++c) s.G[c][x] = G = fmaf(s.G[c][x], kLog2e, G);
+    s.seg_total[seg][x] = G;
+    __syncthreads();
+    float above = 0.0f;
+    for (int j = 0; j < seg; ++j) above += s.seg_total[j][x];
+#pragma unroll
+    for (int c = c0; c < c0 + kSegRows; ++c) s.G[c][x] += above;
+    if (seg == kSegs - 1) a.w.eGlast[(static_cast<int64_t>(chunk) * H + h) * D + x] = exp2_ftz(G + above);
   }
+  cp_async_wait_all();  // q and k
   __syncthreads();
 
-  // 2. The scaled rows: Qs, Ks and Kt here; QG and KG out to the workspace.
-  for (int e = tid; e < kC * D / 2; e += kPrepThreads) {
-    const int c = e / (D / 2), x = (e % (D / 2)) * 2, r = c & ~(kSub - 1);
-    const float2 qv = *reinterpret_cast<const float2*>(&s.q[c][x]), kv = *reinterpret_cast<const float2*>(&s.k[c][x]);
-    const float G0 = s.G[c][x], G1 = s.G[c][x + 1];
-    const float e0 = __expf(G0 - s.G[r][x]), e1 = __expf(G1 - s.G[r][x + 1]);
-    *reinterpret_cast<uint32_t*>(&s.u.pairs.Qs[c][x]) = pack_bf16(qv.x * e0, qv.y * e1);
-    *reinterpret_cast<uint32_t*>(&s.u.pairs.Ks[c][x]) = pack_bf16(kv.x * e0, kv.y * e1);
-    if (c < C) {
-      *reinterpret_cast<uint32_t*>(a.w.QG + row(c) + x) = pack_bf16(qv.x * __expf(G0), qv.y * __expf(G1));
-      *reinterpret_cast<uint32_t*>(a.w.KG + row(c) + x) =
-          pack_bf16(kv.x * __expf(s.G[kC - 1][x] - G0), kv.y * __expf(s.G[kC - 1][x + 1] - G1));
+  // 2. The scaled rows: Qs, Ks and Kt here; QG and KG out to the workspace. A thread keeps
+  //    one column pair and steps down the rows.
+  constexpr int kColPairs = D / 2, kRowStep = kPrepThreads / kColPairs;
+  static_assert(kPrepThreads % kColPairs == 0, "prep: the threads tile whole rows");
+  const int xp = 2 * (tid % kColPairs), row_first = tid / kColPairs;
+  {
+    const float2 Gl = *reinterpret_cast<const float2*>(&s.G[kC - 1][xp]);
+    for (int c = row_first; c < kC; c += kRowStep) {
+      const int r = c & ~(kSub - 1);
+      const float2 qv = *reinterpret_cast<const float2*>(&s.q[c][xp]), kv = *reinterpret_cast<const float2*>(&s.k[c][xp]);
+      const float2 G = *reinterpret_cast<const float2*>(&s.G[c][xp]), Gr = *reinterpret_cast<const float2*>(&s.G[r][xp]);
+      const float e0 = exp2_ftz(G.x - Gr.x), e1 = exp2_ftz(G.y - Gr.y);
+      *reinterpret_cast<uint32_t*>(&s.u.pairs.Qs[c][xp]) = pack_bf16(qv.x * e0, qv.y * e1);
+      *reinterpret_cast<uint32_t*>(&s.u.pairs.Ks[c][xp]) = pack_bf16(kv.x * e0, kv.y * e1);
+      const int m = r + kSub / 2, i = c - r;
+      const float2 Gm = *reinterpret_cast<const float2*>(&s.G[m][xp]);
+      if (i >= kSub / 2) {
+        const float f0 = exp2_ftz(G.x - Gm.x), f1 = exp2_ftz(G.y - Gm.y);
+        *reinterpret_cast<uint32_t*>(&s.u.pairs.Qa[c - kSub / 2][xp]) = pack_bf16(kv.x * f0, kv.y * f1);
+        *reinterpret_cast<uint32_t*>(&s.u.pairs.Qa[c][xp]) = pack_bf16(qv.x * f0, qv.y * f1);
+      } else {
+        *reinterpret_cast<uint32_t*>(&s.u.pairs.Kb[r / 2 + i][xp]) =
+            pack_bf16(kv.x * exp2_ftz(Gm.x - G.x), kv.y * exp2_ftz(Gm.y - G.y));
+      }
+      if (c < C) {
+        *reinterpret_cast<uint32_t*>(a.w.QG + row(c) + xp) = pack_bf16(qv.x * exp2_ftz(G.x), qv.y * exp2_ftz(G.y));
+        *reinterpret_cast<uint32_t*>(a.w.KG + row(c) + xp) =
+            pack_bf16(kv.x * exp2_ftz(Gl.x - G.x), kv.y * exp2_ftz(Gl.y - G.y));
+      }
     }
-  }
-  for (int e = tid; e < kKtRows * D / 2; e += kPrepThreads) {
-    const int rr = e / (D / 2), x = (e % (D / 2)) * 2;
-    const int I = rr < 16 ? 1 : rr < 48 ? 2 : 3, j = rr - 8 * I * (I - 1), r = kSub * I;
-    *reinterpret_cast<uint32_t*>(&s.u.pairs.Kt[rr][x]) = pack_bf16(s.k[j][x] * __expf(s.G[r][x] - s.G[j][x]),
-                                                                  s.k[j][x + 1] * __expf(s.G[r][x + 1] - s.G[j][x + 1]));
+    for (int rr = row_first; rr < kKtRows; rr += kRowStep) {
+      const int I = rr < 16 ? 1 : rr < 48 ? 2 : 3, j = rr - 8 * I * (I - 1), r = kSub * I;
+      const float2 kv = *reinterpret_cast<const float2*>(&s.k[j][xp]);
+      const float2 Gj = *reinterpret_cast<const float2*>(&s.G[j][xp]), Gr = *reinterpret_cast<const float2*>(&s.G[r][xp]);
+      *reinterpret_cast<uint32_t*>(&s.u.pairs.Kt[rr][xp]) =
+          pack_bf16(kv.x * exp2_ftz(Gr.x - Gj.x), kv.y * exp2_ftz(Gr.y - Gj.y));
+    }
   }
   __syncthreads();
 
   bf16* Pg = a.w.P + (static_cast<int64_t>(chunk) * H + h) * kC * kC;
-  // 3. The six blocks below the diagonal, for L and for P: twelve 16x16 products.
+  // 3. The six blocks below the diagonal, for L and for P: twelve 16x16 products; then the
+  //    lower-left quadrants of the four diagonal blocks, L and P in one 16x8 product each.
   for (int item = warp; item < 12; item += kWarps) {
     const int blk = item >> 1;
     const bool is_p = item & 1;
@@ -241,56 +291,81 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
       }
     }
   }
-  // 4. The diagonal blocks in fp32: warp w takes sub-chunk w % 4, half its rows. Lane l holds
-  //    x = l + 32r of row c and accumulates the row's 16 pairs (c, j) for L and for P (those
-  //    above the diagonal are computed and dropped: no data-dependent loop bounds); one
-  //    transposing reduction then leaves pair value v in lane v (31 shuffles for 32 sums).
+  if (warp >= 12) {
+    const int sub0 = kSub * (warp - 12), m = sub0 + kSub / 2;
+    float acc[4] = {};
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      uint32_t af[4], bf[2];
+      load_a(af, &s.u.pairs.Qa[0][0], ld, sub0, k0, lane);
+      load_b(bf, &s.u.pairs.Kb[0][0], ld, sub0 / 2, k0, lane);
+      mma(acc, af, bf[0], bf[1]);
+    }
+    const int c = m + g, j = sub0 + 2 * t;  // rows g: L's (c, j); rows g + 8: P's
+    s.A[c][j] = -s.beta[c] * acc[0];
+    s.A[c][j + 1] = -s.beta[c] * acc[1];
+    *reinterpret_cast<uint32_t*>(Pg + c * kC + j) = pack_bf16(acc[2], acc[3]);
+    Pg[j * kC + c] = Pg[(j + 1) * kC + c] = __float2bfloat16_rn(0.0f);  // the mirror, above the diagonal
+  }
+  // 4. What is left of the diagonal blocks, in fp32: the pairs (c, j < c) inside each 8-row
+  //    group (8 x 28), two threads a pair (threads 0 .. 447), each summing half the columns,
+  //    so no pair above the diagonal is evaluated and one shuffle joins the halves. Lanes
+  //    start at different columns (4 apart, wrapping), so a quarter-warp's 16-byte reads hit
+  //    distinct banks whatever rows its pairs name (rows are D floats apart: the same bank).
+  //    The diagonal itself (P only: q_c . k_c, exponent 0) goes to the 64 threads left, and
+  //    each pair writes the zero of P its pair mirrors above the diagonal.
   {
-    constexpr int kPerLane = D / 32, kRowsPerWarp = kSub * 4 / kWarps;
-    const int c0 = kSub * (warp & 3);
-    for (int c = c0 + kRowsPerWarp * (warp >> 2); c < c0 + kRowsPerWarp * ((warp >> 2) + 1); ++c) {
-      float qc[kPerLane], kc[kPerLane], Gc[kPerLane];
-#pragma unroll
-      for (int r = 0; r < kPerLane; ++r) {
-        qc[r] = s.q[c][lane + 32 * r];
-        kc[r] = s.k[c][lane + 32 * r];
-        Gc[r] = s.G[c][lane + 32 * r];
+    constexpr int kGroup = kSub / 2, kPairs = kGroup * (kGroup - 1) / 2, kPairThreads = 2 * (kC / kGroup) * kPairs;
+    static_assert(kPairThreads + kC == kPrepThreads && kPairThreads % 32 == 0, "prep: two threads a diagonal pair");
+    constexpr int kHalf = D / 2;
+    if (tid < kPairThreads) {
+      const int pair = tid >> 1, half = tid & 1, group0 = kGroup * (pair / kPairs);
+      int p = pair % kPairs, r = 1;  // p = r (r - 1) / 2 + jj, jj < r
+      while (r * (r + 1) / 2 <= p) ++r;
+      const int c = group0 + r, j = group0 + p - r * (r - 1) / 2;
+      const int x0 = (4 * lane) % kHalf, xh = half * kHalf;
+      float lk[4] = {}, lq[4] = {};
+#pragma unroll 4
+      for (int i = 0; i < kHalf; i += 4) {
+        const int x = xh + (x0 + i) % kHalf;
+        const float4 kc = *reinterpret_cast<const float4*>(&s.k[c][x]), qc = *reinterpret_cast<const float4*>(&s.q[c][x]);
+        const float4 kj = *reinterpret_cast<const float4*>(&s.k[j][x]);
+        const float4 Gc = *reinterpret_cast<const float4*>(&s.G[c][x]), Gj = *reinterpret_cast<const float4*>(&s.G[j][x]);
+        const float w0 = kj.x * exp2_ftz(Gc.x - Gj.x), w1 = kj.y * exp2_ftz(Gc.y - Gj.y);  // j < c: exponents <= 0
+        const float w2 = kj.z * exp2_ftz(Gc.z - Gj.z), w3 = kj.w * exp2_ftz(Gc.w - Gj.w);
+        lk[0] += kc.x * w0, lk[1] += kc.y * w1, lk[2] += kc.z * w2, lk[3] += kc.w * w3;
+        lq[0] += qc.x * w0, lq[1] += qc.y * w1, lq[2] += qc.z * w2, lq[3] += qc.w * w3;
       }
-      float part[32];  // [0, 16): L's sums of (c, c0 + i); [16, 32): P's
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) {
-        const int j = c0 + i;
-        float lk = 0.0f, lq = 0.0f;
-#pragma unroll
-        for (int r = 0; r < kPerLane; ++r) {
-          const int x = lane + 32 * r;
-          const float kj = s.k[j][x] * __expf(fminf(Gc[r] - s.G[j][x], 0.0f));  // j <= c: exponent <= 0
-          lk += kc[r] * kj;
-          lq += qc[r] * kj;
-        }
-        part[i] = lk;
-        part[kSub + i] = lq;
+      float L = (lk[0] + lk[1]) + (lk[2] + lk[3]), P = (lq[0] + lq[1]) + (lq[2] + lq[3]);
+      L += __shfl_xor_sync(0xffffffffu, L, 1);
+      P += __shfl_xor_sync(0xffffffffu, P, 1);
+      if (half == 0) {
+        s.A[c][j] = -s.beta[c] * L;
+        Pg[c * kC + j] = __float2bfloat16_rn(P);
+        Pg[j * kC + c] = __float2bfloat16_rn(0.0f);
       }
-#pragma unroll
-      for (int level = 0; level < 5; ++level) {  // keep the half named by this lane's bit
-        const int off = 16 >> level;
-        const bool upper = lane & off;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {  // constant bounds, so `part` stays in registers
-          if (i >= off) continue;
-          const float lo = part[i], hi = part[i + off];  // values first: a select of two
-          part[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, off);  // addresses spills
-        }
+    } else {
+      const int c = tid - kPairThreads, x0 = (4 * lane) % D;
+      float d[4] = {};
+#pragma unroll 4
+      for (int i = 0; i < D; i += 4) {
+        const int x = (x0 + i) % D;
+        const float4 kc = *reinterpret_cast<const float4*>(&s.k[c][x]), qc = *reinterpret_cast<const float4*>(&s.q[c][x]);
+        d[0] += qc.x * kc.x, d[1] += qc.y * kc.y, d[2] += qc.z * kc.z, d[3] += qc.w * kc.w;
       }
-      const int j = c0 + (lane & (kSub - 1));  // lane holds the sum of value `lane`
-      if (lane < kSub) {
-        if (j < c) s.A[c][j] = -s.beta[c] * part[0];
-      } else {
-        Pg[c * kC + j] = __float2bfloat16_rn(j <= c ? part[0] : 0.0f);  // zero above the diagonal
-      }
+      Pg[c * kC + c] = __float2bfloat16_rn((d[0] + d[1]) + (d[2] + d[3]));
     }
   }
   __syncthreads();
+
+  // v's rows for step 6, asked for now so they arrive under the inverse.
+  constexpr int kVRows = kC / kRowStep;
+  float2 vreg[kVRows];
+#pragma unroll
+  for (int i = 0; i < kVRows; ++i) {
+    const int c = row_first + kRowStep * i;
+    vreg[i] = c < C ? __ldg(reinterpret_cast<const float2*>(a.v + row(c) + xp)) : make_float2(0.0f, 0.0f);
+  }
 
   // 5. Minv = (I + L)^-1 = (I - N)^-1. The diagonal 16x16 blocks first: warp w < 4's lane
   //    q < 16 walks down column q of block w (Minv = I + N Minv, row by row: no other lane's
@@ -310,7 +385,8 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
     }
   }
   __syncthreads();
-  constexpr int kBandPerThread = 3 * kSub * kSub / kPrepThreads;
+  constexpr int kBandPerThread = (3 * kSub * kSub + kPrepThreads - 1) / kPrepThreads;
+#pragma unroll  // constant bands: the sums below unroll, four chains each
   for (int band = 1; band < 4; ++band) {
     const int n_el = (4 - band) * kSub * kSub;  // blocks (j + band, j), j = 0 .. 3 - band
     float y[kBandPerThread];
@@ -320,9 +396,12 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
       y[n] = 0.0f;
       if (e >= n_el) continue;
       const int j = e / (kSub * kSub), i = j + band, r = (e / kSub) % kSub, q = e % kSub;
-      float acc = 0.0f;
-      for (int m = kSub * j; m < kSub * i; ++m) acc += s.A[kSub * i + r][m] * M[m][kSub * j + q];
-      y[n] = acc;
+      float acc[4] = {};
+      const float* Arow = &s.A[kSub * i + r][kSub * j];
+      const float* Mcol = &M[kSub * j][kSub * j + q];
+#pragma unroll
+      for (int m = 0; m < kSub * band; ++m) acc[m % 4] += Arow[m] * Mcol[m * (kC + 1)];
+      y[n] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
 #pragma unroll
     for (int n = 0; n < kBandPerThread; ++n) {  // block (i, j) is read by no one in this band
@@ -335,10 +414,10 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
       const int e = tid + kPrepThreads * n;
       if (e >= n_el) continue;
       const int j = e / (kSub * kSub), i = j + band, r = (e / kSub) % kSub, q = e % kSub;
-      float acc = 0.0f;
+      float acc[4] = {};
 #pragma unroll
-      for (int m = 0; m < kSub; ++m) acc += M[kSub * i + r][kSub * i + m] * M[kSub * i + m][kSub * j + q];
-      y[n] = acc;
+      for (int m = 0; m < kSub; ++m) acc[m % 4] += M[kSub * i + r][kSub * i + m] * M[kSub * i + m][kSub * j + q];
+      y[n] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
     __syncthreads();
 #pragma unroll
@@ -355,21 +434,24 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
     auto tval = [&](int jj) { return jj <= c ? M[c][jj] * s.beta[jj] : 0.0f; };
     *reinterpret_cast<uint32_t*>(&s.u.wy.T[c][j]) = pack_bf16(tval(j), tval(j + 1));
   }
-  for (int e = tid; e < kC * D / 2; e += kPrepThreads) {
-    const int c = e / (D / 2), x = (e % (D / 2)) * 2;
-    *reinterpret_cast<uint32_t*>(&s.u.wy.ek[c][x]) =
-        pack_bf16(s.k[c][x] * __expf(s.G[c][x]), s.k[c][x + 1] * __expf(s.G[c][x + 1]));
-    *reinterpret_cast<uint32_t*>(&s.u.wy.v[c][x]) = pack_bf16(s.v[c][x], s.v[c][x + 1]);
+#pragma unroll
+  for (int i = 0; i < kVRows; ++i) {
+    const int c = row_first + kRowStep * i;
+    const float2 kv = *reinterpret_cast<const float2*>(&s.k[c][xp]), G = *reinterpret_cast<const float2*>(&s.G[c][xp]);
+    const float2 vv = vreg[i];
+    *reinterpret_cast<uint32_t*>(&s.u.wy.ek[c][xp]) = pack_bf16(kv.x * exp2_ftz(G.x), kv.y * exp2_ftz(G.y));
+    *reinterpret_cast<uint32_t*>(&s.u.wy.v[c][xp]) = pack_bf16(vv.x, vv.y);
   }
   __syncthreads();
 
-  // 7. W = T ek (warps 0-3) and U = T v (warps 4-7), 16 rows a warp; T is lower
-  //    triangular, so k-tiles <= the row tile.
+  // 7. W = T ek (warps 0-3, 8-11) and U = T v (warps 4-7, 12-15), 16 rows and half the
+  //    columns a warp; T is lower triangular, so k-tiles <= the row tile.
   {
-    const int which = warp >> 2, mt = warp & 3;
+    static_assert(kWarps == 16, "prep: W and U take 16 warps");
+    const int which = (warp >> 2) & 1, mt = warp & 3, n_lo = (warp >> 3) * (D / 2);
     const bf16* Bm = which ? &s.u.wy.v[0][0] : &s.u.wy.ek[0][0];
 #pragma unroll 2
-    for (int n0 = 0; n0 < D; n0 += 16) {
+    for (int n0 = n_lo; n0 < n_lo + D / 2; n0 += 16) {
       float acc[2][4] = {};
       for (int kt = 0; kt <= mt; ++kt) {
         uint32_t af[4], bf[4];
@@ -395,263 +477,239 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
   }
 }
 
-template <int D>
+// The state walk with the output fused in, one block per (head, kBV v-columns), kStateThreads
+// threads, the chunks in order. Per chunk, with S [D, kBV] (S at the chunk's start) in the MMA
+// accumulators (fp32):
+//   Sb = bf16(S)                               (shared memory: the B operand below)
+//   V' = U - W Sb                              (bf16, shared memory only)
+//   o  = QG Sb + P V'                          (fp32, out: this block's kBV columns)
+//   S  = Diag(exp(G_last)) S + KG^T V'
+// o and the S update read the same operands and nothing of each other, so they run between
+// the same two barriers. S at a chunk's start and V' never leave the multiprocessor.
+// Every global read is a cp.async issued half a chunk ahead, in two commit groups: W and U
+// (issued once this chunk's V' is done), KG, exp(G_last), QG and P (once o and S are).
+constexpr int kStateThreads = 256;
+constexpr int kStateWarps = kStateThreads / 32;
+
+template <int D, int kBV>
 struct StateSmem {
-  static constexpr int kBV = kBVof<D>;
-  static constexpr int ld = D + 8, ldv = kBV + 8;
-  bf16 W[kC][ld], KG[kC][ld];
-  float U[kC][kBV];
+  static constexpr int ld = D + 8, ldv = kBV + 8, ldp = kC + 8;
+  static constexpr int ldu = kBV + 8;  // floats: a half-warp's 8-byte reads of 4 rows hit distinct banks
+  bf16 W[kC][ld], KG[kC][ld], QG[kC][ld];
+  float U[kC][ldu];
   float eG[D];
-  bf16 Sb[D][ldv];  // S as bf16, the B operand of W S
+  bf16 Sb[D][ldv];  // S as bf16, the B operand of W S and QG S
   bf16 Vp[kC][ldv];
+  bf16 P[kC][ldp];
 };
 
-// The copies of chunk `chunk`'s W and U rows (one commit group), or of its KG rows and
-// exp(G_last) (another); rows past the end are zeros. Called with chunk == n_chunks, they
-// commit an empty group, so the wait counts stay the same on the last chunk.
-template <int D>
-__device__ __forceinline__ void load_wu(const PassArgs& a, StateSmem<D>& s, int chunk, int n_chunks, int h,
+// Copies `rows` rows of `width` bf16 (width a multiple of 8) from token rows [T, H, D] of
+// chunk `chunk` into a [kC][ld] tile; rows past the chunk's end are zeros.
+// A thread keeps one 16-byte column piece and steps down the rows (the index arithmetic of
+// a flat loop was a fifth of this kernel's instructions).
+template <int D, int ld>
+__device__ __forceinline__ void load_rows(bf16 (*dst)[ld], const bf16* src, int t0, int C, int H, int h, int tid) {
+  constexpr int kPieces = D / 8, kRowStep = kStateThreads / kPieces;
+  static_assert(kStateThreads % kPieces == 0, "state: the threads tile whole rows");
+  const int x = (tid % kPieces) * 8;
+  const int64_t step = static_cast<int64_t>(kRowStep) * H * D;
+  const bf16* p = src + (static_cast<int64_t>(t0 + tid / kPieces) * H + h) * D + x;
+  for (int c = tid / kPieces; c < kC; c += kRowStep, p += step) {
+    if (c < C) cp_async16(&dst[c][x], p);
+    else *reinterpret_cast<uint4*>(&dst[c][x]) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Chunk `chunk`'s W and U (one commit group). With chunk == n_chunks it commits an empty
+// group, so the wait counts stay the same on the last chunk.
+template <int D, int kBV>
+__device__ __forceinline__ void load_wu(const PassArgs& a, StateSmem<D, kBV>& s, int chunk, int n_chunks, int h,
                                         int col0, int tid) {
   if (chunk < n_chunks) {
     const int t0 = chunk * kC, C = min(kC, a.T - t0);
-    for (int e = tid; e < kC * D / 8; e += kThreads) {
-      const int c = e / (D / 8), x = (e % (D / 8)) * 8;
-      if (c < C) cp_async16(&s.W[c][x], a.w.W + (static_cast<int64_t>(t0 + c) * a.H + h) * D + x);
-      else *reinterpret_cast<uint4*>(&s.W[c][x]) = make_uint4(0, 0, 0, 0);
-    }
-    constexpr int kBV = kBVof<D>;
-    for (int e = tid; e < kC * kBV / 4; e += kThreads) {
-      const int c = e / (kBV / 4), x = (e % (kBV / 4)) * 4;
-      if (c < C) cp_async16(&s.U[c][x], a.w.U + (static_cast<int64_t>(t0 + c) * a.H + h) * D + col0 + x);
+    load_rows<D>(s.W, a.w.W, t0, C, a.H, h, tid);
+    constexpr int kPieces = kBV / 4, kRowStep = kStateThreads / kPieces;
+    const int x = (tid % kPieces) * 4;
+    const int64_t step = static_cast<int64_t>(kRowStep) * a.H * D;
+    const float* p = a.w.U + (static_cast<int64_t>(t0 + tid / kPieces) * a.H + h) * D + col0 + x;
+    for (int c = tid / kPieces; c < kC; c += kRowStep, p += step) {
+      if (c < C) cp_async16(&s.U[c][x], p);
       else *reinterpret_cast<float4*>(&s.U[c][x]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
-template <int D>
-__device__ __forceinline__ void load_kg(const PassArgs& a, StateSmem<D>& s, int chunk, int n_chunks, int h, int tid) {
+// Chunk `chunk`'s KG, exp(G_last), QG and P (the other commit group).
+template <int D, int kBV>
+__device__ __forceinline__ void load_kgqp(const PassArgs& a, StateSmem<D, kBV>& s, int chunk, int n_chunks, int h,
+                                          int tid) {
   if (chunk < n_chunks) {
     const int t0 = chunk * kC, C = min(kC, a.T - t0);
-    for (int e = tid; e < kC * D / 8; e += kThreads) {
-      const int c = e / (D / 8), x = (e % (D / 8)) * 8;
-      if (c < C) cp_async16(&s.KG[c][x], a.w.KG + (static_cast<int64_t>(t0 + c) * a.H + h) * D + x);
-      else *reinterpret_cast<uint4*>(&s.KG[c][x]) = make_uint4(0, 0, 0, 0);
-    }
-    for (int e = tid; e < D / 4; e += kThreads)
+    load_rows<D>(s.KG, a.w.KG, t0, C, a.H, h, tid);
+    load_rows<D>(s.QG, a.w.QG, t0, C, a.H, h, tid);
+    for (int e = tid; e < D / 4; e += kStateThreads)
       cp_async16(&s.eG[4 * e], a.w.eGlast + (static_cast<int64_t>(chunk) * a.H + h) * D + 4 * e);
+    const bf16* Pg = a.w.P + (static_cast<int64_t>(chunk) * a.H + h) * kC * kC;
+    for (int e = tid; e < kC * kC / 8; e += kStateThreads) {
+      const int c = e / (kC / 8), x = (e % (kC / 8)) * 8;
+      cp_async16(&s.P[c][x], Pg + c * kC + x);
+    }
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 __device__ __forceinline__ void cp_async_wait_one_pending() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
-// The chunks in order for one (head, 64 v-columns): per chunk, S at its start goes out as
-// bf16 (Sc, for the output kernel), V' = U - W S goes out as bf16 (Vp), and
-// S = Diag(exp(G_last)) S + KG^T V'. Every global read is a cp.async issued half a chunk
-// ahead: the next W and U once this chunk's V' is done, the next KG once its S is.
-template <int D>
-__global__ void __launch_bounds__(kThreads) kda_state_kernel(PassArgs a, int n_chunks, float* __restrict__ S) {
+template <int D, int kBV>
+__global__ void __launch_bounds__(kStateThreads) kda_state_out_kernel(PassArgs a, int n_chunks, float* __restrict__ S,
+                                                                      float* __restrict__ o) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& s = *reinterpret_cast<StateSmem<D>*>(smem_raw);
-  constexpr int ld = StateSmem<D>::ld, ldv = StateSmem<D>::ldv, kBV = kBVof<D>;
-  constexpr int kMT = D / 16, kMTPerWarp = (kMT + 3) / 4, kNT = kBV / 8;
+  using Smem = StateSmem<D, kBV>;
+  auto& s = *reinterpret_cast<Smem*>(smem_raw);
+  constexpr int ld = Smem::ld, ldv = Smem::ldv, ldp = Smem::ldp;
+  // S's tiles: m-tile warp % kMT, and of its kNT n-tiles the group warp / kMT.
+  constexpr int kMT = D / 16, kNT = kBV / 8, kWarpsPerM = kStateWarps / kMT, kSNT = kNT / kWarpsPerM;
+  // V' and o ([kC, kBV]): m-tile warp % 4, n-tiles (warp / 4) * kCNT ...
+  constexpr int kCNT = kNT / (kStateWarps / 4);
+  static_assert(kStateWarps % kMT == 0 && kNT % kWarpsPerM == 0 && kSNT >= 1, "state: warps tile S");
+  static_assert(kStateWarps % 4 == 0 && kCNT >= 2 && kCNT % 2 == 0, "state: warps tile V' and o");
   const int h = blockIdx.x, col0 = blockIdx.y * kBV, H = a.H;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int smt = warp % kMT, snt0 = (warp / kMT) * kSNT;  // this warp's S tiles
+  const int cmt = warp & 3, cnt0 = (warp >> 2) * kCNT;     // this warp's V' and o tiles
   float* Sh = S + static_cast<int64_t>(h) * D * D;
 
-  load_wu<D>(a, s, 0, n_chunks, h, col0, tid);
-  load_kg<D>(a, s, 0, n_chunks, h, tid);
-  // S rows of m-tile warp + 4 i, columns col0 + 8 nt + 2t (+1), in the accumulator layout.
-  float acc_s[kMTPerWarp][kNT][4];
+  load_wu(a, s, 0, n_chunks, h, col0, tid);
+  load_kgqp(a, s, 0, n_chunks, h, tid);
+  float acc_s[kSNT][4];
 #pragma unroll
-  for (int i = 0; i < kMTPerWarp; ++i) {
-    const int mt = warp + 4 * i;
+  for (int nt = 0; nt < kSNT; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float2 v = mt < kMT ? *reinterpret_cast<const float2*>(Sh + (16 * mt + g + 8 * half) * D + col0 +
-                                                                     8 * nt + 2 * t)
-                                  : make_float2(0.0f, 0.0f);
-        acc_s[i][nt][2 * half] = v.x;
-        acc_s[i][nt][2 * half + 1] = v.y;
-      }
-  }
+    for (int half = 0; half < 2; ++half) {
+      const float2 v =
+          *reinterpret_cast<const float2*>(Sh + (16 * smt + g + 8 * half) * D + col0 + 8 * (snt0 + nt) + 2 * t);
+      acc_s[nt][2 * half] = v.x;
+      acc_s[nt][2 * half + 1] = v.y;
+    }
 
   for (int chunk = 0; chunk < n_chunks; ++chunk) {
     const int t0 = chunk * kC, C = min(kC, a.T - t0);
-    // S at the chunk's start: to shared memory (bf16) and to Sc for the output kernel.
-    bf16* Sc = a.w.Sc + ((static_cast<int64_t>(chunk) * H + h) * D) * D + col0;
 #pragma unroll
-    for (int i = 0; i < kMTPerWarp; ++i) {
-      const int mt = warp + 4 * i;
-      if (mt >= kMT) continue;
+    for (int nt = 0; nt < kSNT; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int x = 16 * mt + g + 8 * half, col = 8 * nt + 2 * t;
-          const uint32_t v = pack_bf16(acc_s[i][nt][2 * half], acc_s[i][nt][2 * half + 1]);
-          *reinterpret_cast<uint32_t*>(&s.Sb[x][col]) = v;
-          *reinterpret_cast<uint32_t*>(Sc + x * D + col) = v;
-        }
-    }
-    cp_async_wait_one_pending();  // this chunk's W and U (its KG may still be in flight)
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<uint32_t*>(&s.Sb[16 * smt + g + 8 * half][8 * (snt0 + nt) + 2 * t]) =
+            pack_bf16(acc_s[nt][2 * half], acc_s[nt][2 * half + 1]);
+    cp_async_wait_one_pending();  // this chunk's W and U (the rest may still be in flight)
     __syncthreads();
 
-    // V' = U - W S for rows 16 warp .. + 15.
-    float acc_v[kNT][4] = {};
+    // V' = U - W S: rows 16 cmt .., columns 8 (cnt0 + n) ..
+    {
+      float acc_v[kCNT][4] = {};
 #pragma unroll 4
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      uint32_t aw[4];
-      load_a(aw, &s.W[0][0], ld, kSub * warp, k0, lane);
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t aw[4];
+        load_a(aw, &s.W[0][0], ld, kSub * cmt, k0, lane);
 #pragma unroll
-      for (int n0 = 0; n0 < kBV; n0 += 16) {
-        uint32_t b[4];
-        load_b2_trans(b, &s.Sb[0][0], ldv, k0, n0, lane);
-        mma(acc_v[n0 / 8], aw, b[0], b[1]);
-        mma(acc_v[n0 / 8 + 1], aw, b[2], b[3]);
+        for (int n = 0; n < kCNT; n += 2) {
+          uint32_t b[4];
+          load_b2_trans(b, &s.Sb[0][0], ldv, k0, 8 * (cnt0 + n), lane);
+          mma(acc_v[n], aw, b[0], b[1]);
+          mma(acc_v[n + 1], aw, b[2], b[3]);
+        }
       }
-    }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int c = kSub * warp + g + 8 * half;
+      for (int half = 0; half < 2; ++half) {
+        const int c = kSub * cmt + g + 8 * half;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const int x = 8 * nt + 2 * t;
-        const uint32_t vp = pack_bf16(s.U[c][x] - acc_v[nt][2 * half], s.U[c][x + 1] - acc_v[nt][2 * half + 1]);
-        if (c < C) *reinterpret_cast<uint32_t*>(a.w.Vp + (static_cast<int64_t>(t0 + c) * H + h) * D + col0 + x) = vp;
-        *reinterpret_cast<uint32_t*>(&s.Vp[c][x]) = vp;  // rows past the end: U = W = 0, so 0
+        for (int n = 0; n < kCNT; ++n) {
+          const int x = 8 * (cnt0 + n) + 2 * t;  // rows past the end: U = W = 0, so 0
+          *reinterpret_cast<uint32_t*>(&s.Vp[c][x]) =
+              pack_bf16(s.U[c][x] - acc_v[n][2 * half], s.U[c][x + 1] - acc_v[n][2 * half + 1]);
+        }
       }
     }
     __syncthreads();  // V' complete; W and U free
-    load_wu<D>(a, s, chunk + 1, n_chunks, h, col0, tid);
-    cp_async_wait_one_pending();  // this chunk's KG
+    load_wu(a, s, chunk + 1, n_chunks, h, col0, tid);
+    cp_async_wait_one_pending();  // this chunk's KG, exp(G_last), QG and P
     __syncthreads();
 
+    // o = QG S + P V' (P is lower triangular: k-tiles <= the row tile).
+    {
+      float acc_o[kCNT][4] = {};
+#pragma unroll 4
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t aq[4];
+        load_a(aq, &s.QG[0][0], ld, kSub * cmt, k0, lane);
+#pragma unroll
+        for (int n = 0; n < kCNT; n += 2) {
+          uint32_t b[4];
+          load_b2_trans(b, &s.Sb[0][0], ldv, k0, 8 * (cnt0 + n), lane);
+          mma(acc_o[n], aq, b[0], b[1]);
+          mma(acc_o[n + 1], aq, b[2], b[3]);
+        }
+      }
+      for (int kt = 0; kt <= cmt; ++kt) {
+        uint32_t ap[4];
+        load_a(ap, &s.P[0][0], ldp, kSub * cmt, kSub * kt, lane);
+#pragma unroll
+        for (int n = 0; n < kCNT; n += 2) {
+          uint32_t b[4];
+          load_b2_trans(b, &s.Vp[0][0], ldv, kSub * kt, 8 * (cnt0 + n), lane);
+          mma(acc_o[n], ap, b[0], b[1]);
+          mma(acc_o[n + 1], ap, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = kSub * cmt + g + 8 * half;
+        if (c >= C) continue;
+        float* orow = o + (static_cast<int64_t>(t0 + c) * H + h) * D + col0;
+#pragma unroll
+        for (int n = 0; n < kCNT; ++n)
+          *reinterpret_cast<float2*>(orow + 8 * (cnt0 + n) + 2 * t) = make_float2(acc_o[n][2 * half], acc_o[n][2 * half + 1]);
+      }
+    }
+
     // S = Diag(exp(G_last)) S + KG^T V'.
+    {
+      const float e0 = s.eG[16 * smt + g], e1 = s.eG[16 * smt + g + 8];
 #pragma unroll
-    for (int i = 0; i < kMTPerWarp; ++i) {
-      const int mt = warp + 4 * i;
-      if (mt >= kMT) continue;
-      const float e0 = s.eG[16 * mt + g], e1 = s.eG[16 * mt + g + 8];
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        acc_s[i][nt][0] *= e0;
-        acc_s[i][nt][1] *= e0;
-        acc_s[i][nt][2] *= e1;
-        acc_s[i][nt][3] *= e1;
+      for (int nt = 0; nt < kSNT; ++nt) {
+        acc_s[nt][0] *= e0;
+        acc_s[nt][1] *= e0;
+        acc_s[nt][2] *= e1;
+        acc_s[nt][3] *= e1;
       }
 #pragma unroll
       for (int kt = 0; kt < kC / 16; ++kt) {
         uint32_t ak[4];
-        load_a_trans(ak, &s.KG[0][0], ld, 16 * mt, kSub * kt, lane);
+        load_a_trans(ak, &s.KG[0][0], ld, 16 * smt, kSub * kt, lane);
 #pragma unroll
-        for (int n0 = 0; n0 < kBV; n0 += 16) {
+        for (int n = 0; n < kSNT; n += 2) {
           uint32_t b[4];
-          load_b2_trans(b, &s.Vp[0][0], ldv, kSub * kt, n0, lane);
-          mma(acc_s[i][n0 / 8], ak, b[0], b[1]);
-          mma(acc_s[i][n0 / 8 + 1], ak, b[2], b[3]);
+          load_b2_trans(b, &s.Vp[0][0], ldv, kSub * kt, 8 * (snt0 + n), lane);
+          mma(acc_s[n], ak, b[0], b[1]);
+          if constexpr (kSNT % 2 == 0) mma(acc_s[n + 1], ak, b[2], b[3]);  // else columns past kBV: unused
         }
       }
     }
-    __syncthreads();  // KG, eG, Vp and Sb free
-    load_kg<D>(a, s, chunk + 1, n_chunks, h, tid);
+    __syncthreads();  // KG, eG, QG, P, Vp and Sb free
+    load_kgqp(a, s, chunk + 1, n_chunks, h, tid);
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 
 #pragma unroll
-  for (int i = 0; i < kMTPerWarp; ++i) {
-    const int mt = warp + 4 * i;
-    if (mt >= kMT) continue;
+  for (int nt = 0; nt < kSNT; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<float2*>(Sh + (16 * mt + g + 8 * half) * D + col0 + 8 * nt + 2 * t) =
-            make_float2(acc_s[i][nt][2 * half], acc_s[i][nt][2 * half + 1]);
-  }
-}
-
-template <int D>
-struct OutSmem {
-  static constexpr int ld = D + 8, ldp = kC + 8;
-  bf16 QG[kC][ld], Vp[kC][ld], Sc[D][ld];
-  bf16 P[kC][ldp];
-};
-
-// o = QG Sc + P V' for one (chunk, head): every chunk at once, from what the state kernel
-// left. Warp w: rows 16w .. 16w + 15, all D columns, 32 at a time.
-template <int D>
-__global__ void __launch_bounds__(kThreads) kda_out_kernel(PassArgs a, float* __restrict__ o) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& s = *reinterpret_cast<OutSmem<D>*>(smem_raw);
-  constexpr int ld = OutSmem<D>::ld, ldp = OutSmem<D>::ldp;
-  const ChunkOfHead<D> ch(a);
-  const int chunk = ch.chunk, h = ch.h, H = ch.H, C = ch.C;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  auto row = [&](int c) { return ch.row(c); };
-  for (int e = tid; e < kC * D / 8; e += kThreads) {
-    const int c = e / (D / 8), x = (e % (D / 8)) * 8;
-    if (c < C) {
-      cp_async16(&s.QG[c][x], a.w.QG + row(c) + x);
-      cp_async16(&s.Vp[c][x], a.w.Vp + row(c) + x);
-    } else {
-      *reinterpret_cast<uint4*>(&s.QG[c][x]) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(&s.Vp[c][x]) = make_uint4(0, 0, 0, 0);
-    }
-  }
-  const bf16* Sc = a.w.Sc + (static_cast<int64_t>(chunk) * H + h) * D * D;
-  for (int e = tid; e < D * D / 8; e += kThreads) {
-    const int x = e / (D / 8), y = (e % (D / 8)) * 8;
-    cp_async16(&s.Sc[x][y], Sc + x * D + y);
-  }
-  const bf16* Pg = a.w.P + (static_cast<int64_t>(chunk) * H + h) * kC * kC;
-  for (int e = tid; e < kC * kC / 8; e += kThreads) {
-    const int c = e / (kC / 8), x = (e % (kC / 8)) * 8;
-    cp_async16(&s.P[c][x], Pg + c * kC + x);
-  }
-  cp_async_wait_all();
-  __syncthreads();
-  const int c_lo = kSub * warp + g;
-  for (int n_base = 0; n_base < D; n_base += 32) {
-    float acc[4][4] = {};
-#pragma unroll 4
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      uint32_t aq[4], b[4];
-      load_a(aq, &s.QG[0][0], ld, kSub * warp, k0, lane);
-#pragma unroll
-      for (int n0 = 0; n0 < 32; n0 += 16) {
-        load_b2_trans(b, &s.Sc[0][0], ld, k0, n_base + n0, lane);
-        mma(acc[n0 / 8], aq, b[0], b[1]);
-        mma(acc[n0 / 8 + 1], aq, b[2], b[3]);
-      }
-    }
-    for (int kt = 0; kt <= warp; ++kt) {  // P is lower triangular
-      uint32_t ap[4], b[4];
-      load_a(ap, &s.P[0][0], ldp, kSub * warp, kSub * kt, lane);
-#pragma unroll
-      for (int n0 = 0; n0 < 32; n0 += 16) {
-        load_b2_trans(b, &s.Vp[0][0], ld, kSub * kt, n_base + n0, lane);
-        mma(acc[n0 / 8], ap, b[0], b[1]);
-        mma(acc[n0 / 8 + 1], ap, b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int c = c_lo + 8 * half;
-      if (c >= C) continue;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-        *reinterpret_cast<float2*>(o + row(c) + n_base + 8 * nt + 2 * t) =
-            make_float2(acc[nt][2 * half], acc[nt][2 * half + 1]);
-    }
-  }
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<float2*>(Sh + (16 * smt + g + 8 * half) * D + col0 + 8 * (snt0 + nt) + 2 * t) =
+          make_float2(acc_s[nt][2 * half], acc_s[nt][2 * half + 1]);
 }
 
 int64_t round_up(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct Sizes {
-  int64_t rows_bf16, rows_f32, pairs, eg, states;
+  int64_t rows_bf16, rows_f32, pairs, eg;
   Sizes(int n_tokens, int H, int D) {
     const int64_t chunks = std::min((n_tokens + kC - 1) / kC, kChunksPerPass);
     const int64_t Tp = std::min<int64_t>(n_tokens, chunks * kC);
@@ -659,9 +717,8 @@ struct Sizes {
     rows_f32 = round_up(Tp * H * D * 4);
     pairs = round_up(chunks * H * kC * kC * 2);
     eg = round_up(chunks * H * D * 4);
-    states = round_up(chunks * H * D * D * 2);
   }
-  int64_t total() const { return 4 * rows_bf16 + rows_f32 + pairs + eg + states; }
+  int64_t total() const { return 3 * rows_bf16 + rows_f32 + pairs + eg; }
 };
 
 template <int D>
@@ -675,21 +732,18 @@ void run(const float* q, const float* k, const float* v, const float* g, const f
   w.KG = reinterpret_cast<bf16*>(p), p += sz.rows_bf16;
   w.U = reinterpret_cast<float*>(p), p += sz.rows_f32;
   w.P = reinterpret_cast<bf16*>(p), p += sz.pairs;
-  w.eGlast = reinterpret_cast<float*>(p), p += sz.eg;
-  w.Vp = reinterpret_cast<bf16*>(p), p += sz.rows_bf16;
-  w.Sc = reinterpret_cast<bf16*>(p);
+  w.eGlast = reinterpret_cast<float*>(p);
+  constexpr int kBV = kBVof<D>;
   allow_dynamic_smem(kda_prep_kernel<D>, sizeof(PrepSmem<D>));
-  allow_dynamic_smem(kda_state_kernel<D>, sizeof(StateSmem<D>));
-  allow_dynamic_smem(kda_out_kernel<D>, sizeof(OutSmem<D>));
+  allow_dynamic_smem(kda_state_out_kernel<D, kBV>, sizeof(StateSmem<D, kBV>));
   for (int pass_t0 = 0; pass_t0 < n_tokens; pass_t0 += kChunksPerPass * kC) {
     const int T = std::min(n_tokens - pass_t0, kChunksPerPass * kC), n_chunks = (T + kC - 1) / kC;
     const int64_t off = static_cast<int64_t>(pass_t0) * H * D;
     const PassArgs args{q + off, k + off, v + off, g + off, beta + static_cast<int64_t>(pass_t0) * H, T, H, w};
     kda_prep_kernel<D><<<dim3(n_chunks, H), kPrepThreads, sizeof(PrepSmem<D>), stream>>>(args);
     CUDA_CHECK_LAUNCH();
-    kda_state_kernel<D><<<dim3(H, D / kBVof<D>), kThreads, sizeof(StateSmem<D>), stream>>>(args, n_chunks, S);
-    CUDA_CHECK_LAUNCH();
-    kda_out_kernel<D><<<dim3(n_chunks, H), kThreads, sizeof(OutSmem<D>), stream>>>(args, o + off);
+    kda_state_out_kernel<D, kBV><<<dim3(H, D / kBV), kStateThreads, sizeof(StateSmem<D, kBV>), stream>>>(
+        args, n_chunks, S, o + off);
     CUDA_CHECK_LAUNCH();
   }
 }
