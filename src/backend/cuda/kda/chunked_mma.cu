@@ -11,7 +11,8 @@
 //      chunk), so neither factor overflows however strong the decay, and when one
 //      underflows the true product is smaller still. Inside a diagonal block the pairs are
 //      evaluated directly in fp32, as FLA's chunk_kda does;
-//    - (I + L)^-1 in fp32: the 16x16 diagonal blocks by substitution, then the bands below;
+//    - (I + L)^-1 in fp32: the 16x16 diagonal blocks by substitution, the blocks below from
+//      them as a terminating series (step 5);
 //    - W = T (exp(G) k) and U = T v as MMAs, T = (I + L)^-1 Diag(beta) rounded to bf16;
 //    - the rows the state kernel reads: QG = q exp(G), KG = k exp(G_last - G), exp(G_last).
 // 2. state, one block per (head, 64 v-columns), the chunks in order: S [D, 64] stays in the
@@ -51,9 +52,11 @@ constexpr int kSub = 16;            // sub-chunk: one MMA row tile, and the fact
 // are all the multiprocessor has to hide latency with (at eight it was issue-bound, 3.6 cycles
 // a warp between instructions).
 constexpr int kPrepThreads = 512;
-constexpr int kChunksPerPass = 16;  // bounds the workspace (1,024 tokens a pass)
+// Chunks a pass: bounds the workspace (2,048 tokens a pass: about 230 MB at 96 heads of 128).
+// At 8,192 tokens 16 a pass measured 4 % slower (twice the state walks' starts and ends), 64 3 % faster.
+constexpr int kChunksPerPass = 32;
 // State kernel: v-columns per block. K3 (96 heads of 128) gives 192 blocks, two a multiprocessor
-// (104 KB of shared memory each): every block of the pass is resident at once.
+// (97 KB of shared memory each): every block of the pass is resident at once.
 template <int D>
 constexpr int kBVof = D < 64 ? D : 64;
 constexpr int kKtRows = 96;         // the three reference-scaled key blocks: 16 + 32 + 48 rows
@@ -111,10 +114,14 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0
 }
 
 
-// One pass's temporaries (token rows [T, H, D] as the inputs; chunk rows [chunks, H, ...]).
+// One pass's temporaries, one contiguous tile per (chunk, head), every tile a full kC rows
+// (rows past the pass's last token are zeros): the state kernel copies a tile with a flat
+// index and constant offsets, no row arithmetic and no bounds tests (with token rows
+// [T, H, D] the copies' index math was two fifths of its instructions).
 struct Workspace {
-  bf16 *W, *QG, *KG;  // WY rows, q exp(G), k exp(G_last - G)
-  float* U;           // WY rows of v (fp32: only ever an addend)
+  bf16 *W, *QG, *KG;  // [chunks, H, kC, D]: WY rows, q exp(G), k exp(G_last - G)
+  bf16* U;            // [chunks, H, D / kBV, kC, kBV]: WY rows of v, a state block's kBV columns
+                      // contiguous (bf16, as FLA keeps u: fp32 measured 3 % slower at K3 width)
   bf16* P;            // [chunks, H, kC, kC]: the q-k pair matrix, lower triangle with diagonal
   float* eGlast;      // [chunks, H, D]
 };
@@ -155,7 +162,8 @@ struct PrepSmem {
     struct {
       bf16 T[kC][kC + 8];  // (I + L)^-1 Diag(beta)
       bf16 ek[kC][ld], v[kC][ld];
-      float Minv[kC][kC + 1];  // (I + L)^-1, lower triangle with diagonal
+      float Minv[kC][kC + 1];  // (I + L)^-1, lower triangle with diagonal (step 5)
+      float F31[kSub][kSub + 1];
     } wy;
   } u;
 };
@@ -178,11 +186,15 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
   //    the cumulative sum, then q and k), so the sum starts while q and k are arriving.
   {
     constexpr int kPieces = D / 4, kRowStep = kPrepThreads / kPieces;
-    static_assert(kPrepThreads % kPieces == 0, "prep: the threads tile whole rows");
-    const int x = (tid % kPieces) * 4;
+    static_assert(kPrepThreads % kPieces == 0 && kC % kRowStep == 0, "prep: the threads tile whole rows");
+    const int x = (tid % kPieces) * 4, c0 = tid / kPieces;
+    const int64_t first = row(c0) + x, step = static_cast<int64_t>(kRowStep) * H * D;
     auto load = [&](float (*dst)[D], const float* src) {
-      for (int c = tid / kPieces; c < kC; c += kRowStep) {
-        if (c < C) cp_async16(&dst[c][x], src + row(c) + x);
+      const float* p = src + first;
+#pragma unroll
+      for (int i = 0; i < kC / kRowStep; ++i, p += step) {
+        const int c = c0 + kRowStep * i;
+        if (c < C) cp_async16(&dst[c][x], p);
         else *reinterpret_cast<float4*>(&dst[c][x]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
       asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -219,8 +231,10 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
   constexpr int kColPairs = D / 2, kRowStep = kPrepThreads / kColPairs;
   static_assert(kPrepThreads % kColPairs == 0, "prep: the threads tile whole rows");
   const int xp = 2 * (tid % kColPairs), row_first = tid / kColPairs;
+  const int64_t tile = (static_cast<int64_t>(chunk) * H + h) * kC * D;  // this (chunk, head)'s workspace tiles
   {
     const float2 Gl = *reinterpret_cast<const float2*>(&s.G[kC - 1][xp]);
+#pragma unroll
     for (int c = row_first; c < kC; c += kRowStep) {
       const int r = c & ~(kSub - 1);
       const float2 qv = *reinterpret_cast<const float2*>(&s.q[c][xp]), kv = *reinterpret_cast<const float2*>(&s.k[c][xp]);
@@ -238,11 +252,10 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
         *reinterpret_cast<uint32_t*>(&s.u.pairs.Kb[r / 2 + i][xp]) =
             pack_bf16(kv.x * exp2_ftz(Gm.x - G.x), kv.y * exp2_ftz(Gm.y - G.y));
       }
-      if (c < C) {
-        *reinterpret_cast<uint32_t*>(a.w.QG + row(c) + xp) = pack_bf16(qv.x * exp2_ftz(G.x), qv.y * exp2_ftz(G.y));
-        *reinterpret_cast<uint32_t*>(a.w.KG + row(c) + xp) =
-            pack_bf16(kv.x * exp2_ftz(Gl.x - G.x), kv.y * exp2_ftz(Gl.y - G.y));
-      }
+      // Rows past the end: q = k = 0, so zeros, as the state kernel expects.
+      *reinterpret_cast<uint32_t*>(a.w.QG + tile + c * D + xp) = pack_bf16(qv.x * exp2_ftz(G.x), qv.y * exp2_ftz(G.y));
+      *reinterpret_cast<uint32_t*>(a.w.KG + tile + c * D + xp) =
+          pack_bf16(kv.x * exp2_ftz(Gl.x - G.x), kv.y * exp2_ftz(Gl.y - G.y));
     }
     for (int rr = row_first; rr < kKtRows; rr += kRowStep) {
       const int I = rr < 16 ? 1 : rr < 48 ? 2 : 3, j = rr - 8 * I * (I - 1), r = kSub * I;
@@ -367,72 +380,95 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
     vreg[i] = c < C ? __ldg(reinterpret_cast<const float2*>(a.v + row(c) + xp)) : make_float2(0.0f, 0.0f);
   }
 
-  // 5. Minv = (I + L)^-1 = (I - N)^-1. The diagonal 16x16 blocks first: warp w < 4's lane
-  //    q < 16 walks down column q of block w (Minv = I + N Minv, row by row: no other lane's
-  //    values needed). Then the blocks below them, one band at a time:
-  //    Minv_ij = Minv_ii sum_{j<=m<i} N_im Minv_mj (the Minv_mj are from earlier bands).
-  auto& M = s.u.wy.Minv;
+  // 5. Minv = (I + L)^-1 = (I - N)^-1, in fp32. The diagonal 16x16 blocks D_i = Minv_ii first:
+  //    warp w < 4's lane q < 16 walks down column q of block w (Minv = I + N Minv, row by row:
+  //    no other lane's values needed). The blocks below without a second substitution: with
+  //    E = Diag(D) N_off (N_off: N's blocks below the diagonal), I - N = Diag(D)^-1 (I - E),
+  //    and E, strictly lower over four block rows, has E^4 = 0, so
+  //    Minv = (I + E + E^2 + E^3) Diag(D) = F Diag(D), where
+  //      a. E_ij = D_i N_ij                          (the six blocks, three elements a thread)
+  //      b. F_20 = E_20 + E_21 E_10, F_31 = E_31 + E_32 E_21   (one element a thread)
+  //      c. F_30 = E_30 + E_31 E_10 + E_32 F_20      (two threads an element)
+  //      d. Minv_ij = F_ij D_j, straight into T in step 6   (F_10, F_21, F_32 = E)
+  //    Four barriers and every thread busy in each step, where substituting band by band took
+  //    nine, with half the threads idle in the last band.
+  auto& M = s.u.wy.Minv;   // D_i on the diagonal; E, then F, below
+  auto& F31 = s.u.wy.F31;  // F_31 apart: step c still reads E_31
   if (warp < 4 && lane < kSub) {
     const int b0 = kSub * warp, q = lane;
     float col[kSub];
 #pragma unroll
     for (int r = 0; r < kSub; ++r) {
-      float acc = 0.0f;
+      float acc[2] = {};
 #pragma unroll
-      for (int m = 0; m < r; ++m) acc += s.A[b0 + r][b0 + m] * col[m];
-      col[r] = r == q ? 1.0f : r > q ? acc : 0.0f;
+      for (int m = 0; m < r; ++m) acc[m & 1] += s.A[b0 + r][b0 + m] * col[m];
+      col[r] = r == q ? 1.0f : r > q ? acc[0] + acc[1] : 0.0f;
       M[b0 + r][b0 + q] = col[r];
     }
   }
   __syncthreads();
-  constexpr int kBandPerThread = (3 * kSub * kSub + kPrepThreads - 1) / kPrepThreads;
-#pragma unroll  // constant bands: the sums below unroll, four chains each
-  for (int band = 1; band < 4; ++band) {
-    const int n_el = (4 - band) * kSub * kSub;  // blocks (j + band, j), j = 0 .. 3 - band
-    float y[kBandPerThread];
+  // The six blocks below the diagonal, b = 0 .. 5: (1,0), (2,0), (2,1), (3,0), (3,1), (3,2).
+  constexpr int kBelowPerThread = 6 * kSub * kSub / kPrepThreads;
+  static_assert(6 * kSub * kSub % kPrepThreads == 0 && 2 * kSub * kSub == kPrepThreads, "prep: the inverse's split");
+  auto block_i = [](int b) { return b == 0 ? 1 : b < 3 ? 2 : 3; };
+  {  // a.
+    float y[kBelowPerThread];
 #pragma unroll
-    for (int n = 0; n < kBandPerThread; ++n) {
-      const int e = tid + kPrepThreads * n;
-      y[n] = 0.0f;
-      if (e >= n_el) continue;
-      const int j = e / (kSub * kSub), i = j + band, r = (e / kSub) % kSub, q = e % kSub;
+    for (int n = 0; n < kBelowPerThread; ++n) {
+      const int e = tid + kPrepThreads * n, b = e / (kSub * kSub), i = block_i(b), j = b - i * (i - 1) / 2;
+      const int r = (e / kSub) % kSub, q = e % kSub;
       float acc[4] = {};
-      const float* Arow = &s.A[kSub * i + r][kSub * j];
-      const float* Mcol = &M[kSub * j][kSub * j + q];
 #pragma unroll
-      for (int m = 0; m < kSub * band; ++m) acc[m % 4] += Arow[m] * Mcol[m * (kC + 1)];
+      for (int m = 0; m < kSub; ++m) acc[m % 4] += M[kSub * i + r][kSub * i + m] * s.A[kSub * i + m][kSub * j + q];
       y[n] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
 #pragma unroll
-    for (int n = 0; n < kBandPerThread; ++n) {  // block (i, j) is read by no one in this band
-      const int e = tid + kPrepThreads * n;
-      if (e < n_el) M[kSub * (e / (kSub * kSub) + band) + (e / kSub) % kSub][kSub * (e / (kSub * kSub)) + e % kSub] = y[n];
+    for (int n = 0; n < kBelowPerThread; ++n) {  // no one reads M's blocks below the diagonal in a.
+      const int e = tid + kPrepThreads * n, b = e / (kSub * kSub), i = block_i(b), j = b - i * (i - 1) / 2;
+      M[kSub * i + (e / kSub) % kSub][kSub * j + e % kSub] = y[n];
     }
-    __syncthreads();
-#pragma unroll
-    for (int n = 0; n < kBandPerThread; ++n) {
-      const int e = tid + kPrepThreads * n;
-      if (e >= n_el) continue;
-      const int j = e / (kSub * kSub), i = j + band, r = (e / kSub) % kSub, q = e % kSub;
-      float acc[4] = {};
-#pragma unroll
-      for (int m = 0; m < kSub; ++m) acc[m % 4] += M[kSub * i + r][kSub * i + m] * M[kSub * i + m][kSub * j + q];
-      y[n] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int n = 0; n < kBandPerThread; ++n) {
-      const int e = tid + kPrepThreads * n;
-      if (e < n_el) M[kSub * (e / (kSub * kSub) + band) + (e / kSub) % kSub][kSub * (e / (kSub * kSub)) + e % kSub] = y[n];
-    }
-    __syncthreads();
   }
+  __syncthreads();
+  {  // b. Block (i, i - 2) through (i - 1), i = 2 (in place: a thread reads only its own E_20) or 3.
+    const int i = 2 + tid / (kSub * kSub), r = (tid / kSub) % kSub, q = tid % kSub;
+    float acc[4] = {};
+#pragma unroll
+    for (int m = 0; m < kSub; ++m)
+      acc[m % 4] += M[kSub * i + r][kSub * (i - 1) + m] * M[kSub * (i - 1) + m][kSub * (i - 2) + q];
+    const float f = M[kSub * i + r][kSub * (i - 2) + q] + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    if (i == 2) M[kSub * i + r][q] = f;
+    else F31[r][q] = f;
+  }
+  __syncthreads();
+  {  // c. Thread pair (2e, 2e + 1): E_31 E_10 and E_32 F_20 for element e of block (3, 0).
+    const int e = tid >> 1, k = 1 + (tid & 1), r = e / kSub, q = e % kSub;
+    float acc[4] = {};
+#pragma unroll
+    for (int m = 0; m < kSub; ++m) acc[m % 4] += M[3 * kSub + r][kSub * k + m] * M[kSub * k + m][q];
+    float sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (k == 1) M[3 * kSub + r][q] += sum;
+  }
+  __syncthreads();
 
-  // 6. T = Minv Diag(beta), then (Minv is dead) exp(G) k and v as bf16 operands.
-  for (int e = tid; e < kC * kC / 2; e += kPrepThreads) {
+  // 6. T = Minv Diag(beta) as bf16 (d. for the blocks below the diagonal), then exp(G) k and
+  //    v as bf16 operands.
+  auto& T = s.u.wy.T;
+#pragma unroll
+  for (int n = 0; n < kBelowPerThread; ++n) {
+    const int e = tid + kPrepThreads * n, b = e / (kSub * kSub), i = block_i(b), j = b - i * (i - 1) / 2;
+    const int r = (e / kSub) % kSub, q = e % kSub;
+    const float* Frow = b == 4 ? &F31[r][0] : &M[kSub * i + r][kSub * j];
+    float acc[4] = {};
+#pragma unroll
+    for (int m = 0; m < kSub; ++m) acc[m % 4] += Frow[m] * M[kSub * j + m][kSub * j + q];
+    T[kSub * i + r][kSub * j + q] = __float2bfloat16_rn(((acc[0] + acc[1]) + (acc[2] + acc[3])) * s.beta[kSub * j + q]);
+  }
+  for (int e = tid; e < kC * kC / 2; e += kPrepThreads) {  // the diagonal blocks, zeros above them
     const int c = e / (kC / 2), j = (e % (kC / 2)) * 2;
+    if (j / kSub < c / kSub) continue;
     auto tval = [&](int jj) { return jj <= c ? M[c][jj] * s.beta[jj] : 0.0f; };
-    *reinterpret_cast<uint32_t*>(&s.u.wy.T[c][j]) = pack_bf16(tval(j), tval(j + 1));
+    *reinterpret_cast<uint32_t*>(&T[c][j]) = pack_bf16(tval(j), tval(j + 1));
   }
 #pragma unroll
   for (int i = 0; i < kVRows; ++i) {
@@ -445,8 +481,10 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
   __syncthreads();
 
   // 7. W = T ek (warps 0-3, 8-11) and U = T v (warps 4-7, 12-15), 16 rows and half the
-  //    columns a warp; T is lower triangular, so k-tiles <= the row tile.
+  //    columns a warp; T is lower triangular, so k-tiles <= the row tile. Rows past the end
+  //    are zeros (beta = 0 there, so T's rows are), as the state kernel expects.
   {
+    constexpr int kBV = kBVof<D>;
     static_assert(kWarps == 16, "prep: W and U take 16 warps");
     const int which = (warp >> 2) & 1, mt = warp & 3, n_lo = (warp >> 3) * (D / 2);
     const bf16* Bm = which ? &s.u.wy.v[0][0] : &s.u.wy.ek[0][0];
@@ -463,21 +501,21 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int c = kSub * mt + g + 8 * half;
-        if (c >= C) continue;
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           const int x = n0 + 8 * n + 2 * t;
           if (which)
-            *reinterpret_cast<float2*>(a.w.U + row(c) + x) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(a.w.U + tile + (x / kBV) * kC * kBV + c * kBV + x % kBV) =
+                pack_bf16(acc[n][2 * half], acc[n][2 * half + 1]);
           else
-            *reinterpret_cast<uint32_t*>(a.w.W + row(c) + x) = pack_bf16(acc[n][2 * half], acc[n][2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(a.w.W + tile + c * D + x) = pack_bf16(acc[n][2 * half], acc[n][2 * half + 1]);
         }
       }
     }
   }
 }
 
-// The state walk with the output fused in, one block per (head, kBV v-columns), kStateThreads
+// The state walk with the output fused in, one block per (head, kBV v-columns), kStateThreadsOf<D>
 // threads, the chunks in order. Per chunk, with S [D, kBV] (S at the chunk's start) in the MMA
 // accumulators (fp32):
 //   Sb = bf16(S)                               (shared memory: the B operand below)
@@ -488,36 +526,35 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
 // the same two barriers. S at a chunk's start and V' never leave the multiprocessor.
 // Every global read is a cp.async issued half a chunk ahead, in two commit groups: W and U
 // (issued once this chunk's V' is done), KG, exp(G_last), QG and P (once o and S are).
-constexpr int kStateThreads = 256;
-constexpr int kStateWarps = kStateThreads / 32;
+// Eight warps (sixteen, with half the tiles each, measured 11 % slower at D = 128).
+template <int D>
+constexpr int kStateThreadsOf = 256;
 
 template <int D, int kBV>
 struct StateSmem {
   static constexpr int ld = D + 8, ldv = kBV + 8, ldp = kC + 8;
-  static constexpr int ldu = kBV + 8;  // floats: a half-warp's 8-byte reads of 4 rows hit distinct banks
+  static constexpr int ldu = kBV + 8;  // a quarter-warp's 4-byte reads of 8 rows hit distinct banks
   bf16 W[kC][ld], KG[kC][ld], QG[kC][ld];
-  float U[kC][ldu];
+  bf16 U[kC][ldu];
   float eG[D];
   bf16 Sb[D][ldv];  // S as bf16, the B operand of W S and QG S
   bf16 Vp[kC][ldv];
   bf16 P[kC][ldp];
 };
 
-// Copies `rows` rows of `width` bf16 (width a multiple of 8) from token rows [T, H, D] of
-// chunk `chunk` into a [kC][ld] tile; rows past the chunk's end are zeros.
-// A thread keeps one 16-byte column piece and steps down the rows (the index arithmetic of
-// a flat loop was a fifth of this kernel's instructions).
-template <int D, int ld>
-__device__ __forceinline__ void load_rows(bf16 (*dst)[ld], const bf16* src, int t0, int C, int H, int h, int tid) {
-  constexpr int kPieces = D / 8, kRowStep = kStateThreads / kPieces;
-  static_assert(kStateThreads % kPieces == 0, "state: the threads tile whole rows");
-  const int x = (tid % kPieces) * 8;
-  const int64_t step = static_cast<int64_t>(kRowStep) * H * D;
-  const bf16* p = src + (static_cast<int64_t>(t0 + tid / kPieces) * H + h) * D + x;
-  for (int c = tid / kPieces; c < kC; c += kRowStep, p += step) {
-    if (c < C) cp_async16(&dst[c][x], p);
-    else *reinterpret_cast<uint4*>(&dst[c][x]) = make_uint4(0, 0, 0, 0);
-  }
+// Copies one workspace tile (kRows x kCols elements, contiguous) into a padded [kRows][ld]
+// array of shared memory: piece e (16 bytes) is row e / (kCols / kPer), so a thread's pieces
+// are its first one plus constant offsets.
+template <int kThreads, int kRows, int kCols, int ld, typename T>
+__device__ __forceinline__ void load_tile(T (*dst)[ld], const T* src, int tid) {
+  constexpr int kPer = 16 / sizeof(T), kPiecesPerRow = kCols / kPer, kPieces = kRows * kPiecesPerRow;
+  static_assert(kThreads % kPiecesPerRow == 0, "state: the threads tile whole rows");
+  static_assert(kPieces % kThreads == 0 || kPieces < kThreads, "state: whole tiles a pass");
+  const int r = tid / kPiecesPerRow, x = (tid % kPiecesPerRow) * kPer;
+  if (kPieces < kThreads && tid >= kPieces) return;
+#pragma unroll
+  for (int i = 0; i < (kPieces + kThreads - 1) / kThreads; ++i)
+    cp_async16(&dst[r + i * (kThreads / kPiecesPerRow)][x], src + (tid + i * kThreads) * kPer);
 }
 
 // Chunk `chunk`'s W and U (one commit group). With chunk == n_chunks it commits an empty
@@ -526,16 +563,9 @@ template <int D, int kBV>
 __device__ __forceinline__ void load_wu(const PassArgs& a, StateSmem<D, kBV>& s, int chunk, int n_chunks, int h,
                                         int col0, int tid) {
   if (chunk < n_chunks) {
-    const int t0 = chunk * kC, C = min(kC, a.T - t0);
-    load_rows<D>(s.W, a.w.W, t0, C, a.H, h, tid);
-    constexpr int kPieces = kBV / 4, kRowStep = kStateThreads / kPieces;
-    const int x = (tid % kPieces) * 4;
-    const int64_t step = static_cast<int64_t>(kRowStep) * a.H * D;
-    const float* p = a.w.U + (static_cast<int64_t>(t0 + tid / kPieces) * a.H + h) * D + col0 + x;
-    for (int c = tid / kPieces; c < kC; c += kRowStep, p += step) {
-      if (c < C) cp_async16(&s.U[c][x], p);
-      else *reinterpret_cast<float4*>(&s.U[c][x]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    const int64_t tile = (static_cast<int64_t>(chunk) * a.H + h) * kC * D;
+    load_tile<kStateThreadsOf<D>, kC, D, StateSmem<D, kBV>::ld>(s.W, a.w.W + tile, tid);
+    load_tile<kStateThreadsOf<D>, kC, kBV, StateSmem<D, kBV>::ldu>(s.U, a.w.U + tile + static_cast<int64_t>(col0) * kC, tid);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -544,29 +574,25 @@ template <int D, int kBV>
 __device__ __forceinline__ void load_kgqp(const PassArgs& a, StateSmem<D, kBV>& s, int chunk, int n_chunks, int h,
                                           int tid) {
   if (chunk < n_chunks) {
-    const int t0 = chunk * kC, C = min(kC, a.T - t0);
-    load_rows<D>(s.KG, a.w.KG, t0, C, a.H, h, tid);
-    load_rows<D>(s.QG, a.w.QG, t0, C, a.H, h, tid);
-    for (int e = tid; e < D / 4; e += kStateThreads)
-      cp_async16(&s.eG[4 * e], a.w.eGlast + (static_cast<int64_t>(chunk) * a.H + h) * D + 4 * e);
-    const bf16* Pg = a.w.P + (static_cast<int64_t>(chunk) * a.H + h) * kC * kC;
-    for (int e = tid; e < kC * kC / 8; e += kStateThreads) {
-      const int c = e / (kC / 8), x = (e % (kC / 8)) * 8;
-      cp_async16(&s.P[c][x], Pg + c * kC + x);
-    }
+    const int64_t ch = static_cast<int64_t>(chunk) * a.H + h;
+    load_tile<kStateThreadsOf<D>, kC, D, StateSmem<D, kBV>::ld>(s.KG, a.w.KG + ch * kC * D, tid);
+    load_tile<kStateThreadsOf<D>, kC, D, StateSmem<D, kBV>::ld>(s.QG, a.w.QG + ch * kC * D, tid);
+    load_tile<kStateThreadsOf<D>, kC, kC, StateSmem<D, kBV>::ldp>(s.P, a.w.P + ch * kC * kC, tid);
+    if (tid < D / 4) cp_async16(&s.eG[4 * tid], a.w.eGlast + ch * D + 4 * tid);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 __device__ __forceinline__ void cp_async_wait_one_pending() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 template <int D, int kBV>
-__global__ void __launch_bounds__(kStateThreads) kda_state_out_kernel(PassArgs a, int n_chunks, float* __restrict__ S,
+__global__ void __launch_bounds__(kStateThreadsOf<D>, 2) kda_state_out_kernel(PassArgs a, int n_chunks, float* __restrict__ S,
                                                                       float* __restrict__ o) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using Smem = StateSmem<D, kBV>;
   auto& s = *reinterpret_cast<Smem*>(smem_raw);
   constexpr int ld = Smem::ld, ldv = Smem::ldv, ldp = Smem::ldp;
   // S's tiles: m-tile warp % kMT, and of its kNT n-tiles the group warp / kMT.
+  constexpr int kStateWarps = kStateThreadsOf<D> / 32;
   constexpr int kMT = D / 16, kNT = kBV / 8, kWarpsPerM = kStateWarps / kMT, kSNT = kNT / kWarpsPerM;
   // V' and o ([kC, kBV]): m-tile warp % 4, n-tiles (warp / 4) * kCNT ...
   constexpr int kCNT = kNT / (kStateWarps / 4);
@@ -624,7 +650,7 @@ __global__ void __launch_bounds__(kStateThreads) kda_state_out_kernel(PassArgs a
         for (int n = 0; n < kCNT; ++n) {
           const int x = 8 * (cnt0 + n) + 2 * t;  // rows past the end: U = W = 0, so 0
           *reinterpret_cast<uint32_t*>(&s.Vp[c][x]) =
-              pack_bf16(s.U[c][x] - acc_v[n][2 * half], s.U[c][x + 1] - acc_v[n][2 * half + 1]);
+              pack_bf16(__bfloat162float(s.U[c][x]) - acc_v[n][2 * half], __bfloat162float(s.U[c][x + 1]) - acc_v[n][2 * half + 1]);
         }
       }
     }
@@ -648,7 +674,9 @@ __global__ void __launch_bounds__(kStateThreads) kda_state_out_kernel(PassArgs a
           mma(acc_o[n + 1], aq, b[2], b[3]);
         }
       }
-      for (int kt = 0; kt <= cmt; ++kt) {
+#pragma unroll
+      for (int kt = 0; kt < kC / kSub; ++kt) {
+        if (kt > cmt) break;
         uint32_t ap[4];
         load_a(ap, &s.P[0][0], ldp, kSub * cmt, kSub * kt, lane);
 #pragma unroll
@@ -709,16 +737,15 @@ __global__ void __launch_bounds__(kStateThreads) kda_state_out_kernel(PassArgs a
 int64_t round_up(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct Sizes {
-  int64_t rows_bf16, rows_f32, pairs, eg;
+  int64_t rows_bf16, pairs, eg;
   Sizes(int n_tokens, int H, int D) {
     const int64_t chunks = std::min((n_tokens + kC - 1) / kC, kChunksPerPass);
-    const int64_t Tp = std::min<int64_t>(n_tokens, chunks * kC);
+    const int64_t Tp = chunks * kC;  // whole tiles
     rows_bf16 = round_up(Tp * H * D * 2);
-    rows_f32 = round_up(Tp * H * D * 4);
     pairs = round_up(chunks * H * kC * kC * 2);
     eg = round_up(chunks * H * D * 4);
   }
-  int64_t total() const { return 3 * rows_bf16 + rows_f32 + pairs + eg; }
+  int64_t total() const { return 4 * rows_bf16 + pairs + eg; }
 };
 
 template <int D>
@@ -730,7 +757,7 @@ void run(const float* q, const float* k, const float* v, const float* g, const f
   w.W = reinterpret_cast<bf16*>(p), p += sz.rows_bf16;
   w.QG = reinterpret_cast<bf16*>(p), p += sz.rows_bf16;
   w.KG = reinterpret_cast<bf16*>(p), p += sz.rows_bf16;
-  w.U = reinterpret_cast<float*>(p), p += sz.rows_f32;
+  w.U = reinterpret_cast<bf16*>(p), p += sz.rows_bf16;
   w.P = reinterpret_cast<bf16*>(p), p += sz.pairs;
   w.eGlast = reinterpret_cast<float*>(p);
   constexpr int kBV = kBVof<D>;
@@ -742,7 +769,7 @@ void run(const float* q, const float* k, const float* v, const float* g, const f
     const PassArgs args{q + off, k + off, v + off, g + off, beta + static_cast<int64_t>(pass_t0) * H, T, H, w};
     kda_prep_kernel<D><<<dim3(n_chunks, H), kPrepThreads, sizeof(PrepSmem<D>), stream>>>(args);
     CUDA_CHECK_LAUNCH();
-    kda_state_out_kernel<D, kBV><<<dim3(H, D / kBV), kStateThreads, sizeof(StateSmem<D, kBV>), stream>>>(
+    kda_state_out_kernel<D, kBV><<<dim3(H, D / kBV), kStateThreadsOf<D>, sizeof(StateSmem<D, kBV>), stream>>>(
         args, n_chunks, S, o + off);
     CUDA_CHECK_LAUNCH();
   }
