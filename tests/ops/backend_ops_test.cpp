@@ -412,9 +412,9 @@ TEST_P(BackendOps, KdaOpsOnAMixedBatch) {
 }
 
 // The chunked recurrence at K3's head width (128) over prompts that cross the kernels' pass
-// (2,048 tokens in chunked_mma.cu, 1,024 in chunked.cu) and end in a partial chunk, from a
+// (4,096 tokens in chunked_mma.cu, 1,024 in chunked.cu) and end in a partial chunk, from a
 // non-zero state, with strong decay (g in [-5, 0], as the bounded gate gives) and with weak
-// decay (g in [-0.05, 0]: S keeps most of what it saw, so rounding has 2,150 tokens to
+// decay (g in [-0.05, 0]: S keeps most of what it saw, so rounding has 4,200 tokens to
 // accumulate). In bf16 mode this is the tensor-core kernel (chunked_mma.cu); in fp32 mode the
 // CUDA-core one.
 TEST_P(BackendOps, KdaChunkedAtK3HeadWidth) {
@@ -425,7 +425,7 @@ TEST_P(BackendOps, KdaChunkedAtK3HeadWidth) {
   shape.head_dim = d;
   shape.conv_kernel = 4;
   const int64_t slot_floats = kda_state_floats(shape);
-  for (const int T : {2150, 130}) {
+  for (const int T : {4200, 130}) {
     for (const float g_lo : {-5.0f, -0.05f}) {
       ForwardBatch fb;
       const std::vector<int32_t> ids(T, 1);

@@ -52,9 +52,10 @@ constexpr int kSub = 16;            // sub-chunk: one MMA row tile, and the fact
 // are all the multiprocessor has to hide latency with (at eight it was issue-bound, 3.6 cycles
 // a warp between instructions).
 constexpr int kPrepThreads = 512;
-// Chunks a pass: bounds the workspace (2,048 tokens a pass: about 230 MB at 96 heads of 128).
-// At 8,192 tokens 16 a pass measured 4 % slower (twice the state walks' starts and ends), 64 3 % faster.
-constexpr int kChunksPerPass = 32;
+// Chunks a pass: bounds the workspace (4,096 tokens a pass: about 460 MB at 96 heads of 128).
+// At 8,192 tokens fewer a pass is slower - 32 by 2.5 %, 16 by 7 % - as each pass starts and
+// ends a state walk whose 192 blocks leave most of the machine idle.
+constexpr int kChunksPerPass = 64;
 // State kernel: v-columns per block. K3 (96 heads of 128) gives 192 blocks, two a multiprocessor
 // (97 KB of shared memory each): every block of the pass is resident at once.
 template <int D>
