@@ -113,6 +113,25 @@ __device__ __forceinline__ void load_b2_trans(uint32_t b[4], const bf16* base, i
 __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
   mma_m16n8k16_bf16(c, a[0], a[1], a[2], a[3], b0, b1);
 }
+// acc[n] += A[m0 .. m0 + 15][0 .. K) x B[0 .. K)[8 (nt0 + n) ..]: one warp's row tile of a
+// row-major A times kN n8 tiles of a row-major [K, *] B (the state walk's W S and QG S).
+template <int K, int kN>
+__device__ __forceinline__ void mma_rows(float (&acc)[kN][4], const bf16* A, int lda, int m0, const bf16* B, int ldb,
+                                         int nt0, int lane) {
+  static_assert(kN % 2 == 0, "B fragments come in pairs of n8 tiles");
+#pragma unroll 4
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    uint32_t a[4];
+    load_a(a, A, lda, m0, k0, lane);
+#pragma unroll
+    for (int n = 0; n < kN; n += 2) {
+      uint32_t b[4];
+      load_b2_trans(b, B, ldb, k0, 8 * (nt0 + n), lane);
+      mma(acc[n], a, b[0], b[1]);
+      mma(acc[n + 1], a, b[2], b[3]);
+    }
+  }
+}
 
 
 // One pass's temporaries, one contiguous tile per (chunk, head), every tile a full kC rows
@@ -632,18 +651,7 @@ __global__ void __launch_bounds__(kStateThreadsOf<D>, 2) kda_state_out_kernel(Pa
     // V' = U - W S: rows 16 cmt .., columns 8 (cnt0 + n) ..
     {
       float acc_v[kCNT][4] = {};
-#pragma unroll 4
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t aw[4];
-        load_a(aw, &s.W[0][0], ld, kSub * cmt, k0, lane);
-#pragma unroll
-        for (int n = 0; n < kCNT; n += 2) {
-          uint32_t b[4];
-          load_b2_trans(b, &s.Sb[0][0], ldv, k0, 8 * (cnt0 + n), lane);
-          mma(acc_v[n], aw, b[0], b[1]);
-          mma(acc_v[n + 1], aw, b[2], b[3]);
-        }
-      }
+      mma_rows<D>(acc_v, &s.W[0][0], ld, kSub * cmt, &s.Sb[0][0], ldv, cnt0, lane);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int c = kSub * cmt + g + 8 * half;
@@ -663,18 +671,7 @@ __global__ void __launch_bounds__(kStateThreadsOf<D>, 2) kda_state_out_kernel(Pa
     // o = QG S + P V' (P is lower triangular: k-tiles <= the row tile).
     {
       float acc_o[kCNT][4] = {};
-#pragma unroll 4
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t aq[4];
-        load_a(aq, &s.QG[0][0], ld, kSub * cmt, k0, lane);
-#pragma unroll
-        for (int n = 0; n < kCNT; n += 2) {
-          uint32_t b[4];
-          load_b2_trans(b, &s.Sb[0][0], ldv, k0, 8 * (cnt0 + n), lane);
-          mma(acc_o[n], aq, b[0], b[1]);
-          mma(acc_o[n + 1], aq, b[2], b[3]);
-        }
-      }
+      mma_rows<D>(acc_o, &s.QG[0][0], ld, kSub * cmt, &s.Sb[0][0], ldv, cnt0, lane);
 #pragma unroll
       for (int kt = 0; kt < kC / kSub; ++kt) {
         if (kt > cmt) break;
