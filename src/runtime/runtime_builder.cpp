@@ -234,9 +234,12 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
                  << ", avail mem="
                  << fmt2(ops0.free_bytes() < (int64_t{1} << 60) ? ops0.free_bytes() / kGiB
                                                                  : host_after.available_bytes / kGiB)
-                 << " GB, peak host RSS=" << fmt2(host_after.peak_rss_bytes / kGiB) << " GB ("
-                 << fmt2(100.0 * host_after.peak_rss_bytes / std::max<double>(1, ckpt->total_bytes()))
-                 << "% of the checkpoint)";
+                 << " GB, peak host RSS=" << fmt2(host_after.peak_rss_bytes / kGiB) << " GB"
+                 // The share of the checkpoint says whether the load streamed; under 1 GiB the
+                 // process's own baseline (a CUDA context alone is ~1 GB) is all it would show.
+                 << (ckpt->total_bytes() >= kGiB
+                         ? " (" + fmt2(100.0 * host_after.peak_rss_bytes / ckpt->total_bytes()) + "% of the checkpoint)"
+                         : std::string(""));
 
   // What the cache pools may use on this process's ranks.
   const CacheSpec spec = model.cache_spec();
