@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
   }
 }
 
-// The state walk with the output fused in, one block per (head, kBV v-columns), kStateThreadsOf<D>
+// The state walk with the output fused in, one block per (head, kBV v-columns), kStateThreads
 // threads, the chunks in order. Per chunk, with S [D, kBV] (S at the chunk's start) in the MMA
 // accumulators (fp32):
 //   Sb = bf16(S)                               (shared memory: the B operand below)
@@ -547,8 +547,8 @@ __global__ void __launch_bounds__(kPrepThreads) kda_prep_kernel(PassArgs a) {
 // Every global read is a cp.async issued half a chunk ahead, in two commit groups: W and U
 // (issued once this chunk's V' is done), KG, exp(G_last), QG and P (once o and S are).
 // Eight warps (sixteen, with half the tiles each, measured 11 % slower at D = 128).
-template <int D>
-constexpr int kStateThreadsOf = 256;
+constexpr int kStateThreads = 256;
+constexpr int kStateWarps = kStateThreads / 32;
 
 template <int D, int kBV>
 struct StateSmem {
@@ -584,8 +584,8 @@ __device__ __forceinline__ void load_wu(const PassArgs& a, StateSmem<D, kBV>& s,
                                         int col0, int tid) {
   if (chunk < n_chunks) {
     const int64_t tile = (static_cast<int64_t>(chunk) * a.H + h) * kC * D;
-    load_tile<kStateThreadsOf<D>, kC, D, StateSmem<D, kBV>::ld>(s.W, a.w.W + tile, tid);
-    load_tile<kStateThreadsOf<D>, kC, kBV, StateSmem<D, kBV>::ldu>(s.U, a.w.U + tile + static_cast<int64_t>(col0) * kC, tid);
+    load_tile<kStateThreads, kC, D, StateSmem<D, kBV>::ld>(s.W, a.w.W + tile, tid);
+    load_tile<kStateThreads, kC, kBV, StateSmem<D, kBV>::ldu>(s.U, a.w.U + tile + static_cast<int64_t>(col0) * kC, tid);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -595,9 +595,9 @@ __device__ __forceinline__ void load_kgqp(const PassArgs& a, StateSmem<D, kBV>& 
                                           int tid) {
   if (chunk < n_chunks) {
     const int64_t ch = static_cast<int64_t>(chunk) * a.H + h;
-    load_tile<kStateThreadsOf<D>, kC, D, StateSmem<D, kBV>::ld>(s.KG, a.w.KG + ch * kC * D, tid);
-    load_tile<kStateThreadsOf<D>, kC, D, StateSmem<D, kBV>::ld>(s.QG, a.w.QG + ch * kC * D, tid);
-    load_tile<kStateThreadsOf<D>, kC, kC, StateSmem<D, kBV>::ldp>(s.P, a.w.P + ch * kC * kC, tid);
+    load_tile<kStateThreads, kC, D, StateSmem<D, kBV>::ld>(s.KG, a.w.KG + ch * kC * D, tid);
+    load_tile<kStateThreads, kC, D, StateSmem<D, kBV>::ld>(s.QG, a.w.QG + ch * kC * D, tid);
+    load_tile<kStateThreads, kC, kC, StateSmem<D, kBV>::ldp>(s.P, a.w.P + ch * kC * kC, tid);
     if (tid < D / 4) cp_async16(&s.eG[4 * tid], a.w.eGlast + ch * D + 4 * tid);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -605,14 +605,13 @@ __device__ __forceinline__ void load_kgqp(const PassArgs& a, StateSmem<D, kBV>& 
 __device__ __forceinline__ void cp_async_wait_one_pending() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 template <int D, int kBV>
-__global__ void __launch_bounds__(kStateThreadsOf<D>, 2) kda_state_out_kernel(PassArgs a, int n_chunks, float* __restrict__ S,
-                                                                      float* __restrict__ o) {
+__global__ void __launch_bounds__(kStateThreads, 2)
+    kda_state_out_kernel(PassArgs a, int n_chunks, float* __restrict__ S, float* __restrict__ o) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using Smem = StateSmem<D, kBV>;
   auto& s = *reinterpret_cast<Smem*>(smem_raw);
   constexpr int ld = Smem::ld, ldv = Smem::ldv, ldp = Smem::ldp;
   // S's tiles: m-tile warp % kMT, and of its kNT n-tiles the group warp / kMT.
-  constexpr int kStateWarps = kStateThreadsOf<D> / 32;
   constexpr int kMT = D / 16, kNT = kBV / 8, kWarpsPerM = kStateWarps / kMT, kSNT = kNT / kWarpsPerM;
   // V' and o ([kC, kBV]): m-tile warp % 4, n-tiles (warp / 4) * kCNT ...
   constexpr int kCNT = kNT / (kStateWarps / 4);
@@ -767,7 +766,7 @@ void run(const float* q, const float* k, const float* v, const float* g, const f
     const PassArgs args{q + off, k + off, v + off, g + off, beta + static_cast<int64_t>(pass_t0) * H, T, H, w};
     kda_prep_kernel<D><<<dim3(n_chunks, H), kPrepThreads, sizeof(PrepSmem<D>), stream>>>(args);
     CUDA_CHECK_LAUNCH();
-    kda_state_out_kernel<D, kBV><<<dim3(H, D / kBV), kStateThreadsOf<D>, sizeof(StateSmem<D, kBV>), stream>>>(
+    kda_state_out_kernel<D, kBV><<<dim3(H, D / kBV), kStateThreads, sizeof(StateSmem<D, kBV>), stream>>>(
         args, n_chunks, S, o + off);
     CUDA_CHECK_LAUNCH();
   }
