@@ -4,35 +4,47 @@
 // Dequantisation and the MMA slice: moe/mxfp4_rows.cuh.
 //
 // One block per 32 rows (two m16 tiles) of one active expert (grid: active experts bound x
-// out / 32), and the block's whole tile - 32 rows of in / 2 code bytes, contiguous in the
-// stacked layout, and their 32 x in / 32 scales - comes into shared memory by 33 bulk copies
-// on one mbarrier. The gate and up projections run as one launch whose blocks take 16 rows
-// of each and store act(gate, up) in bf16 for the down projection (SiTU fused: no fp32
-// products through memory, no elementwise kernel).
+// out / 32). The block's tile - 32 rows of in / 2 code bytes, contiguous in the stacked
+// layout, and their 32 x in / 32 scales - comes into shared memory by bulk copies on one
+// mbarrier, all but its first 8 x 64 columns (the head): each warp reads its head slice's
+// codes and scales itself and works on them while the copy of the rest is in flight. The
+// gate and up projections run as one launch whose blocks take 16 rows of each and store
+// act(gate, up) in bf16 for the down projection (SiTU fused: no fp32 products through
+// memory, no elementwise kernel).
 // Why whole tiles: a decode step streams each expert's codes once, and what limits that
 // stream is how many bytes are in flight (~48 KB per multiprocessor at 4.2 TB/s). Chunked
 // pipelines of per-row copies (128 to 256 bytes a row a stage) moved 1.9-2.1 TB/s even with
-// the MMAs taken out (docs/performance.md); a 57 KB tile a block, three blocks a
-// multiprocessor, keeps ~170 KB in flight with a handful of copy instructions. The dequant-
+// the MMAs taken out (docs/performance.md); a ~50 KB copy a block, four blocks a
+// multiprocessor, keeps ~200 KB in flight with a handful of copy instructions. The dequant-
 // isation is integer work that, with the copies fixed, bounds the kernel (ncu: the ALU pipe
 // at ~70 % with the checkpoint's code layout; the codes are now re-laid at load so that a
 // pair costs one shift and one mask, mxfp4_pairs.h); two tiles a warp share each slice's x.
-// Measured on the H200 (16 experts x 1 token, gate/up/down): 0.135 ms whole, 0.092 with the
-// dequantisation and MMAs taken out, 0.112 with the copies taken out - compute-bound, with
-// the copy and compute phases of a multiprocessor's blocks overlapping only in part. Tried
-// and slower: four k-chunk barriers a tile (448-byte copies: 0.165 ms) and a persistent
-// kernel with two 16-row stages a block (x read once per 16 rows instead of 32: 0.148 ms).
+// Measured on the H200 (16 experts x 1 token, gate/up/down, whole tiles): 0.135 ms whole,
+// 0.092 with the dequantisation and MMAs taken out, 0.112 with the copies taken out -
+// compute-bound, with the copy and compute phases of a multiprocessor's blocks overlapping
+// only in part: while a block waits for its tile its eight warps issue nothing. Why the
+// head: K3's whole gate/up tile (57 KB at latent 3584) let three blocks share a
+// multiprocessor; without its first 8 KB, four do (the registers allow no more), so more
+// warps have work while others wait, and the head is worked on during the wait (figures:
+// docs/performance.md, "2026-12-03 (later)"). Tried and slower:
+// four k-chunk barriers a tile (448-byte copies: 0.165 ms) and a persistent kernel with two
+// 16-row stages a block (x read once per 16 rows instead of 32: 0.148 ms).
 //
 // The eight warps split the reduction: warp w takes the 64-wide slices w, w + 8, ... and the
-// partial tiles are added in warp order, so the result is the same on every run. x stays in
+// partial tiles are added in warp order, so the result is the same on every run (and the
+// same as with whole tiles: the head is each warp's first slice either way). x stays in
 // global memory (the L1/L2-resident activation rows every block of the expert reads); each
 // thread's next slice of x is loaded while it works on the current one. Whether any scale of
-// the tile needs the two-step multiply (mxfp4_rows.cuh) is decided once, for the whole loop.
+// the copied part needs the two-step multiply (mxfp4_rows.cuh) is decided once for the
+// block's loop; the head decides for itself, per warp.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/common/bulk_copy.cuh"
 #include "backend/cuda/common/cuda_check.h"
@@ -51,14 +63,23 @@ constexpr int kTiles = 2;               // m16 tiles per block, each warp works 
 constexpr int kRows = 16 * kTiles;      // per block
 constexpr int kMaxTokens = 8;    // per expert: one n8 fragment
 constexpr int kSlice = 64;       // k per warp per round: four k16 MMA steps
-constexpr int kRowPad = 16;      // bytes after each row in shared memory: conflict-free reads
+// Bytes after each code row in shared memory. 16 leaves the 64-bit reads two-way bank
+// conflicted (ncu: 1.4 M of 3.7 M wavefronts); 32 and 48, conflict-free, measured slower or
+// no faster (2026-12-03), so the smaller tile stays.
+constexpr int kRowPad = 16;
 constexpr int kBarrierBytes = 16;
 
-// Shared memory of one block: [mbarrier][32 code rows, each in / 2 + kRowPad][32 x in / 32 scales],
-// and afterwards, over the rows, warps 1..7's partial tiles.
+constexpr int kBlocksPerSm = 4;  // what the tile's shared memory and 64 registers a thread allow
+
+// The first round of slices (one a warp) is read from global memory, not copied: see the top.
+__host__ __device__ constexpr int head_slices(int n_slices) { return n_slices < kWarps ? n_slices : kWarps; }
+__host__ __device__ constexpr int copied_code_bytes(int in) { return (in / kSlice - head_slices(in / kSlice)) * (kSlice / 2); }
+
+// Shared memory of one block: [mbarrier][32 code rows: slices kWarps.., each row padded by
+// kRowPad][32 x in / 32 scales], and afterwards, over the rows, warps 1..7's partial tiles.
 constexpr size_t kPartialBytes = (kWarps - 1) * kTiles * 4 * 32 * sizeof(float);
 size_t tile_smem_bytes(int in) {
-  const size_t tile = static_cast<size_t>(kRows) * (in / 2 + kRowPad) + static_cast<size_t>(kRows) * (in / 32);
+  const size_t tile = static_cast<size_t>(kRows) * (copied_code_bytes(in) + kRowPad) + static_cast<size_t>(kRows) * (in / 32);
   return kBarrierBytes + (tile > kPartialBytes ? tile : kPartialBytes);
 }
 
@@ -69,14 +90,15 @@ __device__ __forceinline__ void load_x(const bf16* xr, int sl, int t, uint4 v[2]
   v[1] = __ldg(p + 1);
 }
 
-// Warp w's slices w, w + kWarps, ... of the tile in shared memory, into acc[m16 tile].
-// x_next holds slice w's x (asked for before the tile's copy was waited for); each slice
-// asks for the next one's. (Two slices ahead was measured too: no faster at 1-8 tokens.)
+// Warp w's slices w + kWarps, w + 2 kWarps, ... of the tile in shared memory (whose rows
+// begin at slice kWarps), into acc[m16 tile]. x_next holds the first one's x (asked for
+// during the head slice); each slice asks for the next one's. (Two slices ahead was measured
+// too: no faster at 1-8 tokens.)
 template <bool kTwoStep>
 __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, const uint8_t* scales, int scale_bytes,
                                             const bf16* xr, int n_slices, int warp, int gid, int t, uint4 x_next[2],
                                             float acc[kTiles][4]) {
-  for (int sl = warp; sl < n_slices; sl += kWarps) {
+  for (int sl = warp + kWarps; sl < n_slices; sl += kWarps) {
     const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
                             x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
     if (sl + kWarps < n_slices) load_x(xr, sl + kWarps, t, x_next);
@@ -84,8 +106,8 @@ __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, co
     for (int tt = 0; tt < kTiles; ++tt) {
       const int ra = 16 * tt + gid, rb = ra + 8;
       // Thread t's codes: bytes 8t .. 8t + 7 of the slice's 32 in rows ra and rb.
-      const uint2 ca = *reinterpret_cast<const uint2*>(codes + ra * stride + sl * (kSlice / 2) + 8 * t);
-      const uint2 cb = *reinterpret_cast<const uint2*>(codes + rb * stride + sl * (kSlice / 2) + 8 * t);
+      const uint2 ca = *reinterpret_cast<const uint2*>(codes + ra * stride + (sl - kWarps) * (kSlice / 2) + 8 * t);
+      const uint2 cb = *reinterpret_cast<const uint2*>(codes + rb * stride + (sl - kWarps) * (kSlice / 2) + 8 * t);
       // k 16t .. 16t + 15 of the slice lie in scale group 2 sl + t / 2.
       const uint32_t sa = scales[ra * scale_bytes + 2 * sl + t / 2];
       const uint32_t sb = scales[rb * scale_bytes + 2 * sl + t / 2];
@@ -107,7 +129,7 @@ struct Jobs {
 };
 
 template <bool kGated>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     grouped_mxfp4_tile_kernel(const bf16* __restrict__ x, int x_row_div, Jobs jobs, ExpertGroups g) {
   extern __shared__ uint4 smem[];
   __shared__ const bf16* x_rows[kMaxTokens];
@@ -116,7 +138,8 @@ __global__ void __launch_bounds__(kThreads)
   const StackedExperts& m = jobs.gate;
   const int e = g.active[blockIdx.x];
   const int begin = g.offsets[e], n_slots = g.offsets[e + 1] - begin;  // <= kMaxTokens
-  const int in = m.in, out = m.out, code_bytes = in / 2, stride = code_bytes + kRowPad, scale_bytes = in / 32;
+  const int in = m.in, out = m.out, code_bytes = in / 2, scale_bytes = in / 32, n_slices = in / kSlice;
+  const int head = head_slices(n_slices) * (kSlice / 2), copied = code_bytes - head, stride = copied + kRowPad;
   constexpr int kBlockRows = kGated ? 16 : kRows;  // output rows of each matrix
   const int row0 = static_cast<int>(blockIdx.y) * kBlockRows;
   const int64_t row = static_cast<int64_t>(e) * out + row0;
@@ -126,30 +149,64 @@ __global__ void __launch_bounds__(kThreads)
   if (tid == 0) mbar_init(bar, 1);
   if (tid < n_slots) x_rows[tid] = x + static_cast<int64_t>(g.perm[begin + tid] / x_row_div) * in;
   __syncthreads();
+  // Row r (0..31) of the block's tile: the gate's rows and then the up's (kGated), or 32 rows
+  // of one matrix. (Pointers selected one by one: a parameter struct selected by lane is
+  // copied to local memory.)
+  auto tile_row = [&](int r, const uint8_t*& w, const uint8_t*& sc, int64_t& at) {
+    if constexpr (kGated) {
+      w = static_cast<const uint8_t*>(r < 16 ? jobs.gate.w : jobs.up.w);
+      sc = r < 16 ? jobs.gate.scales : jobs.up.scales;
+      at = row + r % 16;
+    } else {
+      w = static_cast<const uint8_t*>(m.w);
+      sc = m.scales;
+      at = row + r;
+    }
+  };
   if (warp == 0) {
-    if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(kRows * (code_bytes + scale_bytes)));
+    if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(kRows * (copied + scale_bytes)));
     __syncwarp();
     static_assert(kRows == 32, "a lane a row");
-    if constexpr (kGated) {
-      // Lanes 0-15: the gate's rows, 16-31: the up's (pointers selected one by one: a
-      // parameter struct selected by lane is copied to local memory).
-      const uint8_t* w = static_cast<const uint8_t*>(lane < 16 ? jobs.gate.w : jobs.up.w);
-      const uint8_t* sc = lane < 16 ? jobs.gate.scales : jobs.up.scales;
-      bulk_copy(codes + lane * stride, w + (row + lane % 16) * code_bytes, code_bytes, bar);
-      if (lane % 16 == 0) bulk_copy(scales + (lane / 16) * 16 * scale_bytes, sc + row * scale_bytes, 16 * scale_bytes, bar);
-    } else {
-      bulk_copy(codes + lane * stride, static_cast<const uint8_t*>(m.w) + (row + lane) * code_bytes, code_bytes, bar);
-      if (lane == 0) bulk_copy(scales, m.scales + row * scale_bytes, kRows * scale_bytes, bar);
-    }
+    const uint8_t *w, *sc;
+    int64_t at;
+    tile_row(lane, w, sc, at);
+    if (copied > 0) bulk_copy(codes + lane * stride, w + at * code_bytes + head, copied, bar);
+    if (lane % 16 == 0) bulk_copy(scales + lane * scale_bytes, sc + at * scale_bytes, 16 * scale_bytes, bar);
   }
   // A lane without a token reads token 0's x: its MMA column is never stored.
   const bf16* xr = x_rows[gid < n_slots ? gid : 0];
-  const int n_slices = in / kSlice;
   float acc[kTiles][4] = {};
-  // The first slice's x is asked for before the wait: its latency (an L2 read for the first
-  // block of an expert on a multiprocessor) hides under the tile's copy.
   uint4 x_next[2];
-  if (warp < n_slices) load_x(xr, warp, t, x_next);
+  // The head: slice `warp`, its codes and scales read by the warp itself while the copy of
+  // the rest is in flight, and worked on as soon as they arrive.
+  if (warp < n_slices) {
+    load_x(xr, warp, t, x_next);
+    uint2 c[kTiles][2];
+    uint32_t s[kTiles][2];
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint8_t *w, *sc;
+        int64_t at;
+        tile_row(16 * tt + gid + 8 * hh, w, sc, at);
+        c[tt][hh] = __ldg(reinterpret_cast<const uint2*>(w + at * code_bytes + warp * (kSlice / 2) + 8 * t));
+        s[tt][hh] = __ldg(sc + at * scale_bytes + 2 * warp + t / 2);
+      }
+    const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
+                            x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
+    if (warp + kWarps < n_slices) load_x(xr, warp + kWarps, t, x_next);
+    bool big = false;
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt) big |= s[tt][0] > 128 || s[tt][1] > 128;
+    if (__any_sync(0xFFFFFFFFu, big)) {
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt) mxfp4::mma_mxfp4_codes<true>(c[tt][0], c[tt][1], s[tt][0], s[tt][1], xw, acc[tt]);
+    } else {
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt) mxfp4::mma_mxfp4_codes<false>(c[tt][0], c[tt][1], s[tt][0], s[tt][1], xw, acc[tt]);
+    }
+  }
   mbar_wait(bar, 0);
   // Scales past 128 (values beyond 12) take the two-multiply path, decided once for the tile.
   // Four scales a word: a byte is > 128 when its top bit is set and its low seven are not 0.
@@ -198,6 +255,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Four blocks a multiprocessor need the whole 228 KB for shared memory (the L1 keeps 28 KB:
+// x's rows, which every block of an expert reads, are L2 hits more often than with three
+// blocks; four blocks are faster all the same, measured). Set once per device and kernel.
+template <typename Kernel>
+void prefer_shared_memory(Kernel* kernel) {
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({reinterpret_cast<const void*>(kernel), device}).second) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+}
+
 }  // namespace
 
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x) {
@@ -216,6 +288,7 @@ void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m,
   jobs.y = y;
   const size_t smem = tile_smem_bytes(m.in);
   allow_dynamic_smem(grouped_mxfp4_tile_kernel<false>, smem);
+  prefer_shared_memory(grouped_mxfp4_tile_kernel<false>);
   grouped_mxfp4_tile_kernel<false><<<dim3(max_active, m.out / kRows), kThreads, smem, stream>>>(x, x_row_div, jobs,
                                                                                               groups);
   CUDA_CHECK_LAUNCH();
@@ -240,6 +313,7 @@ void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExper
   jobs.act = act;
   const size_t smem = tile_smem_bytes(gate.in);
   allow_dynamic_smem(grouped_mxfp4_tile_kernel<true>, smem);
+  prefer_shared_memory(grouped_mxfp4_tile_kernel<true>);
   grouped_mxfp4_tile_kernel<true><<<dim3(max_active, gate.out / 16), kThreads, smem, stream>>>(x, x_row_div, jobs,
                                                                                              groups);
   CUDA_CHECK_LAUNCH();
