@@ -31,12 +31,14 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float c[4], uint32_t a0, uint3
 // Two consecutive bf16 (4-byte aligned) as one operand register, the lower index in the low half.
 __device__ __forceinline__ uint32_t bf16_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Lets `kernel` use up to `bytes` of dynamic shared memory on the current device. The
-// attribute belongs to the device's context, so it is set once per device (a process may
-// drive several GPUs); it is not a stream operation, so a call inside a graph capture is
-// harmless, but the first call usually comes from an eager step.
+// Lets `kernel` use up to `bytes` of dynamic shared memory on the current device, and with
+// all_shared asks for the whole L1/shared carveout as shared memory (where the blocks a
+// multiprocessor is meant to hold need it; the driver otherwise may pick a smaller one).
+// The attributes belong to the device's context, so they are set once per device (a process
+// may drive several GPUs); they are not stream operations, so a call inside a graph capture
+// is harmless, but the first call usually comes from an eager step.
 template <typename Kernel>
-void allow_dynamic_smem(Kernel* kernel, size_t bytes) {
+void allow_dynamic_smem(Kernel* kernel, size_t bytes, bool all_shared = false) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, size_t> allowed;  // (kernel, device) -> bytes
   int device = 0;
@@ -45,6 +47,9 @@ void allow_dynamic_smem(Kernel* kernel, size_t bytes) {
   size_t& have = allowed[{reinterpret_cast<const void*>(kernel), device}];
   if (have >= bytes) return;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  if (all_shared && have == 0)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   have = bytes;
 }
 

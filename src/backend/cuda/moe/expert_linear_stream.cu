@@ -41,10 +41,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <string>
-#include <utility>
 
 #include "backend/cuda/common/bulk_copy.cuh"
 #include "backend/cuda/common/cuda_check.h"
@@ -69,7 +66,11 @@ constexpr int kSlice = 64;       // k per warp per round: four k16 MMA steps
 constexpr int kRowPad = 16;
 constexpr int kBarrierBytes = 16;
 
-constexpr int kBlocksPerSm = 4;  // what the tile's shared memory and 64 registers a thread allow
+// What the tile's shared memory and 64 registers a thread allow. Four blocks need the whole
+// 228 KB for shared memory (allow_dynamic_smem's all_shared), which leaves L1 28 KB: x's
+// rows, which every block of an expert reads, miss L1 more often than with three blocks;
+// four are faster all the same (measured, docs/performance.md).
+constexpr int kBlocksPerSm = 4;
 
 // The first round of slices (one a warp) is read from global memory, not copied: see the top.
 __host__ __device__ constexpr int head_slices(int n_slices) { return n_slices < kWarps ? n_slices : kWarps; }
@@ -255,21 +256,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
-// Four blocks a multiprocessor need the whole 228 KB for shared memory (the L1 keeps 28 KB:
-// x's rows, which every block of an expert reads, are L2 hits more often than with three
-// blocks; four blocks are faster all the same, measured). Set once per device and kernel.
-template <typename Kernel>
-void prefer_shared_memory(Kernel* kernel) {
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert({reinterpret_cast<const void*>(kernel), device}).second) return;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-}
-
 }  // namespace
 
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x) {
@@ -287,8 +273,7 @@ void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m,
   jobs.gate = m;
   jobs.y = y;
   const size_t smem = tile_smem_bytes(m.in);
-  allow_dynamic_smem(grouped_mxfp4_tile_kernel<false>, smem);
-  prefer_shared_memory(grouped_mxfp4_tile_kernel<false>);
+  allow_dynamic_smem(grouped_mxfp4_tile_kernel<false>, smem, /*all_shared=*/true);  // kBlocksPerSm
   grouped_mxfp4_tile_kernel<false><<<dim3(max_active, m.out / kRows), kThreads, smem, stream>>>(x, x_row_div, jobs,
                                                                                               groups);
   CUDA_CHECK_LAUNCH();
@@ -312,8 +297,7 @@ void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExper
   jobs.h = h;
   jobs.act = act;
   const size_t smem = tile_smem_bytes(gate.in);
-  allow_dynamic_smem(grouped_mxfp4_tile_kernel<true>, smem);
-  prefer_shared_memory(grouped_mxfp4_tile_kernel<true>);
+  allow_dynamic_smem(grouped_mxfp4_tile_kernel<true>, smem, /*all_shared=*/true);  // kBlocksPerSm
   grouped_mxfp4_tile_kernel<true><<<dim3(max_active, gate.out / 16), kThreads, smem, stream>>>(x, x_row_div, jobs,
                                                                                              groups);
   CUDA_CHECK_LAUNCH();
