@@ -534,10 +534,10 @@ TEST_P(BackendOps, RouterAndExperts) {
   }
   // experts: MXFP4 (the same codes on both) and dense. Which MXFP4 kernel: up to 8 tokens
   // with in % 64 and out % 32, the whole-tile decode kernel, whose eight warps read their
-  // first 64-wide slice themselves and the rest from the copied tile (6x128x192 and
+  // last 64-wide slice themselves and the rest from the copied tile (6x128x192 and
   // 1x512x768: fewer slices than warps, or as many and nothing copied; 5x1344x192: 21 slices,
   // not a multiple of the warps; 3x1024x1024 and 8x1024x576: both parts, as at K3's widths,
-  // and 576 = 8 + 1 slices; and the rest); more tokens, the register-fed tensor-core kernel
+  // and 576 = 1 + 8 slices; and the rest); more tokens, the register-fed tensor-core kernel
   // (21x64x96 for w1 / w3, 150x128x192 with more than one 32-token tile per expert); what
   // neither takes, the CUDA-core kernel (w2 of 21x64x96, in 96). Edge scales: E8M0 0, 1, 127,
   // 128 and 129, 130 past the decode kernel's one-multiply range, in both of its parts.

@@ -6,8 +6,8 @@
 // One block per 32 rows (two m16 tiles) of one active expert (grid: active experts bound x
 // out / 32). The block's tile - 32 rows of in / 2 code bytes, contiguous in the stacked
 // layout, and their 32 x in / 32 scales - comes into shared memory by bulk copies on one
-// mbarrier, all but its first 8 x 64 columns (the head): each warp reads its head slice's
-// codes and scales itself and works on them while the copy of the rest is in flight. The
+// mbarrier, all but its last 8 x 64 columns (the tail): each warp reads its tail slice's
+// codes from global memory itself once it is done with its copied slices. The
 // gate and up projections run as one launch whose blocks take 16 rows of each and store
 // act(gate, up) in bf16 for the down projection (SiTU fused: no fp32 products through
 // memory, no elementwise kernel).
@@ -23,20 +23,25 @@
 // 0.092 with the dequantisation and MMAs taken out, 0.112 with the copies taken out -
 // compute-bound, with the copy and compute phases of a multiprocessor's blocks overlapping
 // only in part: while a block waits for its tile its eight warps issue nothing. Why the
-// head: K3's whole gate/up tile (57 KB at latent 3584) let three blocks share a
-// multiprocessor; without its first 8 KB, four do (the registers allow no more), so more
-// warps have work while others wait, and the head is worked on during the wait (figures:
-// docs/performance.md, "2026-12-03 (later)"). Tried and slower:
+// tail: K3's whole gate/up tile (57 KB at latent 3584) let three blocks share a
+// multiprocessor; without 8 KB of it, four do (the registers allow no more), so more warps
+// have work while others wait. Which 8 KB, and when it is read, measured side by side
+// (docs/performance.md, "2026-12-03 (third)"): the last slices, read after the copied ones,
+// beat the first ones read during the wait (the "head", 06a5dfb) by 0.004-0.006 ms at 2-8
+// tokens an expert and lose 0.001-0.002 at 1; asking for them while the copy is in flight
+// (their registers held through the loop), an L2 prefetch of them with the copy, two slices
+// a warp, and loads past L1 (L1::no_allocate) were each slower. Tried earlier and slower:
 // four k-chunk barriers a tile (448-byte copies: 0.165 ms) and a persistent kernel with two
 // 16-row stages a block (x read once per 16 rows instead of 32: 0.148 ms).
 //
 // The eight warps split the reduction: warp w takes the 64-wide slices w, w + 8, ... and the
-// partial tiles are added in warp order, so the result is the same on every run (and the
-// same as with whole tiles: the head is each warp's first slice either way). x stays in
+// partial tiles are added in warp order, so the result is the same on every run. (Warp w's
+// slices are its copied ones w, w + 8, ... and then its tail slice, copied slices + w: the
+// same set as round-robin when the slices are a multiple of eight, as at K3's widths.) x stays in
 // global memory (the L1/L2-resident activation rows every block of the expert reads); each
-// thread's next slice of x is loaded while it works on the current one. Whether any scale of
-// the copied part needs the two-step multiply (mxfp4_rows.cuh) is decided once for the
-// block's loop; the head decides for itself, per warp.
+// thread's next slice of x is loaded while it works on the current one. Whether any scale
+// needs the two-step multiply (mxfp4_rows.cuh) is decided once for the block, from the
+// copied scales: all of them, the tail's too, come with the tile.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -72,11 +77,12 @@ constexpr int kBarrierBytes = 16;
 // four are faster all the same (measured, docs/performance.md).
 constexpr int kBlocksPerSm = 4;
 
-// The first round of slices (one a warp) is read from global memory, not copied: see the top.
-__host__ __device__ constexpr int head_slices(int n_slices) { return n_slices < kWarps ? n_slices : kWarps; }
-__host__ __device__ constexpr int copied_code_bytes(int in) { return (in / kSlice - head_slices(in / kSlice)) * (kSlice / 2); }
+// The last round of slices (one a warp) is read from global memory, not copied: see the top.
+__host__ __device__ constexpr int tail_slices(int n_slices) { return n_slices < kWarps ? n_slices : kWarps; }
+__host__ __device__ constexpr int copied_slices(int n_slices) { return n_slices - tail_slices(n_slices); }
+__host__ __device__ constexpr int copied_code_bytes(int in) { return copied_slices(in / kSlice) * (kSlice / 2); }
 
-// Shared memory of one block: [mbarrier][32 code rows: slices kWarps.., each row padded by
+// Shared memory of one block: [mbarrier][32 code rows: the copied slices, each row padded by
 // kRowPad][32 x in / 32 scales], and afterwards, over the rows, warps 1..7's partial tiles.
 constexpr size_t kPartialBytes = (kWarps - 1) * kTiles * 4 * 32 * sizeof(float);
 size_t tile_smem_bytes(int in) {
@@ -91,24 +97,25 @@ __device__ __forceinline__ void load_x(const bf16* xr, int sl, int t, uint4 v[2]
   v[1] = __ldg(p + 1);
 }
 
-// Warp w's slices w + kWarps, w + 2 kWarps, ... of the tile in shared memory (whose rows
-// begin at slice kWarps), into acc[m16 tile]. x_next holds the first one's x (asked for
-// during the head slice); each slice asks for the next one's. (Two slices ahead was measured
+// Warp w's copied slices w, w + kWarps, ... (< n_copied) of the tile in shared memory, into
+// acc[m16 tile]. x_next holds the first one's x; each slice asks for the next one's, and the
+// last for slice `then`'s (the warp's tail slice; -1: none). (Two slices ahead was measured
 // too: no faster at 1-8 tokens.)
 template <bool kTwoStep>
 __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, const uint8_t* scales, int scale_bytes,
-                                            const bf16* xr, int n_slices, int warp, int gid, int t, uint4 x_next[2],
-                                            float acc[kTiles][4]) {
-  for (int sl = warp + kWarps; sl < n_slices; sl += kWarps) {
+                                            const bf16* xr, int n_copied, int then, int warp, int gid, int t,
+                                            uint4 x_next[2], float acc[kTiles][4]) {
+  for (int sl = warp; sl < n_copied; sl += kWarps) {
     const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
                             x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
-    if (sl + kWarps < n_slices) load_x(xr, sl + kWarps, t, x_next);
+    const int next = sl + kWarps < n_copied ? sl + kWarps : then;
+    if (next >= 0) load_x(xr, next, t, x_next);
 #pragma unroll
     for (int tt = 0; tt < kTiles; ++tt) {
       const int ra = 16 * tt + gid, rb = ra + 8;
       // Thread t's codes: bytes 8t .. 8t + 7 of the slice's 32 in rows ra and rb.
-      const uint2 ca = *reinterpret_cast<const uint2*>(codes + ra * stride + (sl - kWarps) * (kSlice / 2) + 8 * t);
-      const uint2 cb = *reinterpret_cast<const uint2*>(codes + rb * stride + (sl - kWarps) * (kSlice / 2) + 8 * t);
+      const uint2 ca = *reinterpret_cast<const uint2*>(codes + ra * stride + sl * (kSlice / 2) + 8 * t);
+      const uint2 cb = *reinterpret_cast<const uint2*>(codes + rb * stride + sl * (kSlice / 2) + 8 * t);
       // k 16t .. 16t + 15 of the slice lie in scale group 2 sl + t / 2.
       const uint32_t sa = scales[ra * scale_bytes + 2 * sl + t / 2];
       const uint32_t sb = scales[rb * scale_bytes + 2 * sl + t / 2];
@@ -140,7 +147,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int e = g.active[blockIdx.x];
   const int begin = g.offsets[e], n_slots = g.offsets[e + 1] - begin;  // <= kMaxTokens
   const int in = m.in, out = m.out, code_bytes = in / 2, scale_bytes = in / 32, n_slices = in / kSlice;
-  const int head = head_slices(n_slices) * (kSlice / 2), copied = code_bytes - head, stride = copied + kRowPad;
+  const int n_tail = tail_slices(n_slices), n_copied = n_slices - n_tail;
+  const int copied = n_copied * (kSlice / 2), stride = copied + kRowPad;
+  const int tail = n_copied + warp;  // this warp's tail slice, when warp < n_tail
   constexpr int kBlockRows = kGated ? 16 : kRows;  // output rows of each matrix
   const int row0 = static_cast<int>(blockIdx.y) * kBlockRows;
   const int64_t row = static_cast<int64_t>(e) * out + row0;
@@ -171,43 +180,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const uint8_t *w, *sc;
     int64_t at;
     tile_row(lane, w, sc, at);
-    if (copied > 0) bulk_copy(codes + lane * stride, w + at * code_bytes + head, copied, bar);
+    if (copied > 0) bulk_copy(codes + lane * stride, w + at * code_bytes, copied, bar);
     if (lane % 16 == 0) bulk_copy(scales + lane * scale_bytes, sc + at * scale_bytes, 16 * scale_bytes, bar);
   }
   // A lane without a token reads token 0's x: its MMA column is never stored.
   const bf16* xr = x_rows[gid < n_slots ? gid : 0];
   float acc[kTiles][4] = {};
   uint4 x_next[2];
-  // The head: slice `warp`, its codes and scales read by the warp itself while the copy of
-  // the rest is in flight, and worked on as soon as they arrive.
-  if (warp < n_slices) {
-    load_x(xr, warp, t, x_next);
-    uint2 c[kTiles][2];
-    uint32_t s[kTiles][2];
-#pragma unroll
-    for (int tt = 0; tt < kTiles; ++tt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const uint8_t *w, *sc;
-        int64_t at;
-        tile_row(16 * tt + gid + 8 * hh, w, sc, at);
-        c[tt][hh] = __ldg(reinterpret_cast<const uint2*>(w + at * code_bytes + warp * (kSlice / 2) + 8 * t));
-        s[tt][hh] = __ldg(sc + at * scale_bytes + 2 * warp + t / 2);
-      }
-    const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
-                            x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
-    if (warp + kWarps < n_slices) load_x(xr, warp + kWarps, t, x_next);
-    bool big = false;
-#pragma unroll
-    for (int tt = 0; tt < kTiles; ++tt) big |= s[tt][0] > 128 || s[tt][1] > 128;
-    if (__any_sync(0xFFFFFFFFu, big)) {
-#pragma unroll
-      for (int tt = 0; tt < kTiles; ++tt) mxfp4::mma_mxfp4_codes<true>(c[tt][0], c[tt][1], s[tt][0], s[tt][1], xw, acc[tt]);
-    } else {
-#pragma unroll
-      for (int tt = 0; tt < kTiles; ++tt) mxfp4::mma_mxfp4_codes<false>(c[tt][0], c[tt][1], s[tt][0], s[tt][1], xw, acc[tt]);
-    }
-  }
+  const bool has_tail = warp < n_tail;
+  if (warp < n_copied) load_x(xr, warp, t, x_next);
+  else if (has_tail) load_x(xr, tail, t, x_next);
   mbar_wait(bar, 0);
   // Scales past 128 (values beyond 12) take the two-multiply path, decided once for the tile.
   // Four scales a word: a byte is > 128 when its top bit is set and its low seven are not 0.
@@ -217,10 +199,39 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const uint32_t w = scale_words[i];
     big_scale |= (w & ((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u) != 0;
   }
-  if (__syncthreads_or(big_scale))
-    tile_slices<true>(codes, stride, scales, scale_bytes, xr, n_slices, warp, gid, t, x_next, acc);
+  const bool two_step = __syncthreads_or(big_scale);
+  const int then = has_tail ? tail : -1;
+  if (two_step)
+    tile_slices<true>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
   else
-    tile_slices<false>(codes, stride, scales, scale_bytes, xr, n_slices, warp, gid, t, x_next, acc);
+    tile_slices<false>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
+  // The tail: slice `tail`'s codes from global memory (its scales came with the tile).
+  if (has_tail) {
+    const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
+                            x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
+    uint2 c[kTiles][2];
+    uint32_t sc[kTiles][2];
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * tt + gid + 8 * hh;
+        const uint8_t *w, *unused;
+        int64_t at;
+        tile_row(r, w, unused, at);
+        c[tt][hh] = __ldg(reinterpret_cast<const uint2*>(w + at * code_bytes + tail * (kSlice / 2) + 8 * t));
+        sc[tt][hh] = scales[r * scale_bytes + 2 * tail + t / 2];
+      }
+    if (two_step) {
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt)
+        mxfp4::mma_mxfp4_codes<true>(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
+    } else {
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt)
+        mxfp4::mma_mxfp4_codes<false>(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
+    }
+  }
   __syncthreads();  // the tile is read: its rows take the partial sums
   float* partial = reinterpret_cast<float*>(codes);  // [kWarps - 1][kTiles][4][32]
   if (warp > 0)
