@@ -27,12 +27,13 @@
 // multiprocessor; without 8 KB of it, four do (the registers allow no more), so more warps
 // have work while others wait. Which 8 KB, and when it is read, measured side by side
 // (docs/performance.md, "2026-12-03 (third)"): the last slices, read after the copied ones,
-// beat the first ones read during the wait (the "head", 06a5dfb) by 0.004-0.006 ms at 2-8
-// tokens an expert and lose 0.001-0.002 at 1; asking for them while the copy is in flight
-// (their registers held through the loop), an L2 prefetch of them with the copy, two slices
-// a warp, and loads past L1 (L1::no_allocate) were each slower. Tried earlier and slower:
-// four k-chunk barriers a tile (448-byte copies: 0.165 ms) and a persistent kernel with two
-// 16-row stages a block (x read once per 16 rows instead of 32: 0.148 ms).
+// beat the first ones read during the wait (the "head", 06a5dfb) by 0.001-0.002 ms at 2
+// tokens an expert and 0.005-0.006 at 8, and lose 0.001-0.002 at 1; asking for them while
+// the copy is in flight (their registers held through the loop), an L2 prefetch of them
+// with the copy, two slices a warp, and loads past L1 (L1::no_allocate) were each slower.
+// Tried earlier and slower: four k-chunk barriers a tile (448-byte copies: 0.165 ms) and a
+// persistent kernel with two 16-row stages a block (x read once per 16 rows instead of 32:
+// 0.148 ms).
 //
 // The eight warps split the reduction: warp w takes the 64-wide slices w, w + 8, ... and the
 // partial tiles are added in warp order, so the result is the same on every run. (Warp w's
