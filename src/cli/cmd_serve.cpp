@@ -34,6 +34,12 @@
 namespace moonrun::cli {
 namespace {
 
+// After the distributed group failed, node 0 keeps its listener open this long, answering
+// /health (and every new request) with 503, before it closes it and exits non-zero: a
+// health poller or load balancer then sees the failure as a 503, not only as a refused
+// connection after the process is gone.
+constexpr std::chrono::milliseconds kFailedGroupHealthWindow{3000};
+
 std::atomic<int> g_signal{0};
 
 std::string fmt2(double v) {
@@ -384,8 +390,8 @@ int run_serve(server::ServeOptions opt) {
   // SIGTERM/SIGINT: stop accepting, refuse new work, let running requests go on for
   // --shutdown-timeout, then cut the rest with a proper final answer, then exit.
   // A multi-node group that broke (a node gone, a failed step) ends node 0 too, non-zero:
-  // its requests fail (the engine did that), /health is 503 meanwhile, and the operator's
-  // supervisor sees the exit.
+  // its requests fail (the engine did that), /health is 503 for kFailedGroupHealthWindow,
+  // and the operator's supervisor sees the exit.
   std::atomic<bool> served{false}, group_failed{false};
   auto broken = [&] { return coordinator && (coordinator->failed() || !(*loop)->alive()); };
   std::thread watcher([&] {
@@ -394,9 +400,12 @@ int run_serve(server::ServeOptions opt) {
     if (g_signal == 0) {
       group_failed = true;
       const std::string why = coordinator->failed() ? coordinator->failure() : std::string("a step failed");
-      MR_LOG(ERROR) << "The distributed group failed (" << why << "): node 0 stops serving and exits";
+      MR_LOG(ERROR) << "The distributed group failed (" << why << "): node 0 answers 503 for "
+                    << kFailedGroupHealthWindow.count() / 1000.0 << " s, then stops serving and exits";
       coordinator->stop(true, why);
       (*loop)->begin_drain();
+      http.set_draining(true);  // /health and new requests: 503
+      std::this_thread::sleep_for(kFailedGroupHealthWindow);
       http.shutdown(std::chrono::duration<double>(0.5));
       return;
     }

@@ -48,7 +48,7 @@ export async function post(base, path, body, headers = {}) {
 }
 
 // `moonrun generate` on the demo model: greedy unless sampling flags are given
-// ({ temperature, top_p, top_k, seed }) and a device ({ device: 'cpu' }).
+// ({ temperature, top_p, top_k, seed }), a device ({ device: 'cpu' }) and a dtype.
 export function generate(tokenIds, maxTokens, sampling = {}) {
   const args = ['generate', '--model', DEMO, '--token-ids', tokenIds.join(','), '--max-tokens', String(maxTokens),
                 '--temperature', String(sampling.temperature ?? 0)];
@@ -56,6 +56,7 @@ export function generate(tokenIds, maxTokens, sampling = {}) {
   if (sampling.top_k !== undefined) args.push('--top-k', String(sampling.top_k));
   if (sampling.seed !== undefined) args.push('--seed', String(sampling.seed));
   if (sampling.device !== undefined) args.push('--device', sampling.device);
+  if (sampling.dtype !== undefined) args.push('--dtype', sampling.dtype);
   const out = execFileSync(EXE, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
   return JSON.parse(out.trim().split('\n').pop());
 }

@@ -1,7 +1,10 @@
-// Two nodes as two processes on this machine (--nnodes 2 over loopback, the CPU backend,
-// one rank per node): the seed's multi-node command shape. The group answers with the
-// single-rank tokens; a node that dies, or never comes, ends every process non-zero with a
-// clear message within --dist-timeout.
+// Two nodes as two processes on this machine (--nnodes 2 over loopback, one rank per node):
+// the seed's multi-node command shape. The group answers with the single-rank tokens; a
+// node that dies, or never comes, ends every process non-zero with a clear message within
+// --dist-timeout, node 0 answering /health with 503 before it goes.
+// MOONRUN_E2E_DEVICE=cuda (issue #19's two-GPU run, scripts/gpu-check.sh --part parallel):
+// node r on GPU r (CUDA_VISIBLE_DEVICES), in fp32 so that the one-GPU reference tokens are
+// the group's (sums in another order move logits by ~1e-6, not by bf16 rounding).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -9,15 +12,22 @@ import { EXE, DEMO, startServer, post, generate } from './harness.mjs';
 
 const TIMEOUT_S = 4;
 const basePort = () => 20000 + Math.floor(Math.random() * 20000);
+const DEVICE = process.env.MOONRUN_E2E_DEVICE || 'cpu';
+const GPU = DEVICE === 'cuda';
+// The reference: one rank, on GPU 0 beside node 0 (each server takes a third of its GPU).
+const REFERENCE = GPU ? { device: 'cuda', dtype: 'float32' } : { device: 'cpu' };
+const nodeEnv = (rank) => (GPU ? { ...process.env, CUDA_VISIBLE_DEVICES: String(rank) } : process.env);
 
 function group(port, rank) {
-  return ['--device', 'cpu', '--tp-size', '2', '--ep-size', '2', '--nnodes', '2', '--node-rank', String(rank),
+  return ['--device', DEVICE, ...(GPU ? ['--dtype', 'float32', '--mem-fraction-static', '0.3'] : []),
+          '--tp-size', '2', '--ep-size', '2', '--nnodes', '2', '--node-rank', String(rank),
           '--dist-init-addr', `127.0.0.1:${port}`, '--dist-timeout', String(TIMEOUT_S)];
 }
 
 // A non-zero node: no HTTP, just its log and its exit.
 function startFollower(port) {
-  const proc = spawn(EXE, ['serve', '--model-path', DEMO, ...group(port, 1)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(EXE, ['serve', '--model-path', DEMO, ...group(port, 1)],
+                     { stdio: ['ignore', 'pipe', 'pipe'], env: nodeEnv(1) });
   let log = '';
   proc.stdout.on('data', (d) => { log += d; });
   proc.stderr.on('data', (d) => { log += d; });
@@ -30,7 +40,7 @@ const withDeadline = (p, ms, what) => Promise.race([p, new Promise((_, rej) => s
 test('two nodes give the single-rank tokens; killing node 1 ends node 0 non-zero within --dist-timeout', async () => {
   const port = basePort();
   const follower = startFollower(port);
-  const srv = await startServer(group(port, 0));
+  const srv = await startServer(group(port, 0), { env: nodeEnv(0) });
   try {
     assert.match(srv.log(), /Node 1 joined/);
     assert.match(srv.log(), /nnodes=2 \(one process per node/);
@@ -40,13 +50,30 @@ test('two nodes give the single-rank tokens; killing node 1 ends node 0 non-zero
         model: 'moonrun-demo', prompt: ids, max_tokens: 10, temperature: 0, ignore_eos: true, return_token_ids: true,
       });
       assert.equal(r.status, 200, r.text);
-      assert.deepEqual(r.json.choices[0].token_ids, generate(ids, 10, { device: 'cpu' }).token_ids, text);
+      assert.deepEqual(r.json.choices[0].token_ids, generate(ids, 10, REFERENCE).token_ids, text);
     }
+    assert.equal((await fetch(`${srv.base}/health`)).status, 200);
     const killedAt = Date.now();
     follower.proc.kill('SIGKILL');
-    const end = await withDeadline(srv.exited, (TIMEOUT_S + 6) * 1000, 'node 0 did not exit after node 1 died');
+    // /health as a poller sees it, every 100 ms until node 0 is gone.
+    const health = [];
+    let gone = false;
+    srv.exited.then(() => { gone = true; });
+    while (!gone && Date.now() - killedAt < (TIMEOUT_S + 10) * 1000) {
+      try {
+        const h = await fetch(`${srv.base}/health`, { signal: AbortSignal.timeout(1000) });
+        health.push(h.status);
+      } catch {
+        health.push('refused');
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const end = await withDeadline(srv.exited, (TIMEOUT_S + 10) * 1000, 'node 0 did not exit after node 1 died');
     assert.notEqual(end.code, 0, 'node 0 exits non-zero');
-    assert.ok(Date.now() - killedAt < (TIMEOUT_S + 6) * 1000);
+    assert.ok(Date.now() - killedAt < (TIMEOUT_S + 10) * 1000);
+    const first503 = health.indexOf(503);
+    assert.ok(first503 >= 0, `no 503 from /health before node 0 went: ${health.join(' ')}`);
+    assert.ok(!health.slice(first503).includes(200), `200 after the 503: ${health.join(' ')}`);
     assert.match(srv.log(), /node 1 has not answered for 4 s \(--dist-timeout\)/);
     assert.match(srv.log(), /The distributed group failed/);
   } finally {
@@ -58,7 +85,7 @@ test('two nodes give the single-rank tokens; killing node 1 ends node 0 non-zero
 test('killing node 0 ends node 1 non-zero within --dist-timeout', async () => {
   const port = basePort();
   const follower = startFollower(port);
-  const srv = await startServer(group(port, 0));
+  const srv = await startServer(group(port, 0), { env: nodeEnv(0) });
   try {
     const r = await post(srv.base, '/v1/completions', { model: 'moonrun-demo', prompt: 'hello', max_tokens: 3 });
     assert.equal(r.status, 200, r.text);
@@ -75,7 +102,8 @@ test('killing node 0 ends node 1 non-zero within --dist-timeout', async () => {
 test('a node that never joins: node 0 gives up after --dist-timeout, naming it', async () => {
   const port = basePort();
   const t0 = Date.now();
-  const proc = spawn(EXE, ['serve', '--model-path', DEMO, '--port', '0', ...group(port, 0)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(EXE, ['serve', '--model-path', DEMO, '--port', '0', ...group(port, 0)],
+                     { stdio: ['ignore', 'pipe', 'pipe'], env: nodeEnv(0) });
   let log = '';
   proc.stderr.on('data', (d) => { log += d; });
   proc.stdout.on('data', (d) => { log += d; });
@@ -87,12 +115,14 @@ test('a node that never joins: node 0 gives up after --dist-timeout, naming it',
 
 test('a node with another configuration is refused by name', async () => {
   const port = basePort();
-  const bad = spawn(EXE, ['serve', '--model-path', DEMO, ...group(port, 1), '--page-size', '32'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const bad = spawn(EXE, ['serve', '--model-path', DEMO, ...group(port, 1), '--page-size', '32'],
+                    { stdio: ['ignore', 'pipe', 'pipe'], env: nodeEnv(1) });
   const badExit = new Promise((resolve) => bad.on('exit', resolve));  // before it can happen
   let badLog = '';
   bad.stderr.on('data', (d) => { badLog += d; });
   bad.stdout.on('data', (d) => { badLog += d; });
-  const proc = spawn(EXE, ['serve', '--model-path', DEMO, '--port', '0', ...group(port, 0)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(EXE, ['serve', '--model-path', DEMO, '--port', '0', ...group(port, 0)],
+                     { stdio: ['ignore', 'pipe', 'pipe'], env: nodeEnv(0) });
   const procExit = new Promise((resolve) => proc.on('exit', resolve));
   let log = '';
   proc.stderr.on('data', (d) => { log += d; });
