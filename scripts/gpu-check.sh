@@ -17,13 +17,16 @@
 # E2E_FILES (default: every e2e file but memory and soak), OPS_FILTER, and time limits in
 # seconds OPS_TIMEOUT (420), SAN_TIMEOUT (240 per tool), E2E_TIMEOUT (300 per file).
 #
-#   --part NAME (repeatable): only these sections - ops, demo, slice, sanitize, e2e. Where one
+#   --part NAME (repeatable): only these sections - ops, demo, slice, sanitize, e2e, parallel
+#   (two GPUs or more, issue #19: the TP/EP fixtures, the slice at TP 2 and EP 2 with the
+#   collectives, two nodes of one GPU each; skipped with one GPU). Where one
 #   command may run only so long (10 minutes on the device machine this project measures on),
 #   the whole check is these calls, each with the same --prebuilt DIR (and OUT per call):
 #     --part ops --part demo --part slice
 #     --part sanitize
 #     --part e2e  with E2E_FILES="api errors load lifecycle disconnect structured sampling_params"
 #     --part e2e  with E2E_FILES="responses messages vision attacks shutdown operator multinode"
+#     --part parallel  (on a machine with two GPUs)
 set -uo pipefail
 cd "${MOONRUN_ROOT:-$(dirname "$0")/..}"
 ROOT=$PWD
@@ -35,8 +38,8 @@ while [[ $# -gt 0 ]]; do
     --prebuilt) PREBUILT=$(cd "$2" && pwd); shift 2 ;;
     --part)
       case ${2:-} in
-        ops|demo|slice|sanitize|e2e) PARTS+=" $2 " ;;
-        *) echo "gpu-check: --part takes ops, demo, slice, sanitize or e2e, not '${2:-}'" >&2; exit 2 ;;
+        ops|demo|slice|sanitize|e2e|parallel) PARTS+=" $2 " ;;
+        *) echo "gpu-check: --part takes ops, demo, slice, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
       esac
       shift 2 ;;
     *) BUILD=$1; shift ;;
@@ -175,6 +178,10 @@ if [[ -z $NODE && -n $PREBUILT && -f $PREBUILT/node/node.xz ]]; then
   python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     "$PREBUILT/node/node.xz" /tmp/moonrun-node && chmod +x /tmp/moonrun-node && NODE=/tmp/moonrun-node
 fi
+if [[ -n $NODE && ! -d tests/e2e/node_modules && -n $PREBUILT && -f $PREBUILT/node/node_modules.tar.gz ]] &&
+   { want e2e || want parallel; }; then
+  tar -xzf "$PREBUILT/node/node_modules.tar.gz" -C tests/e2e
+fi
 if ! want e2e; then
   :
 elif [[ ${SKIP_E2E:-0} == 1 ]]; then
@@ -182,9 +189,6 @@ elif [[ ${SKIP_E2E:-0} == 1 ]]; then
 elif [[ -z $NODE ]]; then
   row "e2e API tests" skip "no node on this machine"
 else
-  if [[ ! -d tests/e2e/node_modules && -n $PREBUILT && -f $PREBUILT/node/node_modules.tar.gz ]]; then
-    tar -xzf "$PREBUILT/node/node_modules.tar.gz" -C tests/e2e
-  fi
   "$EXE" serve --model-path "$DEMO" --port 30999 >"$OUT/serve-probe.log" 2>&1 &
   probe=$!
   sleep 8
@@ -197,6 +201,71 @@ else
     rc=$?
     row "e2e $name ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$(grep -E '^# (pass|fail) ' "$OUT/e2e_$name.log" | tr '\n' ' ')"
   done
+fi
+
+# 6. Two GPUs (issue #19; skipped with fewer): every fixture at TP 2 / EP 2 against the same
+#    contracts as one GPU (tests/ops/parallel_cuda_test.cpp), the K3-width slice at TP 2 and
+#    at EP 2 beside one GPU in the same run (decode 1 / 8 / 32, rank 0's per-op table, the
+#    group's all-reduces timed eager and in a graph; prefill 8k at TP 2), and two nodes of one
+#    GPU each (the e2e multinode file on CUDA: the one-GPU tokens, a killed node ends the
+#    other within --dist-timeout, /health 503 before node 0 goes). The figures are gathered
+#    in $OUT/parallel-tp2.json, the `tp2` entry of bench/results/parallel-<gpu>.json.
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if ! want parallel; then
+  :
+elif (( NGPU < 2 )); then
+  row "parallel (issue #19)" skip "$NGPU GPU visible, two needed"
+else
+  if ! want ops; then  # with --part ops they ran there
+    t0=$(date +%s)
+    if timeout "${OPS_TIMEOUT:-420}" "$OPS" --gtest_filter='TwoGpus/*' >"$OUT/ops-parallel.log" 2>&1; then r=ok; else r=FAIL; fi
+    row "TP/EP fixtures on 2 GPUs ($(( $(date +%s) - t0 )) s)" "$r" "$(grep -E '^\[  (PASSED|FAILED)|tests ran' "$OUT/ops-parallel.log" | tr '\n' ' ')"
+    while read -r _ op shape err thr status rest; do
+      row "  $op $shape" "$status" "err $err (threshold $thr) $rest"
+    done < <(grep -E '^OPERR ' "$OUT/ops-parallel.log")
+  fi
+  SLICE=${SLICE_DIR:-/tmp/k3-slice}
+  [[ -f $SLICE/config.json ]] || "$EXE" make-slice --config kimi-k3 --layers kda-dense,kda-moe,mla-moe --out "$SLICE" >"$OUT/make-slice.log" 2>&1
+  for split in "1 1" "2 1" "2 2"; do
+    read -r tp ep <<<"$split"
+    name=tp${tp}-ep${ep}
+    extra=()
+    [[ $split == "2 1" ]] && extra=(--prefill 8192)
+    "$EXE" bench-model --model "$SLICE" --device cuda --tp-size "$tp" --ep-size "$ep" --batch 1,8,32 --context 4096 \
+      --steps 16 "${extra[@]}" --json-out "$OUT/bench-k3-slice-$name.json" >"$OUT/bench-k3-slice-$name.log" 2>&1
+    rc=$?
+    row "K3-width slice, TP $tp EP $ep" "$([[ $rc -eq 0 && -s $OUT/bench-k3-slice-$name.json ]] && echo ok || echo FAIL)" \
+      "$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(', '.join('b%d %.1f tok/s' % (d['batch'], d['tok_s']) for d in j['decode']) + ('; prefill %.0f tok/s' % j['prefill_tok_s'] if j.get('prefill_tok_s') else ''))" "$OUT/bench-k3-slice-$name.json" 2>/dev/null)"
+  done
+  python3 - "$OUT" <<'PY' >"$OUT/parallel-tp2.log" 2>&1
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    p = os.path.join(out, "bench-k3-slice-%s.json" % name)
+    return json.load(open(p)) if os.path.exists(p) else None
+one, tp2, ep2 = load("tp1-ep1"), load("tp2-ep1"), load("tp2-ep2")
+def part(j):
+    if not j: return None
+    return {"decode": [{k: d[k] for k in ("batch", "step_ms", "tok_s", "ops") if k in d} for d in j["decode"]],
+            "prefill_tok_s": j.get("prefill_tok_s"), "collectives": j.get("collectives")}
+src = tp2 or one or {}
+doc = {"gpu": src.get("gpu"), "date": src.get("date"), "commit": src.get("commit"), "copy_tb_s": src.get("copy_tb_s"),
+       "one_gpu": part(one), "tp2_ep1": part(tp2), "tp2_ep2": part(ep2)}
+json.dump(doc, open(os.path.join(out, "parallel-tp2.json"), "w"), indent=2)
+for name, j in (("TP 2", tp2), ("EP 2", ep2)):
+    for f in ((j or {}).get("collectives") or {}).get("figures", []):
+        print("%s %s %dx%d %s %.1f us" % (name, f["what"], f["rows"], f["cols"], "graph" if f["captured"] else "eager", f["us"]))
+PY
+  row "collectives (all-reduce, F32)" "$([[ -s $OUT/parallel-tp2.json ]] && echo ok || echo FAIL)" \
+    "$(grep -E '^TP 2 hidden rows.* 1x' "$OUT/parallel-tp2.log" | tr '\n' ';') (all: parallel-tp2.log)"
+  if [[ -n $NODE ]]; then
+    t0=$(date +%s)
+    (cd tests/e2e && MOONRUN_E2E_DEVICE=cuda MOONRUN_EXE=$EXE MOONRUN_DEMO_MODEL=$DEMO timeout "${E2E_TIMEOUT:-300}" "$NODE" --test multinode.test.mjs) >"$OUT/e2e_multinode_cuda.log" 2>&1
+    rc=$?
+    row "e2e multinode, one GPU a node ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$(grep -E '^# (pass|fail) ' "$OUT/e2e_multinode_cuda.log" | tr '\n' ' ')"
+  else
+    row "e2e multinode, one GPU a node" skip "no node on this machine"
+  fi
 fi
 
 echo

@@ -1,5 +1,6 @@
 // `moonrun bench-model --model DIR [--batch 1,8,32] [--context N] [--steps N] [--prefill N]
-// [--device cuda] [--dtype ...] [--disable-cuda-graph] [--no-profile] [--kernels [--kernel-peers FILE]]
+// [--device cuda] [--dtype ...] [--tp-size N [--ep-size M]] [--disable-cuda-graph] [--no-profile]
+// [--kernels [--kernel-peers FILE]]
 // [--json-out FILE]`: decode
 // step times per batch size beside the bandwidth floor, the prefill rate beside the GEMM peak,
 // and per-op tables, through the runner alone (tools/bench_model.h).
@@ -13,7 +14,7 @@
 namespace moonrun::cli {
 
 void add_bench_model_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench-model", "Time a model's decode steps per batch size and its prefill on one device");
+  auto* cmd = app.add_subcommand("bench-model", "Time a model's decode steps per batch size and its prefill on one device (or a TP/EP group)");
   auto c = std::make_shared<tools::ModelBenchConfig>();
   auto batches = std::make_shared<std::string>("1,8,32");
   auto json_out = std::make_shared<std::string>();
@@ -34,6 +35,12 @@ void add_bench_model_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "bf16", "bfloat16", "float32", "fp8", "fp8_e4m3"}))
       ->capture_default_str();
   cmd->add_option("--mem-fraction-static", c->runtime.mem_fraction_static, "GPU memory fraction (0: default)");
+  cmd->add_option("--tp-size,--tensor-parallel-size,--tp", c->runtime.tp_size,
+                  "ranks in this process, one GPU each (CPU: threads); > 1 also times the group's collectives")
+      ->capture_default_str();
+  cmd->add_option("--ep-size,--expert-parallel-size,--ep", c->runtime.ep_size,
+                  "expert-parallel groups (must divide --tp-size)")
+      ->capture_default_str();
   cmd->add_flag("--disable-cuda-graph", *no_graphs, "decode steps eagerly");
   auto no_profile = std::make_shared<bool>(false);
   cmd->add_flag("--no-profile", *no_profile, "skip the per-op tables (extra eager steps timed op by op)");

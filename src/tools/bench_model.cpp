@@ -9,6 +9,7 @@
 
 #include "backend/op_profile.h"
 
+#include "runtime/parallel_runner.h"
 #include "runtime/sequence_sampler.h"
 
 namespace moonrun::tools {
@@ -152,7 +153,19 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   report.cuda_graphs = rt.device == "cuda" && ro.cuda_graphs;
   report.context_tokens = c.context_tokens;
   report.caches_prefilled = prefill_fill;
-  report.peer = k3_slice_peer(rt.config);
+  report.tp_size = ro.tp_size;
+  report.ep_size = ro.ep_size;
+  // The floor and the one-GPU peer figures are a single device's: at TP > 1 the per-op
+  // table (rank 0's) and the collectives say where the time goes instead.
+  if (ro.tp_size == 1) report.peer = k3_slice_peer(rt.config);
+  if (auto* group = dynamic_cast<ParallelRunner*>(rt.runner.get())) {
+    std::vector<Ops*> ranks;
+    for (int r = 0; r < group->size(); ++r) ranks.push_back(&group->rank(r).ops());
+    bool moe = false;
+    for (const LayerSpec& l : rt.config.layers) moe |= l.mlp == MlpKind::moe;
+    report.collectives = MR_TRY(
+        run_collective_bench(ranks, rt.config.hidden_size, moe ? rt.config.expert_io_dim() : 0, c.batches));
+  }
   SamplingParams greedy;
   greedy.temperature = 0;
   StepOutput out;
@@ -215,9 +228,10 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     f.batch = b;
     f.step_ms = 1e3 * timed_s / c.decode_steps;
     f.tok_s = b * c.decode_steps / timed_s;
-    f.bytes = decode_step_bytes(rt.config, rt.weight_bytes, rt.dtype_name == "bfloat16", rt.cache.layout, b,
-                                c.context_tokens, &f.expected_experts);
-    if (report.copy_gb_s > 0) {
+    if (ro.tp_size == 1)  // one device's bytes (rt.weight_bytes is one rank's)
+      f.bytes = decode_step_bytes(rt.config, rt.weight_bytes, rt.dtype_name == "bfloat16", rt.cache.layout, b,
+                                  c.context_tokens, &f.expected_experts);
+    if (report.copy_gb_s > 0 && ro.tp_size == 1) {
       f.floor_tok_s = b / (f.bytes.total() / (report.copy_gb_s * 1e9));
       f.floor_ratio = f.tok_s / f.floor_tok_s;
     }
@@ -323,14 +337,33 @@ std::string format_model_bench(const ModelBenchReport& r) {
                   r.copy_gb_s, r.bf16_tflops);
     s += line;
   }
-  s += "floor = the bytes a step must move (dense weights once + expected distinct experts + KV rows + KDA state "
-       "read and written) / copy bandwidth\n\n";
+  if (r.tp_size > 1) {
+    // A group: rank 0's ops in the per-op tables, the collectives timed alone; no floor.
+    std::snprintf(line, sizeof line,
+                  "tensor-parallel group in this process: TP %d, EP %d, one rank a device (no floor: it is one "
+                  "device's; the per-op tables are rank 0's)\n",
+                  r.tp_size, r.ep_size);
+    s += line;
+    if (r.collectives) s += "\n" + format_collective_bench(*r.collectives);
+    s += "\n| batch | step (ms) | tok/s | vs b=1 |\n|---:|---:|---:|---:|\n";
+    for (const DecodeFigure& f : r.decode) {
+      std::snprintf(line, sizeof line, "| %d | %.3f | %.1f | %.2fx |\n", f.batch, f.step_ms, f.tok_s,
+                    f.speedup_vs_b1);
+      s += line;
+    }
+  } else {
+    s += "floor = the bytes a step must move (dense weights once + expected distinct experts + KV rows + KDA state "
+         "read and written) / copy bandwidth\n\n";
+  }
   const bool peer = r.peer.has_value();
-  s += "| batch | step (ms) | tok/s | vs b=1 | MB/step (dense + experts + kv + state) | experts/layer | floor tok/s | "
-       "achieved / floor";
-  s += peer ? " | llama.cpp tok/s | moonrun / llama.cpp | issue's floor tok/s |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n"
-            : " |\n|---:|---:|---:|---:|---|---:|---:|---:|\n";
+  if (r.tp_size == 1) {
+    s += "| batch | step (ms) | tok/s | vs b=1 | MB/step (dense + experts + kv + state) | experts/layer | floor tok/s | "
+         "achieved / floor";
+    s += peer ? " | llama.cpp tok/s | moonrun / llama.cpp | issue's floor tok/s |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n"
+              : " |\n|---:|---:|---:|---:|---|---:|---:|---:|\n";
+  }
   for (const DecodeFigure& f : r.decode) {
+    if (r.tp_size > 1) break;  // printed above, without the floor
     std::snprintf(line, sizeof line, "| %d | %.3f | %.1f | %.2fx | %.1f (%.1f + %.1f + %.1f + %.1f) | %.1f | %.0f | %.2f |",
                   f.batch, f.step_ms, f.tok_s, f.speedup_vs_b1, f.bytes.total() / 1e6, f.bytes.dense / 1e6,
                   f.bytes.experts / 1e6, f.bytes.kv_cache / 1e6, f.bytes.state / 1e6, f.expected_experts,
@@ -409,7 +442,10 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
                       {"caches_prefilled", r.caches_prefilled},
                       {"copy_tb_s", r.copy_gb_s / 1e3},
                       {"bf16_gemm_tflops", r.bf16_tflops},
-                      {"weight_bytes", r.weight_bytes}};
+                      {"weight_bytes", r.weight_bytes},
+                      {"tp_size", r.tp_size},
+                      {"ep_size", r.ep_size}};
+  if (r.collectives) j["collectives"] = collective_bench_to_json(*r.collectives);
   j["decode"] = nlohmann::json::array();
   for (const DecodeFigure& f : r.decode) {
     nlohmann::json d = {{"batch", f.batch},

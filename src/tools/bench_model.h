@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tools/bench_collectives.h"
 #include "tools/bench_kernels.h"
 #include "common/status.h"
 #include "runtime/runtime_builder.h"
@@ -20,7 +21,7 @@ namespace moonrun::tools {
 
 struct ModelBenchConfig {
   std::string model;
-  RuntimeOptions runtime;           // device, dtype, memory, graphs
+  RuntimeOptions runtime;           // device, dtype, memory, graphs, tp_size / ep_size
   std::vector<int> batches{1, 8, 32};
   int context_tokens = 128;         // already in each sequence's caches before decoding
   int warmup_steps = 3;
@@ -77,7 +78,9 @@ struct ModelBenchReport {
   int context_tokens = 0;
   bool caches_prefilled = true;  // false: positions only (the cached values are zeros)
   double copy_gb_s = 0, bf16_tflops = 0;  // measured in this run (GPU); 0 on the CPU
-  double weight_bytes = 0;
+  double weight_bytes = 0;      // one rank's
+  int tp_size = 1, ep_size = 1;  // > 1: a group in this process (one GPU a rank); no floor
+  std::optional<CollectiveBench> collectives;  // tp_size > 1: the group's all-reduces, timed alone
   std::vector<DecodeFigure> decode;
   int prefill_tokens = 0;
   double prefill_s = 0, prefill_tok_s = 0;
