@@ -42,6 +42,21 @@ inline nlohmann::json fixture_expected(const std::string& dir) {
   return nlohmann::json::parse(in);
 }
 
+// One case of expected.json with the reference's logits [shape[0], shape[1]].
+struct FixtureCase {
+  std::vector<int32_t> prompt, want_ids;
+  std::vector<int64_t> shape;
+  std::vector<float> want;
+};
+inline FixtureCase fixture_case(const std::string& dir, const nlohmann::json& c) {
+  FixtureCase fc;
+  fc.prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+  fc.want_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
+  fc.shape = c.at("logits_shape").get<std::vector<int64_t>>();
+  fc.want = fixtures::read_f32(dir + "/" + c.at("logits_file").get<std::string>(), fc.shape[0] * fc.shape[1]);
+  return fc;
+}
+
 // `label` names the run in the OPERR line ("k3-tiny-a", "k3-tiny-b tp2 ep1").
 inline void expect_fp32_contract(StepRunner& runner, int page_size, const std::string& dir, const std::string& label) {
   const nlohmann::json expected = fixture_expected(dir);
@@ -50,10 +65,7 @@ inline void expect_fp32_contract(StepRunner& runner, int page_size, const std::s
   double worst = 0;
   for (const auto& c : expected.at("cases")) {
     SCOPED_TRACE(label + " case " + std::to_string(case_index++));
-    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    const auto want_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
-    const auto shape = c.at("logits_shape").get<std::vector<int64_t>>();
-    const auto want = fixtures::read_f32(dir + "/" + c.at("logits_file").get<std::string>(), shape[0] * shape[1]);
+    const auto [prompt, want_ids, shape, want] = fixture_case(dir, c);
     GenerateOptions opt;
     opt.max_tokens = static_cast<int>(want_ids.size());
     opt.keep_logits = true;
@@ -86,10 +98,7 @@ inline void expect_bf16_contract(StepRunner& runner, int page_size, int vocab, c
   for (const auto& c : expected.at("cases")) {
     const std::string name = label + "/case" + std::to_string(case_index++);
     SCOPED_TRACE(name);
-    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    const auto want_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
-    const auto shape = c.at("logits_shape").get<std::vector<int64_t>>();
-    const auto want = fixtures::read_f32(dir + "/" + c.at("logits_file").get<std::string>(), shape[0] * shape[1]);
+    const auto [prompt, want_ids, shape, want] = fixture_case(dir, c);
 
     // Teacher-forced along the reference's tokens.
     GenerateOptions opt;
