@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ struct Split {
   const char* fixture;
   int tp, ep;
 };
+// gtest prints a parameter in the test's listing (and ctest's test names): not its bytes.
+void PrintTo(const Split& sp, std::ostream* os) { *os << sp.fixture << " tp" << sp.tp << " ep" << sp.ep; }
 
 std::string split_name(const ::testing::TestParamInfo<Split>& info) {
   std::string n = std::string(info.param.fixture) + "_tp" + std::to_string(info.param.tp) + "_ep" +

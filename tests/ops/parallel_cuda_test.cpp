@@ -6,6 +6,7 @@
 // each expert, EP 2 splits the experts. Skipped on a machine with fewer than two GPUs
 // (issue #19 runs it on nvidia-h200-x2: scripts/gpu-check.sh --part parallel).
 #include <algorithm>
+#include <ostream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -25,6 +26,9 @@ struct Split {
     return std::string(fixture) + " tp" + std::to_string(tp) + " ep" + std::to_string(ep);
   }
 };
+// gtest prints a parameter in the test's listing (and ctest's test names): the label, not
+// the struct's bytes.
+void PrintTo(const Split& sp, std::ostream* os) { *os << sp.label(); }
 
 #define REQUIRE_GPUS(n)                                                                              \
   do {                                                                                               \
