@@ -113,7 +113,7 @@ Result<CollectiveBench> run_collective_bench(const std::vector<Ops*>& ranks, int
       return internal_error("collective bench: rank " + std::to_string(r) +
                             " read a wrong sum from all_reduce_sum (each rank contributed rank + 1)");
   bench.sums_checked = true;
-  bench.transport = captures ? "nccl" : "threads";
+  bench.transport = std::string(ranks[0]->name()) == "cuda" ? "nccl" : "threads";
   size_t k = 0;
   for (const Case& c : cases) {
     for (bool captured : {false, true}) {

@@ -148,9 +148,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int e = g.active[blockIdx.x];
   const int begin = g.offsets[e], n_slots = g.offsets[e + 1] - begin;  // <= kMaxTokens
   const int in = m.in, out = m.out, code_bytes = in / 2, scale_bytes = in / 32, n_slices = in / kSlice;
-  const int n_tail = tail_slices(n_slices), n_copied = n_slices - n_tail;
-  const int copied = n_copied * (kSlice / 2), stride = copied + kRowPad;
-  const int tail = n_copied + warp;  // this warp's tail slice, when warp < n_tail
+  const int n_copied = copied_slices(n_slices), copied = copied_code_bytes(in), stride = copied + kRowPad;
+  const int tail = n_copied + warp;  // this warp's tail slice, when warp < tail_slices(n_slices)
   constexpr int kBlockRows = kGated ? 16 : kRows;  // output rows of each matrix
   const int row0 = static_cast<int>(blockIdx.y) * kBlockRows;
   const int64_t row = static_cast<int64_t>(e) * out + row0;
@@ -188,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const bf16* xr = x_rows[gid < n_slots ? gid : 0];
   float acc[kTiles][4] = {};
   uint4 x_next[2];
-  const bool has_tail = warp < n_tail;
+  const bool has_tail = warp < tail_slices(n_slices);
   if (warp < n_copied) load_x(xr, warp, t, x_next);
   else if (has_tail) load_x(xr, tail, t, x_next);
   mbar_wait(bar, 0);
