@@ -74,20 +74,21 @@ else
 fi
 export MOONRUN_SOURCE_DIR=$ROOT  # where the op tests find tests/fixtures
 
-# 1. Op tests (and the fixtures through the CUDA model).
-if ! want ops; then
-  :
-elif [[ -x $OPS ]]; then
+# The op tests under a gtest filter: one summary row, then a row per OPERR line.
+run_ops() {  # label, filter, log
+  if [[ ! -x $OPS ]]; then row "$1" FAIL "no $OPS"; return; fi
+  local t0 r
   t0=$(date +%s)
-  if timeout "${OPS_TIMEOUT:-420}" "$OPS" --gtest_filter="${OPS_FILTER:-*}" >"$OUT/ops.log" 2>&1; then r=ok; else r=FAIL; fi
-  row "CUDA op tests ($(( $(date +%s) - t0 )) s)" "$r" "$(grep -E '^\[  (PASSED|FAILED)|tests ran' "$OUT/ops.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED' "$OUT/ops.log" | head -20
+  if timeout "${OPS_TIMEOUT:-420}" "$OPS" --gtest_filter="$2" >"$3" 2>&1; then r=ok; else r=FAIL; fi
+  row "$1 ($(( $(date +%s) - t0 )) s)" "$r" "$(grep -E '^\[  (PASSED|FAILED)|tests ran' "$3" | tr '\n' ' ')"
+  grep -E '^\[  FAILED' "$3" | head -20
   while read -r _ op shape err thr status rest; do
     row "  $op $shape" "$status" "err $err (threshold $thr) $rest"
-  done < <(grep -E '^OPERR ' "$OUT/ops.log")
-else
-  row "CUDA op tests" FAIL "no $OPS"
-fi
+  done < <(grep -E '^OPERR ' "$3")
+}
+
+# 1. Op tests (and the fixtures through the CUDA model).
+if want ops; then run_ops "CUDA op tests" "${OPS_FILTER:-*}" "$OUT/ops.log"; fi
 
 # 2. Decode throughput on the demo-size model: batch 32 against batch 1, with and without
 #    CUDA graphs (the forward issue's bar: aggregate tok/s at batch 32 >= 12x batch 1).
@@ -216,14 +217,8 @@ if ! want parallel; then
 elif (( NGPU < 2 )); then
   row "parallel (issue #19)" skip "$NGPU GPU visible, two needed"
 else
-  if ! want ops; then  # with --part ops they ran there
-    t0=$(date +%s)
-    if timeout "${OPS_TIMEOUT:-420}" "$OPS" --gtest_filter='TwoGpus/*' >"$OUT/ops-parallel.log" 2>&1; then r=ok; else r=FAIL; fi
-    row "TP/EP fixtures on 2 GPUs ($(( $(date +%s) - t0 )) s)" "$r" "$(grep -E '^\[  (PASSED|FAILED)|tests ran' "$OUT/ops-parallel.log" | tr '\n' ' ')"
-    while read -r _ op shape err thr status rest; do
-      row "  $op $shape" "$status" "err $err (threshold $thr) $rest"
-    done < <(grep -E '^OPERR ' "$OUT/ops-parallel.log")
-  fi
+  # With --part ops they ran there.
+  if ! want ops; then run_ops "TP/EP fixtures on 2 GPUs" 'TwoGpus/*' "$OUT/ops-parallel.log"; fi
   SLICE=${SLICE_DIR:-/tmp/k3-slice}
   [[ -f $SLICE/config.json ]] || "$EXE" make-slice --config kimi-k3 --layers kda-dense,kda-moe,mla-moe --out "$SLICE" >"$OUT/make-slice.log" 2>&1
   for split in "1 1" "2 1" "2 2"; do
