@@ -411,17 +411,21 @@ class CudaOps final : public Ops {
     const bool x_bf16 = x.dtype == DType::BF16;
     Tensor h = scratch(n_slots, inter, x.dtype);
     Tensor out = scratch(n_slots, D, DType::F32);  // slots of other ranks' experts: not written, not read
-    const StackedExperts s1 = stacked(w1), s3 = stacked(w3);
-    if (grouped_mxfp4_stream_gated_supported(s1, s3, x_bf16, T, x.data)) {
-      // Decode: gate and up in one launch that stores h = act(gate, up) itself.
+    const StackedExperts s1 = stacked(w1), s3 = stacked(w3), s2 = stacked(w2);
+    if (grouped_mxfp4_stream_gated_supported(s1, s3, x_bf16, T, x.data) &&
+        grouped_mxfp4_stream_supported(s2, x_bf16, T, h.data)) {
+      // Decode: gate and up in one launch that stores h = act(gate, up) itself; the down
+      // launch copies its weight tiles while that one finishes (the groups are older).
       grouped_mxfp4_stream_gated(x.as<bf16>(), K, s1, s3, act, groups, max_active, h.as<bf16>(), stream_);
+      grouped_mxfp4_stream(h.as<bf16>(), 1, s2, groups, max_active, T, out.as<float>(), stream_,
+                           /*overlap_previous=*/true);
     } else {
       Tensor g = scratch(n_slots, inter, DType::F32), u = scratch(n_slots, inter, DType::F32);
       grouped_expert_linear(x.data, x_bf16, K, s1, groups, max_active, T, g.as<float>(), stream_);
       grouped_expert_linear(x.data, x_bf16, K, s3, groups, max_active, T, u.as<float>(), stream_);
       gated_activation(g, u, act, h);
+      grouped_expert_linear(h.data, x_bf16, 1, s2, groups, max_active, T, out.as<float>(), stream_);
     }
-    grouped_expert_linear(h.data, x_bf16, 1, stacked(w2), groups, max_active, T, out.as<float>(), stream_);
     combine_experts(out.as<float>(), weights.as<float>(), ids.as<int32_t>(), w1.first_expert, E, T, K, D,
                     y.as<float>(), stream_);
   }

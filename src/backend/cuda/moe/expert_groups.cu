@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/overlap_launch.cuh"
 #include "backend/cuda/moe/moe_ops.h"
 
 namespace moonrun::cuda {
@@ -36,6 +37,8 @@ __global__ void group_by_expert_kernel(const int32_t* __restrict__ ids, int n_sl
     return e >= 0 && e < num_experts ? e : -1;
   };
   extern __shared__ int cursor[];  // [E]
+  wait_for_previous_grid();  // the ids are the router's (common/overlap_launch.cuh)
+  allow_next_grid();         // the gate/up blocks get resident and wait for the groups
   const int n_chunks = (num_experts + 31) / 32;
   int* chunk_slots = cursor + num_experts;  // [n_chunks]: slots, then (after 2) the first offset
   int* chunk_active = chunk_slots + n_chunks;  // [n_chunks]: active experts, then the first place
@@ -125,6 +128,7 @@ __global__ void group_by_expert_kernel(const int32_t* __restrict__ ids, int n_sl
 __global__ void combine_experts_kernel(const float* __restrict__ expert_out, const float* __restrict__ weights,
                                        const int32_t* __restrict__ ids, int first_expert, int num_experts, int top_k,
                                        int dim, float* __restrict__ y) {
+  wait_for_previous_grid();  // the expert outputs (common/overlap_launch.cuh)
   const int t = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= dim) return;
@@ -160,8 +164,7 @@ void group_by_expert(const int32_t* ids, int n_slots, int first_expert, int num_
   const size_t smem = sizeof(int) * (static_cast<size_t>(num_experts) + 2 * ((num_experts + 31) / 32));
   if (num_experts <= 0 || smem > 48 * 1024)
     throw CudaError("group_by_expert: " + std::to_string(num_experts) + " experts");
-  group_by_expert_kernel<<<1, 1024, smem, stream>>>(ids, n_slots, first_expert, num_experts, groups);
-  CUDA_CHECK_LAUNCH();
+  launch_overlapping(group_by_expert_kernel, 1, 1024, smem, stream, ids, n_slots, first_expert, num_experts, groups);
 }
 
 void combine_experts(const float* expert_out, const float* weights, const int32_t* ids, int first_expert,
@@ -169,9 +172,8 @@ void combine_experts(const float* expert_out, const float* weights, const int32_
   if (n_tokens <= 0 || dim <= 0) return;
   constexpr int kThreads = 256;
   const dim3 grid(n_tokens, (dim + kThreads - 1) / kThreads);
-  combine_experts_kernel<<<grid, kThreads, 0, stream>>>(expert_out, weights, ids, first_expert, num_experts, top_k,
-                                                        dim, y);
-  CUDA_CHECK_LAUNCH();
+  launch_overlapping(combine_experts_kernel, grid, kThreads, 0, stream, expert_out, weights, ids, first_expert,
+                     num_experts, top_k, dim, y);
 }
 
 }  // namespace moonrun::cuda

@@ -55,9 +55,12 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
 // == 0, out % 32 == 0, each block's 32-row tile bulk-copied into shared memory. Otherwise
 // (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Exposed so the
 // op tests can hold the kernels against each other.
+// overlap_previous: launched to overlap the kernel before it (common/overlap_launch.cuh),
+// which the caller may ask for only when `groups` was complete before that kernel began
+// (the down projection after the gate/up launch).
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x);
 void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
-                          int max_active, int n_tokens, float* y, cudaStream_t stream);
+                          int max_active, int n_tokens, float* y, cudaStream_t stream, bool overlap_previous = false);
 // The gate and up projections of one shape over the same x in one launch, stored as
 // h = act(gate x, up x) in bf16 ([slots, out], as gated_activation of the two
 // grouped_expert_linear outputs, bit for bit).
