@@ -153,11 +153,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // its groups are older, so it starts its tile's copies and then waits for h.
   if constexpr (kGated) wait_for_previous_grid();
   allow_next_grid();
-  if (static_cast<int>(blockIdx.x) >= *g.num_active) return;  // uniform over the block
+  // The groups are read past L1 (__ldcg): the down launch reads them before its wait, where
+  // what the grouping kernel wrote is known to be in L2, not that this multiprocessor's L1
+  // holds no line of the same scratch from an earlier layer.
+  if (static_cast<int>(blockIdx.x) >= __ldcg(g.num_active)) return;  // uniform over the block
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, t = lane % 4;
   const StackedExperts& m = jobs.gate;
-  const int e = g.active[blockIdx.x];
-  const int begin = g.offsets[e], n_slots = g.offsets[e + 1] - begin;  // <= kMaxTokens
+  const int e = __ldcg(g.active + blockIdx.x);
+  const int begin = __ldcg(g.offsets + e), n_slots = __ldcg(g.offsets + e + 1) - begin;  // <= kMaxTokens
   const int in = m.in, out = m.out, code_bytes = in / 2, scale_bytes = in / 32, n_slices = in / kSlice;
   const int n_copied = copied_slices(n_slices), copied = copied_code_bytes(in), stride = copied + kRowPad;
   const int tail = n_copied + warp;  // this warp's tail slice, when warp < tail_slices(n_slices)
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   uint8_t* codes = reinterpret_cast<uint8_t*>(smem) + kBarrierBytes;
   uint8_t* scales = codes + kRows * stride;
   if (tid == 0) mbar_init(bar, 1);
-  if (tid < n_slots) x_rows[tid] = x + static_cast<int64_t>(g.perm[begin + tid] / x_row_div) * in;
+  if (tid < n_slots) x_rows[tid] = x + static_cast<int64_t>(__ldcg(g.perm + begin + tid) / x_row_div) * in;
   __syncthreads();
   // Row r (0..31) of the block's tile: the gate's rows and then the up's (kGated), or 32 rows
   // of one matrix. (Pointers selected one by one: a parameter struct selected by lane is
