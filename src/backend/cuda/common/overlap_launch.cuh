@@ -12,10 +12,12 @@
 // blocks leave, and whatever they do before their wait (the down projection's weight tiles
 // do not depend on the gate/up output) overlaps the previous kernel's end.
 //
-// The rule a kernel launched this way keeps: before wait_for_previous_grid() it reads only
-// what was complete before the previous kernel began, and writes nothing but its own shared
-// memory. A kernel that calls wait_for_previous_grid() first is safe after any predecessor.
-// Launched normally, both calls are no-ops.
+// The rule a kernel launched this way keeps: before wait_for_previous_grid() it writes
+// nothing but its own shared memory, and reads only what kernels before the previous one
+// wrote, and only if the previous kernel calls allow_next_grid() after its own wait (then
+// those kernels had finished before this one could start; the previous kernel itself may
+// have started early). A kernel that calls wait_for_previous_grid() first is safe after any
+// predecessor. Launched normally, both calls are no-ops.
 #include <cuda_runtime.h>
 
 #include <utility>

@@ -149,8 +149,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   extern __shared__ uint4 smem[];
   __shared__ const bf16* x_rows[kMaxTokens];
   // Launched overlapping the kernel before it (common/overlap_launch.cuh). The gate/up launch
-  // follows the grouping, so it waits first; the down launch follows the gate/up launch and
-  // its groups are older, so it starts its tile's copies and then waits for h.
+  // follows the grouping, so it waits first and only then lets the down launch start; the
+  // down launch's groups are therefore complete, so it starts its tile's copies and then
+  // waits for h.
   if constexpr (kGated) wait_for_previous_grid();
   allow_next_grid();
   // The groups are read past L1 (__ldcg): the down launch reads them before its wait, where

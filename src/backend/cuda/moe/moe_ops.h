@@ -56,8 +56,9 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
 // (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Exposed so the
 // op tests can hold the kernels against each other.
 // overlap_previous: launched to overlap the kernel before it (common/overlap_launch.cuh),
-// which the caller may ask for only when `groups` was complete before that kernel began
-// (the down projection after the gate/up launch).
+// which the caller may ask for only when `groups` was written before that kernel and that
+// kernel waits for it before letting this one start (the down projection after the gate/up
+// launch, after the grouping).
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x);
 void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
                           int max_active, int n_tokens, float* y, cudaStream_t stream, bool overlap_previous = false);
