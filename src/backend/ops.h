@@ -65,6 +65,14 @@ struct MlaShape {
   int row_width() const { return kv_lora + rope; }  // one cache row
 };
 
+// Plain-order MLA (prefill) attends to a chunk's cached prefix a block of keys at a time,
+// expanding kv_b over one block only, so a chunk needs the same memory after 1M cached tokens
+// as after none: the block holds at least the chunk's own tokens (its causal part is one
+// block) and 8,192 keys otherwise. Model::scratch_bytes sizes the step's scratch with it.
+inline int mla_prefill_key_block(int n_new_tokens) {
+  return n_new_tokens > 8192 ? (n_new_tokens + 127) / 128 * 128 : 8192;
+}
+
 class Ops {
  public:
   virtual ~Ops() = default;

@@ -161,10 +161,11 @@ CacheSpec KimiK3::cache_spec() const {
   return spec;
 }
 
-int64_t KimiK3::scratch_bytes(int tokens_per_step, int64_t context_tokens) const {
+int64_t KimiK3::scratch_bytes(int tokens_per_step) const {
   // Generously, per new token: the logits row, the residual stream and AttnRes blocks, the
   // widest layer's activations (KDA's projections or the routed experts' per-choice rows);
-  // plus plain-mode MLA's per-head expansion of every visible position.
+  // plus plain-mode MLA's expansion of one block of keys (ops.h: mla_prefill_key_block), in
+  // the larger of the CUDA backend's two forms (bf16 expansion + packed tiles, or fp32).
   const ModelConfig& c = cfg_;
   const int64_t H = c.hidden_size;
   const int64_t blocks = c.attn_res_block_size > 0 ? (c.num_hidden_layers + c.attn_res_block_size - 1) / c.attn_res_block_size : 0;
@@ -176,9 +177,17 @@ int64_t KimiK3::scratch_bytes(int tokens_per_step, int64_t context_tokens) const
   const int64_t mla_q = 4 * static_cast<int64_t>(c.num_attention_heads) * (c.mla_q_head_dim() + c.v_head_dim) * 4;
   const int64_t per_token = static_cast<int64_t>(c.vocab_size) * 4 + stream + std::max({kda, experts + shared, mla_q}) +
                             2 * H * 4;
-  const int64_t mla_expand =
-      c.num_mla_layers > 0 ? context_tokens * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 4 * 2 : 0;
-  const int64_t text = per_token * std::max(tokens_per_step, 1) + mla_expand + (int64_t{256} << 20);
+  int64_t mla_blocks = 0;
+  if (c.num_mla_layers > 0) {
+    const int64_t heads = c.num_attention_heads, dqk = c.mla_q_head_dim(), dv = c.v_head_dim;
+    const int64_t kv = heads * (c.qk_nope_head_dim + dv), lora = c.kv_lora_rank, pe = c.qk_rope_head_dim;
+    const int64_t per_key = std::max(2 * (lora + pe + kv) + 2 * heads * (dqk + dv),  // bf16 expansion + tiles
+                                     4 * (lora + kv));                               // fp32 expansion
+    const int64_t per_query = 2 * heads * dqk + 4 * heads * (dv + 2) + 8 * heads;    // Q tiles, a block's o and lse
+    const int64_t keys = mla_prefill_key_block(std::max(tokens_per_step, 1)) + 128;   // tiles round up to 128
+    mla_blocks = keys * per_key + (std::max(tokens_per_step, 1) + 128) * per_query + (int64_t{1} << 20);
+  }
+  const int64_t text = per_token * std::max(tokens_per_step, 1) + mla_blocks + (int64_t{256} << 20);
   // The tower runs between steps in the same scratch: the larger of the two.
   return std::max(text, vision_.scratch_bytes(max_image_patches(tokens_per_step)));
 }

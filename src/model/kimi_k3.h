@@ -61,7 +61,7 @@ class KimiK3 final : public Model {
   std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) override {
     return vision_.encode(ops, images);
   }
-  int64_t scratch_bytes(int tokens_per_step, int64_t context_tokens) const override;
+  int64_t scratch_bytes(int tokens_per_step) const override;
 
   // Which evaluation order the attention layers use; kAuto is the reference's choice
   // (chunked KDA / plain MLA for several tokens, recurrent / absorbed for one). Tests pin

@@ -70,8 +70,9 @@ class Model {
   // Bytes of weights this rank holds on the backend.
   virtual size_t weight_bytes() const = 0;
   // Step temporaries a backend with a fixed arena must set aside: the scratch of a step of
-  // tokens_per_step new tokens over contexts of up to context_tokens.
-  virtual int64_t scratch_bytes(int tokens_per_step, int64_t context_tokens) const = 0;
+  // tokens_per_step new tokens, whatever the contexts they attend to (nothing a step keeps
+  // grows with the context: ops.h, mla_prefill_key_block).
+  virtual int64_t scratch_bytes(int tokens_per_step) const = 0;
 };
 
 // Whether the model's heads, vocabulary and experts split over tp_size ranks in ep_size

@@ -264,7 +264,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
         std::max(std::min(static_cast<int64_t>(fraction * host_after.available_bytes) / local, full), least);
   } else {
     // What the device arena has left once the scratch of the largest step is set aside.
-    const int64_t scratch = model.scratch_bytes(o.max_tokens_per_step, std::min<int64_t>(context_len, 32768));
+    const int64_t scratch = model.scratch_bytes(o.max_tokens_per_step);
     lr.budget_bytes = ops0.free_bytes() - scratch;
   }
   return lr;

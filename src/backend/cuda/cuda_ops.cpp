@@ -16,6 +16,7 @@
 #include "backend/cuda/common/bf16.h"
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/dense/dense_ops.h"
 #include "backend/cuda/gemm/blas.h"
 #include "backend/cuda/kda/kda_ops.h"
@@ -65,6 +66,7 @@ class CudaOps final : public Ops {
   CudaOps(const CudaOpsOptions& o, size_t arena_bytes, std::unique_ptr<Communicator> comm)
       : device_(o.device), float32_(o.float32), arena_(arena_bytes), comm_(std::move(comm)) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    wgmma_ = wgmma_available(device_);
     blas_ = std::make_unique<Blas>(stream_);
     if (comm_) comm_->bind_stream(stream_);
   }
@@ -355,28 +357,65 @@ class CudaOps final : public Ops {
       mla_expand_output(o_lat.as<float>(), kvb, T, shp, tables(batch), only_single, o.as<float>(), stream_);
     }
     if (mode == MlaMode::kAbsorbed) return;
-    // Plain: one sequence at a time, kv_b expanded over its visible latents.
+    // Plain: one sequence at a time, its keys one block at a time (the prefix's blocks, then
+    // the chunk's own keys), each block's kv_b expansion made, used and dropped in turn.
+    const bool tensor_cores = !float32_ && wgmma_ && mla_wgmma_prefill_supported(shp);
     for (const BatchSeq& s : batch.host->seqs) {
       if (mode == MlaMode::kAuto && s.n_new == 1) continue;
       ScratchScope scope(*this);
-      const int P = s.n_past + s.n_new;
       const int32_t* pages = batch.page_table + s.page_start;
-      Tensor latents = scratch(P, shp.kv_lora, act_dtype());
-      mla_gather_latents(cache, pages, P, shp.kv_lora, act_dtype() == DType::BF16, latents.data, stream_);
-      if (!float32_ && mla_flash_prefill_supported(shp)) {
-        // bf16: flash attention on the tensor cores over bf16 keys and values.
-        Tensor kv16 = scratch(P, static_cast<int64_t>(H) * (shp.nope + shp.v_dim), DType::BF16);
-        linear(latents, kv_b, kv16);
-        mla_flash_prefill(q.as<float>() + s.token_start * q_width, kv16.as<bf16>(), cache, pages, s.n_new, s.n_past,
-                          shp, o.as<float>() + s.token_start * o_width, stream_);
-        continue;
+      const float* qs = q.as<float>() + s.token_start * q_width;
+      float* os = o.as<float>() + s.token_start * o_width;
+      const int kv_width = H * (shp.nope + shp.v_dim);
+      Tensor lse = scratch(s.n_new, H, DType::F32);  // [n_new, H] over the blocks so far
+      Tensor q_tiles;
+      if (tensor_cores) {
+        q_tiles = scratch(static_cast<int64_t>(mla_wgmma_q_tiles_bytes(s.n_new, H)), 1, DType::U8);
+        mla_wgmma_pack_q(qs, s.n_new, H, q_tiles.data, stream_);
       }
-      Tensor kv = scratch(P, static_cast<int64_t>(H) * (shp.nope + shp.v_dim), DType::F32);
-      Tensor partials =
-          scratch(static_cast<int64_t>(mla_plain_partial_floats(s.n_new, H, P, shp.v_dim)) + 1, 1, DType::F32);
-      linear(latents, kv_b, kv);
-      mla_attend_plain(q.as<float>() + s.token_start * q_width, kv.as<float>(), cache, pages, s.n_new, s.n_past, shp,
-                       o.as<float>() + s.token_start * o_width, partials.as<float>(), stream_);
+      const int block = mla_prefill_key_block(s.n_new);
+      bool first = true;
+      for (int k0 = 0; k0 < s.n_past + s.n_new;) {
+        const int k1 = k0 < s.n_past ? std::min(k0 + block, s.n_past) : s.n_past + s.n_new;
+        const int nb = k1 - k0;
+        ScratchScope block_scope(*this);
+        if (tensor_cores) {
+          Tensor latents = scratch(nb, shp.kv_lora, DType::BF16);
+          Tensor kpe = scratch(nb, shp.rope, DType::BF16);
+          mla_gather_latents(cache, pages, k0, nb, shp.kv_lora, true, latents.data, kpe.as<bf16>(), stream_);
+          Tensor kv16 = scratch(nb, kv_width, DType::BF16);
+          linear(latents, kv_b, kv16);
+          Tensor tiles = scratch(static_cast<int64_t>(mla_wgmma_kv_tiles_bytes(nb, H)), 1, DType::U8);
+          mla_wgmma_pack_kv(kv16.as<bf16>(), kpe.as<bf16>(), nb, shp, tiles.data, stream_);
+          mla_wgmma_attend(q_tiles.data, tiles.data, s.n_new, nb, s.n_past - k0, first, shp, os, lse.as<float>(),
+                           stream_);
+        } else {
+          // Into o directly for the first block, else beside it and merged.
+          Tensor o_blk = first ? Tensor{} : scratch(s.n_new, o_width, DType::F32);
+          Tensor lse_blk = first ? Tensor{} : scratch(s.n_new, H, DType::F32);
+          float* ob = first ? os : o_blk.as<float>();
+          float* lb = first ? lse.as<float>() : lse_blk.as<float>();
+          Tensor latents = scratch(nb, shp.kv_lora, act_dtype());
+          mla_gather_latents(cache, pages, k0, nb, shp.kv_lora, act_dtype() == DType::BF16, latents.data, nullptr,
+                             stream_);
+          if (!float32_ && mla_flash_prefill_mma_supported(shp)) {
+            Tensor kv16 = scratch(nb, kv_width, DType::BF16);
+            linear(latents, kv_b, kv16);
+            mla_flash_prefill_mma(qs, kv16.as<bf16>(), cache, pages, s.n_new, s.n_past, k0, nb, shp, ob, lb, stream_);
+          } else {
+            Tensor kv = scratch(nb, kv_width, DType::F32);
+            linear(latents, kv_b, kv);
+            Tensor partials =
+                scratch(static_cast<int64_t>(mla_plain_partial_floats(s.n_new, H, nb, shp.v_dim)) + 1, 1, DType::F32);
+            mla_attend_plain(qs, kv.as<float>(), cache, pages, s.n_new, s.n_past, k0, nb, shp, ob, lb,
+                             partials.as<float>(), stream_);
+          }
+          if (!first)
+            mla_merge_blocks(os, lse.as<float>(), ob, lb, static_cast<int64_t>(s.n_new) * H, shp.v_dim, stream_);
+        }
+        first = false;
+        k0 = k1;
+      }
     }
   }
 
@@ -585,6 +624,7 @@ class CudaOps final : public Ops {
 
   int device_;
   bool float32_;
+  bool wgmma_ = false;  // sm_90a machine code runs here (common/wgmma.cuh)
   DeviceArena arena_;
   std::unique_ptr<Communicator> comm_;  // the rank's NCCL communicator; none at one rank
   cudaStream_t stream_ = nullptr;

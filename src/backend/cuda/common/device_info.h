@@ -14,4 +14,9 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(int device);
 
+// Whether this process's wgmma kernels (common/wgmma.cuh) run on `device` as sm_90a machine
+// code: false on other GPUs, or where the driver chose the plain sm_90 image the build also
+// carries (a probe kernel says which ran). Cached per device; call it outside graph capture.
+bool wgmma_available(int device);
+
 }  // namespace moonrun::cuda

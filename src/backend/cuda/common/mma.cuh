@@ -1,6 +1,6 @@
 #pragma once
 // The tensor-core pieces the bf16 kernels share (moe/expert_linear_mma.cu,
-// mla/mla_attention.cu, mla/mla_flash_prefill.cu): the one MMA shape they use, a 32-bit
+// mla/mla_attention.cu, mla/mla_flash_prefill_mma.cu): the one MMA shape they use, a 32-bit
 // operand read, and the opt-in to more than 48 KB of dynamic shared memory.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

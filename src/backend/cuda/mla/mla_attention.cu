@@ -42,17 +42,19 @@ constexpr int kTargetBlocks = 1024;
 constexpr int kMinSplitPositions = 64;
 constexpr int kMaxSplits = 32;
 
-// Plain mode (one sequence): per-head keys and values expanded by kv_b, k_pe from the
-// cache row. Token t sees positions [0, n_past + t].
+// Plain mode (one sequence, one block of its keys): per-head keys and values expanded by
+// kv_b over the block's latents, k_pe from the cache row. Token t sees the block's positions
+// [key_begin, key_end) up to its own, n_past + t.
 template <typename Cache>
 struct PlainSource {
-  const float* kv;  // [P, H, nope + v]
+  const float* kv;  // [key_end - key_begin, H, nope + v]
   PagedRows<Cache> cache;
   const int32_t* pages;
-  int n_past, num_heads, kv_lora, nope, v_dim;
-  __device__ int bind(int t) { return n_past + t + 1; }
+  int n_past, num_heads, kv_lora, nope, v_dim, key_begin, key_end;
+  __device__ int begin() const { return key_begin; }
+  __device__ int bind(int t) { return min(n_past + t + 1, key_end); }
   __device__ const float* key_a(int p, int h) const {
-    return kv + (static_cast<int64_t>(p) * num_heads + h) * (nope + v_dim);
+    return kv + (static_cast<int64_t>(p - key_begin) * num_heads + h) * (nope + v_dim);
   }
   __device__ const Cache* key_b(int p) const { return cache.at(pages, p) + kv_lora; }
   __device__ const float* value(int p, int h) const { return key_a(p, h) + nope; }
@@ -67,6 +69,7 @@ struct AbsorbedSource {
   bool only_single_token;
   int kv_lora;
   const int32_t* pages = nullptr;  // set by bind
+  __device__ int begin() const { return 0; }
   __device__ int bind(int t) {
     if (!computes(batch, t, only_single_token)) return 0;
     pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
@@ -78,16 +81,18 @@ struct AbsorbedSource {
 };
 
 // grid (n_tokens, H, n_splits), kThreads threads, dynamic shared memory (key_a_dim + rope +
-// kChunk) floats. q [n_tokens, H, key_a_dim + rope] fp32. Split s of a token with `visible`
-// positions covers [s * span, (s + 1) * span), span = ceil(visible / n_splits). One split:
-// o [n_tokens, H, out_dim] fp32, normalised. Several: the split's unnormalised sum and its
-// (max, denominator) go to part_acc [n_tokens, H, n_splits, out_dim] and part_ml
-// [n_tokens, H, n_splits, 2] for combine_splits_kernel (an empty split leaves max -inf,
-// denominator 0). A token the source does not compute (visible 0) writes nothing.
+// kChunk) floats. q [n_tokens, H, key_a_dim + rope] fp32. Split s of a token that sees
+// positions [first, visible) covers [first + s * span, first + (s + 1) * span), span =
+// ceil((visible - first) / n_splits). One split: o [n_tokens, H, out_dim] fp32, normalised
+// (and, when lse is given, lse [n_tokens, H] the log-sum-exp of the scaled scores). Several:
+// the split's unnormalised sum and its (max, denominator) go to part_acc [n_tokens, H,
+// n_splits, out_dim] and part_ml [n_tokens, H, n_splits, 2] for combine_splits_kernel (an
+// empty split leaves max -inf, denominator 0). A token the source does not compute
+// (visible 0) writes nothing.
 template <class Source>
 __global__ void attend_kernel(const float* __restrict__ q, Source src, int key_a_dim, int rope, int out_dim,
-                              float scale, float* __restrict__ o, float* __restrict__ part_acc,
-                              float* __restrict__ part_ml) {
+                              float scale, float* __restrict__ o, float* __restrict__ lse,
+                              float* __restrict__ part_acc, float* __restrict__ part_ml) {
   extern __shared__ float smem[];
   float* q_s = smem;                         // [key_a_dim + rope]
   float* score = smem + key_a_dim + rope;    // [kChunk]
@@ -102,8 +107,9 @@ __global__ void attend_kernel(const float* __restrict__ q, Source src, int key_a
   for (int d = threadIdx.x; d < q_dim; d += kThreads) q_s[d] = qt[d];
   __syncthreads();
 
-  const int span = (visible + n_splits - 1) / n_splits;
-  const int begin = split * span, end = min(visible, begin + span);
+  const int first = src.begin();
+  const int span = (visible - first + n_splits - 1) / n_splits;
+  const int begin = first + split * span, end = min(visible, begin + span);
   float m = -INFINITY, l = 0;
   float acc[kMaxOutPerThread];
   for (int k = 0; k < kMaxOutPerThread; ++k) acc[k] = 0;
@@ -153,6 +159,7 @@ __global__ void attend_kernel(const float* __restrict__ q, Source src, int key_a
       const int j = threadIdx.x + k * kThreads;
       if (j < out_dim) ot[j] = acc[k] * inv_l;
     }
+    if (lse && threadIdx.x == 0) lse[th] = m + logf(l);
     return;
   }
   const int64_t ts = th * n_splits + split;
@@ -172,7 +179,7 @@ __global__ void attend_kernel(const float* __restrict__ q, Source src, int key_a
 template <class Source>
 __global__ void combine_splits_kernel(Source src, const float* __restrict__ part_acc,
                                       const float* __restrict__ part_ml, int n_splits, int out_dim,
-                                      float* __restrict__ o) {
+                                      float* __restrict__ o, float* __restrict__ lse) {
   __shared__ float split_weight[kMaxSplits];  // e^(m_s - M), each once (not once per output dim)
   if (src.bind(blockIdx.x) <= 0) return;
   const int64_t th = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
@@ -184,6 +191,7 @@ __global__ void combine_splits_kernel(Source src, const float* __restrict__ part
   float denom = 0;
   for (int s = 0; s < n_splits; ++s) denom += split_weight[s] * ml[2 * s + 1];
   const float inv = 1.0f / denom;
+  if (lse && threadIdx.x == 0) lse[th] = M + logf(denom);
   const float* acc = part_acc + th * n_splits * out_dim;
   for (int j = threadIdx.x; j < out_dim; j += kThreads) {
     float a = 0;
@@ -195,7 +203,8 @@ __global__ void combine_splits_kernel(Source src, const float* __restrict__ part
 
 template <class Source>
 void launch_attend(const float* q, const Source& src, int n_tokens, int num_heads, int key_a_dim, int rope,
-                   int out_dim, float scale, int n_splits, float* o, float* partials, cudaStream_t stream) {
+                   int out_dim, float scale, int n_splits, float* o, float* lse, float* partials,
+                   cudaStream_t stream) {
   MR_CHECK_LE(out_dim, kThreads * kMaxOutPerThread) << "MLA attention output width";
   if (n_tokens <= 0) return;
   const size_t smem = static_cast<size_t>(key_a_dim + rope + kChunk) * sizeof(float);
@@ -208,11 +217,11 @@ void launch_attend(const float* q, const Source& src, int n_tokens, int num_head
     part_ml = partials + static_cast<size_t>(n_tokens) * num_heads * n_splits * out_dim;
   }
   attend_kernel<<<dim3(n_tokens, num_heads, n_splits), kThreads, smem, stream>>>(q, src, key_a_dim, rope, out_dim,
-                                                                                 scale, o, part_acc, part_ml);
+                                                                                 scale, o, lse, part_acc, part_ml);
   CUDA_CHECK_LAUNCH();
   if (n_splits > 1) {
     combine_splits_kernel<<<dim3(n_tokens, num_heads), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
-                                                                             out_dim, o);
+                                                                             out_dim, o, lse);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -779,19 +788,43 @@ size_t mla_plain_partial_floats(int n_tokens, int num_heads, int n_positions, in
 }
 
 size_t mla_absorbed_partial_floats(int n_tokens, int num_heads, int kv_lora) {
-  return partial_floats(n_tokens, num_heads, absorbed_splits(n_tokens, num_heads), kv_lora);
+  // Enough for whichever kernel mla_attend_absorbed picks.
+  return std::max(partial_floats(n_tokens, num_heads, absorbed_splits(n_tokens, num_heads), kv_lora),
+                  partial_floats(n_tokens, num_heads, mla_decode_heads_splits(n_tokens, num_heads), kv_lora));
 }
 
 void mla_attend_plain(const float* q, const float* kv, const KvLayer& cache, const int32_t* pages, int n_tokens,
-                      int n_past, const MlaShape& shape, float* o, float* partials, cudaStream_t stream) {
-  const int H = shape.num_heads, n_splits = plain_splits(n_tokens, H, n_past + n_tokens);
+                      int n_past, int key_begin, int n_keys, const MlaShape& shape, float* o, float* lse,
+                      float* partials, cudaStream_t stream) {
+  const int H = shape.num_heads, n_splits = plain_splits(n_tokens, H, n_keys);
   const float scale = softmax_scale(shape.nope, shape.rope);
   with_cache_type(cache.dtype, [&](auto tag) {
     using Cache = typename decltype(tag)::type;
-    const PlainSource<Cache> src{kv,           paged_rows<Cache>(cache), pages, n_past, H, shape.kv_lora, shape.nope,
-                                 shape.v_dim};
-    launch_attend(q, src, n_tokens, H, shape.nope, shape.rope, shape.v_dim, scale, n_splits, o, partials, stream);
+    const PlainSource<Cache> src{kv,         paged_rows<Cache>(cache), pages,      n_past,   H, shape.kv_lora,
+                                 shape.nope, shape.v_dim,              key_begin, key_begin + n_keys};
+    launch_attend(q, src, n_tokens, H, shape.nope, shape.rope, shape.v_dim, scale, n_splits, o, lse, partials, stream);
   });
+}
+
+namespace {
+// o, lse <- the softmax-weighted union of (o, lse) and (o_blk, lse_blk), one block per row.
+__global__ void merge_blocks_kernel(float* __restrict__ o, float* __restrict__ lse, const float* __restrict__ o_blk,
+                                    const float* __restrict__ lse_blk, int v_dim) {
+  const int64_t row = blockIdx.x;
+  const float a = lse[row], b = lse_blk[row], M = fmaxf(a, b);
+  const float wa = expf(a - M), wb = expf(b - M), inv = 1.0f / (wa + wb);
+  for (int j = threadIdx.x; j < v_dim; j += blockDim.x)
+    o[row * v_dim + j] = (o[row * v_dim + j] * wa + o_blk[row * v_dim + j] * wb) * inv;
+  __syncthreads();  // every thread has read lse[row]
+  if (threadIdx.x == 0) lse[row] = M + logf(wa + wb);
+}
+}  // namespace
+
+void mla_merge_blocks(float* o, float* lse, const float* o_blk, const float* lse_blk, int64_t rows, int v_dim,
+                      cudaStream_t stream) {
+  if (rows <= 0) return;
+  merge_blocks_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(o, lse, o_blk, lse_blk, v_dim);
+  CUDA_CHECK_LAUNCH();
 }
 
 void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaShape& shape, const BatchTables& batch,
@@ -821,6 +854,10 @@ void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaSh
 void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
                          const KvLayer& cache, bool only_single_token, bool bf16_math, float* o_lat,
                          float* partials, cudaStream_t stream) {
+  if (mla_decode_heads_applies(shape, cache.dtype)) {
+    mla_decode_heads(q_abs, n_tokens, shape, batch, cache, only_single_token, o_lat, partials, stream);
+    return;
+  }
   const int H = shape.num_heads, n_splits = absorbed_splits(n_tokens, H);
   const float scale = softmax_scale(shape.nope, shape.rope);
   // The grouped kernels (16 heads a block): on the tensor cores where they apply (bf16 or
@@ -855,14 +892,14 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
         CUDA_CHECK_LAUNCH();
         if (n_splits > 1) {
           combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
-                                                                           shape.kv_lora, o_lat);
+                                                                           shape.kv_lora, o_lat, nullptr);
           CUDA_CHECK_LAUNCH();
         }
         return;
       }
     }
-    launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, n_splits, o_lat, partials,
-                  stream);
+    launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, n_splits, o_lat, nullptr,
+                  partials, stream);
   });
 }
 

@@ -33,14 +33,18 @@ __global__ void store_rows_kernel(const float* __restrict__ ckv, int kv_lora, in
   for (int i = threadIdx.x; i < rope; i += kThreads) st(row + kv_lora + i, src[kv_lora + i]);
 }
 
-// One block per position: the row's first kv_lora values, converted to the act dtype.
+// One block per position first + i: the row's first kv_lora values, converted to the act
+// dtype, and (when kpe is given) its k_pe as bf16.
 template <typename Cache, typename Out>
-__global__ void gather_latents_kernel(PagedRows<Cache> cache, const int32_t* __restrict__ pages, int kv_lora,
-                                      Out* __restrict__ latents) {  // [n_positions, kv_lora]
-  const int p = blockIdx.x;
-  const Cache* row = cache.at(pages, p);
-  Out* dst = latents + static_cast<int64_t>(p) * kv_lora;
-  for (int i = threadIdx.x; i < kv_lora; i += kThreads) st(dst + i, ld(row + i));
+__global__ void gather_latents_kernel(PagedRows<Cache> cache, const int32_t* __restrict__ pages, int first,
+                                      int kv_lora, int rope, Out* __restrict__ latents,  // [n_positions, kv_lora]
+                                      bf16* __restrict__ kpe) {                            // [n_positions, rope]
+  const int i = blockIdx.x;
+  const Cache* row = cache.at(pages, first + i);
+  Out* dst = latents + static_cast<int64_t>(i) * kv_lora;
+  for (int j = threadIdx.x; j < kv_lora; j += blockDim.x) st(dst + j, ld(row + j));
+  if (kpe)
+    for (int j = threadIdx.x; j < rope; j += blockDim.x) st(kpe + static_cast<int64_t>(i) * rope + j, ld(row + kv_lora + j));
 }
 
 }  // namespace
@@ -56,17 +60,18 @@ void mla_store(const float* ckv, int n_tokens, int kv_lora, int rope, const floa
   CUDA_CHECK_LAUNCH();
 }
 
-void mla_gather_latents(const KvLayer& cache, const int32_t* pages, int n_positions, int kv_lora, bool act_bf16,
-                        void* latents, cudaStream_t stream) {
+void mla_gather_latents(const KvLayer& cache, const int32_t* pages, int first, int n_positions, int kv_lora,
+                        bool act_bf16, void* latents, bf16* kpe, cudaStream_t stream) {
   if (n_positions <= 0) return;
+  const int rope = cache.row_width - kv_lora;
   with_cache_type(cache.dtype, [&](auto tag) {
     using Cache = typename decltype(tag)::type;
     if (act_bf16)
-      gather_latents_kernel<<<n_positions, kThreads, 0, stream>>>(paged_rows<Cache>(cache), pages, kv_lora,
-                                                                   static_cast<bf16*>(latents));
+      gather_latents_kernel<<<n_positions, 128, 0, stream>>>(paged_rows<Cache>(cache), pages, first, kv_lora, rope,
+                                                              static_cast<bf16*>(latents), kpe);
     else
-      gather_latents_kernel<<<n_positions, kThreads, 0, stream>>>(paged_rows<Cache>(cache), pages, kv_lora,
-                                                                   static_cast<float*>(latents));
+      gather_latents_kernel<<<n_positions, 128, 0, stream>>>(paged_rows<Cache>(cache), pages, first, kv_lora, rope,
+                                                              static_cast<float*>(latents), kpe);
   });
   CUDA_CHECK_LAUNCH();
 }

@@ -4,8 +4,8 @@
 // of kv_lora + rope values (576 at K3 size), bf16 (or fp32 under --dtype float32).
 //
 // Two evaluation orders, as on the CPU:
-//   plain     one sequence at a time (prefill): kv_b expanded over its visible latents,
-//             then per-head attention;
+//   plain     one sequence at a time (prefill): kv_b expanded over one block of its
+//             visible latents at a time, then per-head attention, blocks merged;
 //   absorbed  the whole batch in one launch (decode): kv_b folded into the query and the
 //             output, multi-query attention straight over the 576-wide rows. Every
 //             per-token value (position, sequence, page table) comes from the batch's
@@ -43,20 +43,51 @@ struct KvB {
 void mla_store(const float* ckv, int n_tokens, int kv_lora, int rope, const float* norm_w, float eps,
                const BatchTables& batch, const KvLayer& cache, cudaStream_t stream);
 
-// ---- plain: one sequence (its page table `pages`, device) -------------------------------
-// latents [n_positions, kv_lora] in the act dtype (bf16 when act_bf16).
-void mla_gather_latents(const KvLayer& cache, const int32_t* pages, int n_positions, int kv_lora, bool act_bf16,
-                        void* latents, cudaStream_t stream);
-// q [n_tokens, H, nope + rope] fp32 (the sequence's rows); kv [n_past + n_tokens, H, nope + v]
-// fp32 (kv_b over the latents); o [n_tokens, H, v] fp32. partials: mla_partial_floats(...).
+// ---- plain: one sequence (its page table `pages`, device), its keys a block at a time -----
+// A chunk of n_tokens new tokens after n_past cached ones attends to the blocks [b, b + B) of
+// the prefix (every key visible) and then to its own keys (causal); each block's kv_b
+// expansion is made, used and dropped in turn, so the memory a chunk needs does not grow
+// with the prefix (cuda_ops.cpp walks the blocks, merging by log-sum-exp).
+//
+// latents [n_positions, kv_lora] of positions [first, first + n_positions), in the act dtype
+// (bf16 when act_bf16); with kpe, their k_pe too (bf16 [n_positions, rope]).
+void mla_gather_latents(const KvLayer& cache, const int32_t* pages, int first, int n_positions, int kv_lora,
+                        bool act_bf16, void* latents, bf16* kpe, cudaStream_t stream);
+// CUDA cores, fp32: q [n_tokens, H, nope + rope] (the sequence's rows); kv [n_keys, H, nope + v]
+// fp32 (kv_b over the latents of positions [key_begin, key_begin + n_keys)); o [n_tokens, H, v]
+// normalised over that block, lse [n_tokens, H] (natural log) the block's log-sum-exp of the
+// scaled scores (may be null). partials: mla_plain_partial_floats(n_tokens, H, n_keys, v).
 void mla_attend_plain(const float* q, const float* kv, const KvLayer& cache, const int32_t* pages, int n_tokens,
-                      int n_past, const MlaShape& shape, float* o, float* partials, cudaStream_t stream);
+                      int n_past, int key_begin, int n_keys, const MlaShape& shape, float* o, float* lse,
+                      float* partials, cudaStream_t stream);
+// (o, lse) <- their softmax union with (o_blk, lse_blk) (natural logs), rows of v_dim values.
+void mla_merge_blocks(float* o, float* lse, const float* o_blk, const float* lse_blk, int64_t rows, int v_dim,
+                      cudaStream_t stream);
 
-// The same on the tensor cores (mla_flash_prefill.cu): kv bf16, bf16 operands, fp32 softmax
-// and accumulation; for nope + rope and v multiples of 16 (K3: 192 and 128).
-bool mla_flash_prefill_supported(const MlaShape& shape);
-void mla_flash_prefill(const float* q, const bf16* kv, const KvLayer& cache, const int32_t* pages, int n_tokens,
-                       int n_past, const MlaShape& shape, float* o, cudaStream_t stream);
+// bf16 on mma.sync for other head shapes (nope + rope and v multiples of 16; the tiny
+// fixtures', mla_flash_prefill_mma.cu): kv [n_keys, H, nope + v] bf16 for positions
+// [key_begin, key_begin + n_keys); o and lse (natural log) as mla_attend_plain's.
+bool mla_flash_prefill_mma_supported(const MlaShape& shape);
+void mla_flash_prefill_mma(const float* q, const bf16* kv, const KvLayer& cache, const int32_t* pages, int n_tokens,
+                           int n_past, int key_begin, int n_keys, const MlaShape& shape, float* o, float* lse,
+                           cudaStream_t stream);
+
+// The same on Hopper's warpgroup MMAs (mla_flash_prefill.cu; sm_90a, wgmma_available()) for
+// nope + rope = 192 and v = 128 (K3's, K2's and Kimi Linear's heads): bf16 operands packed
+// into swizzled tiles, fp32 softmax and accumulation, the merge fused into the epilogue.
+bool mla_wgmma_prefill_supported(const MlaShape& shape);
+size_t mla_wgmma_q_tiles_bytes(int n_tokens, int num_heads);
+size_t mla_wgmma_kv_tiles_bytes(int n_keys, int num_heads);
+// q [n_tokens, H, 192] fp32 -> the Q tiles.
+void mla_wgmma_pack_q(const float* q, int n_tokens, int num_heads, void* q_tiles, cudaStream_t stream);
+// kv [n_keys, H, nope + v] bf16 (kv_b's output) and kpe [n_keys, rope] bf16 -> the K and V tiles.
+void mla_wgmma_pack_kv(const bf16* kv, const bf16* kpe, int n_keys, const MlaShape& shape, void* kv_tiles,
+                       cudaStream_t stream);
+// One block of n_keys keys: query i sees key j when j <= diag + i (diag = n_past - the block's
+// first position). first: write o [n_tokens, H, v] and lse [n_tokens, H] (base 2); otherwise
+// merge into them.
+void mla_wgmma_attend(const void* q_tiles, const void* kv_tiles, int n_tokens, int n_keys, int diag, bool first,
+                      const MlaShape& shape, float* o, float* lse, cudaStream_t stream);
 
 // ---- absorbed: the batch ----------------------------------------------------------------
 // q_abs[t, h] = [W_uk_h^T q_nope[t, h] | q_pe[t, h]]; q_abs [n_tokens, H, kv_lora + rope] fp32.
@@ -68,6 +99,14 @@ void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaSh
 void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
                          const KvLayer& cache, bool only_single_token, bool bf16_math, float* o_lat, float* partials,
                          cudaStream_t stream);
+// The kernel mla_attend_absorbed takes for bf16 caches of K3's row (kv_lora 512, rope 64):
+// every head of a token in one block (up to 48; mla_decode_heads.cu), so each cached row is
+// read once a token, the context split over mla_decode_heads_splits(n_tokens, H) blocks.
+bool mla_decode_heads_applies(const MlaShape& shape, DType cache_dtype);
+int mla_decode_heads_splits(int n_tokens, int num_heads);
+void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
+                      const KvLayer& cache, bool only_single_token, float* o_lat, float* partials,
+                      cudaStream_t stream);
 // o[t, h] = W_uv_h o_lat[t, h]; o [n_tokens, H, v] fp32.
 void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const MlaShape& shape,
                        const BatchTables& batch, bool only_single_token, float* o, cudaStream_t stream);
