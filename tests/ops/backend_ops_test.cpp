@@ -500,6 +500,122 @@ TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
   }
 }
 
+// A chunk over a long cached prefix: plain-mode MLA walks the prefix in blocks of keys
+// (ops.h: mla_prefill_key_block), so a chunk after 9,000 cached positions takes two prefix
+// blocks (8,192 + 808 keys) and then its own keys, merged by log-sum-exp; in bf16 at K3's
+// head dims every block runs on the warpgroup-MMA kernel (mla_flash_prefill.cu). Beside it a
+// chunk of 257 tokens (a partial 128-row tile) after 130 positions, and a decode token. Each
+// sequence's rows are held to the tolerance on their own, so one wrong block cannot hide in
+// the others' error.
+TEST_P(BackendOps, MlaPrefillOverALongPrefix) {
+  Backends& B = b();
+  const MlaShape shp{8, 512, 128, 64, 128};
+  const int page = 16, row = shp.row_width();
+  struct Seq {
+    int n_past, n_new;
+  };
+  const std::vector<Seq> seqs = {{9000, 700}, {130, 257}, {500, 1}};
+  // Every sequence's pages, shuffled over one pool.
+  int n_pages = 0;
+  for (const Seq& s : seqs) n_pages += (s.n_past + s.n_new + page - 1) / page;
+  std::vector<int32_t> all_pages(n_pages);
+  for (int i = 0; i < n_pages; ++i) all_pages[i] = (i * 7919) % n_pages;  // a permutation (7919 is prime)
+  ForwardBatch fb;
+  std::vector<int32_t> ids(1000, 1);
+  int used = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int np = (seqs[i].n_past + seqs[i].n_new + page - 1) / page;
+    fb.add_seq(ids.data(), seqs[i].n_new, seqs[i].n_past, static_cast<int>(i), all_pages.data() + used, np);
+    used += np;
+  }
+  const int T = fb.n_tokens(), P = n_pages * page;
+  const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
+  const std::vector<float> pool = normal(static_cast<size_t>(P) * row, 70);
+  Pair ckv = put(B, normal(static_cast<size_t>(T) * row, 71, 2.0f), T, row);
+  Pair nw = put(B, optest::random_uniform(shp.kv_lora, 72, 0.5f, 1.5f), 1, shp.kv_lora);
+  Pair q = put(B, normal(static_cast<size_t>(T) * shp.num_heads * (shp.nope + shp.rope), 73), T,
+               shp.num_heads * (shp.nope + shp.rope));
+  MatrixPair kv_b = put_matrix(B, normal(shp.num_heads * (shp.nope + shp.v_dim) * shp.kv_lora, 74, 0.2f),
+                               shp.num_heads * (shp.nope + shp.v_dim), shp.kv_lora);
+  const int64_t o_width = static_cast<int64_t>(shp.num_heads) * shp.v_dim;
+  for (const DType kv_dtype : {act(), DType::F8_E4M3}) {
+    const bool fp8 = kv_dtype == DType::F8_E4M3;
+    for (MlaMode mode : {MlaMode::kAuto, MlaMode::kPlain}) {
+      Pair cache = put(B, pool, P, row, kv_dtype);
+      if (fp8) cache.c = testing::upload(B.cpu, pool, P, row, DType::F8_E4M3);
+      const KvLayer kc{cache.c.data, fp8 ? DType::F8_E4M3 : DType::F32, page, row};
+      const KvLayer kg{cache.g.data, kv_dtype, page, row};
+      B.cpu.mla_store(ckv.c, nw.c, 1e-6f, vc, kc);
+      B.gpu->mla_store(ckv.g, nw.g, 1e-6f, vg, kg);
+      Pair o = out(B, T, o_width);
+      B.cpu.mla_attention(q.c, kv_b.c, vc, kc, shp, mode, o.c);
+      B.gpu->mla_attention(q.g, kv_b.g, vg, kg, shp, mode, o.g);
+      const std::vector<float> got = testing::download(*B.gpu, o.g), want = testing::download(B.cpu, o.c);
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const int64_t first = fb.seqs[i].token_start * o_width, n = seqs[i].n_new * o_width;
+        const std::vector<float> g(got.begin() + first, got.begin() + first + n);
+        const std::vector<float> w(want.begin() + first, want.begin() + first + n);
+        // fp32: each output sums up to 9,700 weighted rows, in blocks merged by log-sum-exp
+        // on the GPU and in one pass on the CPU; 3.1e-5 was measured (H200), so 1e-4.
+        const double f32_tol = seqs[i].n_past > 8192 ? 1e-4 : 2e-5;
+        expect_close(std::string("mla_long_prefix_") + (mode == MlaMode::kAuto ? "auto" : "plain") +
+                         (fp8 ? "_fp8kv_" : "_") + B.mode(),
+                     std::to_string(seqs[i].n_past) + "+" + std::to_string(seqs[i].n_new) + "_8heads",
+                     optest::normalised_error(g, w), B.f32 ? f32_tol : 2e-2);
+      }
+    }
+  }
+}
+
+// Decode at K3's cache row over head counts of the tensor-parallel splits (96 at one GPU: two
+// blocks of 48; 40: one block of 48 with 8 empty heads; 6, as at TP 16: one 16-head tile),
+// one token a sequence over 5,000 / 37 / 2,000 cached positions, so the context splits over
+// many blocks (mla_decode_heads.cu) and some splits are empty. Per token, as above.
+TEST_P(BackendOps, MlaDecodeOverManyHeads) {
+  Backends& B = b();
+  const int page = 16;
+  const std::vector<int> past = {5000, 37, 2000};
+  for (const int heads : {96, 40, 6}) {
+    const MlaShape shp{heads, 512, 128, 64, 128};
+    const int row = shp.row_width();
+    int n_pages = 0;
+    for (int p : past) n_pages += (p + 1 + page - 1) / page;
+    std::vector<int32_t> all_pages(n_pages);
+    for (int i = 0; i < n_pages; ++i) all_pages[i] = (i * 613) % n_pages;  // 613 is prime
+    ForwardBatch fb;
+    const int32_t id = 1;
+    int used = 0;
+    for (size_t i = 0; i < past.size(); ++i) {
+      const int np = (past[i] + 1 + page - 1) / page;
+      fb.add_seq(&id, 1, past[i], static_cast<int>(i), all_pages.data() + used, np);
+      used += np;
+    }
+    const int T = fb.n_tokens(), P = n_pages * page;
+    const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
+    Pair ckv = put(B, normal(static_cast<size_t>(T) * row, 81, 2.0f), T, row);
+    Pair nw = put(B, optest::random_uniform(shp.kv_lora, 82, 0.5f, 1.5f), 1, shp.kv_lora);
+    Pair q = put(B, normal(static_cast<size_t>(T) * heads * (shp.nope + shp.rope), 83), T, heads * (shp.nope + shp.rope));
+    MatrixPair kv_b = put_matrix(B, normal(static_cast<size_t>(heads) * (shp.nope + shp.v_dim) * shp.kv_lora, 84, 0.2f),
+                                 heads * (shp.nope + shp.v_dim), shp.kv_lora);
+    Pair cache = put(B, normal(static_cast<size_t>(P) * row, 80), P, row, act());
+    const KvLayer kc{cache.c.data, DType::F32, page, row}, kg{cache.g.data, act(), page, row};
+    B.cpu.mla_store(ckv.c, nw.c, 1e-6f, vc, kc);
+    B.gpu->mla_store(ckv.g, nw.g, 1e-6f, vg, kg);
+    const int64_t o_width = static_cast<int64_t>(heads) * shp.v_dim;
+    Pair o = out(B, T, o_width);
+    B.cpu.mla_attention(q.c, kv_b.c, vc, kc, shp, MlaMode::kAuto, o.c);
+    B.gpu->mla_attention(q.g, kv_b.g, vg, kg, shp, MlaMode::kAuto, o.g);
+    const std::vector<float> got = testing::download(*B.gpu, o.g), want = testing::download(B.cpu, o.c);
+    for (int i = 0; i < T; ++i) {
+      const std::vector<float> g(got.begin() + i * o_width, got.begin() + (i + 1) * o_width);
+      const std::vector<float> w(want.begin() + i * o_width, want.begin() + (i + 1) * o_width);
+      expect_close(std::string("mla_decode_heads_") + B.mode(),
+                   std::to_string(heads) + "heads_past" + std::to_string(past[i]), optest::normalised_error(g, w),
+                   B.tol(2e-2));
+    }
+  }
+}
+
 // ---- MoE --------------------------------------------------------------------------------
 
 TEST_P(BackendOps, RouterAndExperts) {
@@ -539,15 +655,18 @@ TEST_P(BackendOps, RouterAndExperts) {
   // not a multiple of the warps; 3x1024x1024 and 8x1024x576: both parts, as at K3's widths,
   // and 576 = 1 + 8 slices; and the rest); more tokens, the register-fed tensor-core kernel
   // (21x64x96 for w1 / w3, 150x128x192 with more than one 32-token tile per expert); what
-  // neither takes, the CUDA-core kernel (w2 of 21x64x96, in 96). Edge scales: E8M0 0, 1, 127,
-  // 128 and 129, 130 past the decode kernel's one-multiply range, in both of its parts.
+  // neither takes, the CUDA-core kernel (w2 of 21x64x96, in 96). From 512 tokens in bf16 on
+  // Hopper, the warpgroup-MMA kernel (600x256x384: ~185 slots an expert, one pass of three
+  // n64 tiles; 1100x128x256: ~340, two passes, the second partial). Edge scales: E8M0 0, 1,
+  // 127, 128 and 129, 130 past the one-multiply range, in the decode kernel's both parts and
+  // the wgmma kernel's two-step path.
   struct Shape {
     int T, Dm, I;
     bool edge_scales = false;
   };
   for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}, Shape{5, 1344, 192},
                          Shape{1, 512, 768}, Shape{7, 768, 512}, Shape{7, 512, 256, true}, Shape{3, 1024, 1024},
-                         Shape{8, 1024, 576, true}}) {
+                         Shape{8, 1024, 576, true}, Shape{600, 256, 384}, Shape{1100, 128, 256, true}}) {
     const int Tn = sh.T, Dn = sh.Dm, In = sh.I;
     std::vector<int32_t> ids;
     for (int t = 0; t < Tn; ++t)

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/moe/moe_ops.h"
 #include "backend/cuda/moe/mxfp4_pairs.h"
 
@@ -176,6 +177,12 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
   if (max_active <= 0) return;
   if (grouped_mxfp4_stream_supported(m, x_bf16, n_tokens, x))
     return grouped_mxfp4_stream(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, n_tokens, y, stream);
+  if (n_tokens >= kWgmmaMinTokens && grouped_mxfp4_wgmma_supported(m, x_bf16)) {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    if (wgmma_available(device))
+      return grouped_mxfp4_wgmma(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, y, stream);
+  }
   if (grouped_mxfp4_mma_supported(m, x_bf16))
     return grouped_mxfp4_mma(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, n_tokens, y, stream);
   if (x_bf16) grouped_for(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, y, stream);

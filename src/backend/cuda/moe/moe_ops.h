@@ -70,6 +70,12 @@ bool grouped_mxfp4_stream_gated_supported(const StackedExperts& gate, const Stac
 void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExperts& gate, const StackedExperts& up,
                                 const ActivationParams& act, const ExpertGroups& groups, int max_active, bf16* h,
                                 cudaStream_t stream);
+// Prefill-sized steps on Hopper (expert_linear_wgmma.cu; sm_90a, wgmma_available()): bf16 x,
+// MXFP4 weights, in % 64 == 0, out % 128 == 0; taken from kWgmmaMinTokens tokens a step.
+constexpr int kWgmmaMinTokens = 512;
+bool grouped_mxfp4_wgmma_supported(const StackedExperts& m, bool x_bf16);
+void grouped_mxfp4_wgmma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
+                         int max_active, float* y, cudaStream_t stream);
 bool grouped_mxfp4_mma_supported(const StackedExperts& m, bool x_bf16);
 void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
                        int max_active, int n_tokens, float* y, cudaStream_t stream);
