@@ -49,9 +49,20 @@ SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int budget = config_.max_tokens_per_step > 0 ? config_.max_tokens_per_step : INT_MAX;
 
-  // Running requests, oldest first; preemption takes from the tail (the newest).
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    Request* req = running_[i];
+  // Running requests: the decodes (one token left to compute) first, then the prefill
+  // chunks, each group oldest first, so a long prompt's chunks never hold back the streams
+  // already decoding. When the cache is full, the newest running request gives its caches
+  // back, as before (a decode of this step is unscheduled for it: a newer decode is worth
+  // less than an older prompt's prefix, which would have to be recomputed).
+  std::vector<Request*> order;
+  order.reserve(running_.size());
+  for (Request* r : running_)
+    if (r->num_tokens() - r->num_computed_tokens == 1) order.push_back(r);
+  for (Request* r : running_)
+    if (r->num_tokens() - r->num_computed_tokens != 1) order.push_back(r);
+  for (Request* req : order) {
+    if (budget <= 0) break;
+    if (req->state != RequestState::kRunning) continue;  // preempted for an older request this step
     const int n_new = chunk(req, std::min(req->num_tokens() - req->num_computed_tokens, budget));
     MR_CHECK(n_new > 0) << "running request " << req->seq_id << " has nothing to compute";
     bool fits = false;
@@ -62,17 +73,23 @@ SchedulerOutput Scheduler::schedule() {
       }
       Request* victim = running_.back();
       running_.pop_back();
+      // Scheduled already: one of this step's decodes (a newer prefill comes after req).
+      auto s = std::find_if(out.seqs.begin(), out.seqs.end(), [&](const ScheduledSeq& x) { return x.req == victim; });
+      if (s != out.seqs.end()) {
+        budget += s->n_new_tokens;
+        out.n_tokens -= s->n_new_tokens;
+        out.seqs.erase(s);
+      }
       preempt(victim);
       out.preempted.push_back(victim);
       if (victim == req) break;
     }
-    if (!fits) break;  // req itself was the newest: everything after it is gone too
+    if (!fits) continue;  // req itself was the newest; older ones later in the order may still fit
     plan_snapshot(req, n_new);
     const bool samples = req->num_computed_tokens + n_new == req->num_tokens();
     out.seqs.push_back({req, n_new, samples});
     out.n_tokens += n_new;
     budget -= n_new;
-    ++i;
   }
 
   // Newcomers, in arrival order, only when the running set was not squeezed this step.

@@ -2,11 +2,14 @@
 // Decides, once per step, which requests run and how many of their tokens get computed.
 // vLLM's scheduler (v1/core/sched/scheduler.py) in its plain FCFS form:
 //   - a budget of max_tokens_per_step tokens (--chunked-prefill-size) per step;
-//   - running requests first, in admission order: each asks for all its uncomputed tokens
-//     (1 for a decode) capped by the budget left, so a long prompt is prefilled in chunks;
+//   - running requests first: the decodes (one token each), then the prefill chunks, each
+//     group in admission order; each asks for all its uncomputed tokens capped by the
+//     budget left, so a long prompt is prefilled in chunks while every running stream keeps
+//     decoding between them (SGLang's and vLLM's mixed chunked prefill);
 //   - when the cache cannot hold a request's tokens, the most recently admitted running
-//     request is preempted (caches freed, back to the head of the waiting queue, recompute
-//     later) until it fits; if the request itself was the last one, it waits;
+//     request not yet scheduled this step is preempted (caches freed, back to the head of
+//     the waiting queue, recompute later) until it fits; if that is the request itself, it
+//     waits;
 //   - then, if nobody was preempted this step, waiting requests join in arrival order while
 //     the budget, the cache and --max-running-requests allow. The first that does not fit
 //     stops admission (FCFS: a small request never overtakes a larger one ahead of it).

@@ -192,3 +192,27 @@ TEST(Scheduler, NoBudgetMeansWholePromptsInOneStep) {
 
 }  // namespace
 }  // namespace moonrun
+
+namespace moonrun {
+namespace {
+
+// A prompt's chunk that fills the whole budget would leave nothing for a stream that is
+// already decoding; the decodes are scheduled first. Prefix caching cuts A's second chunk
+// at a 64-token block boundary, which lets B in beside it; A's third chunk (no boundary in
+// reach) would take the whole budget of 40.
+TEST(Scheduler, DecodesGoBeforeAnOlderPromptsChunks) {
+  CacheConfig pool = testing::test_pool(100, 4, 16);
+  pool.num_snapshot_slots = 2;
+  pool.prefix_block_tokens = 64;
+  Fixture f(pool, {.max_running_requests = 4, .max_tokens_per_step = 40});
+  Request* a = f.add(200);
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 40}}));
+  f.add(4);
+  EXPECT_EQ(plan(f.step()), (Plan{{0, 24}, {1, 4}}));  // A up to the boundary at 64, B whole
+  EXPECT_EQ(plan(f.step()), (Plan{{1, 1}, {0, 39}}));  // B's decode first, A takes the rest
+  EXPECT_EQ(plan(f.step()), (Plan{{1, 1}, {0, 25}}));  // A cut at the boundary at 128
+  EXPECT_EQ(a->num_computed_tokens, 128);
+}
+
+}  // namespace
+}  // namespace moonrun
