@@ -30,14 +30,34 @@ Result<GenerateResult> generate(StepRunner& runner, int page_size_tokens, const 
   // The engine seeds sample i of a seeded request with seed + i: this is sample 0.
   SequenceSampler sampler(opt.sampling, opt.sampling.seed.value_or(0), prompt);
 
+  if (opt.prefill_chunk_tokens < 0) return invalid_argument("prefill_chunk_tokens must be >= 0");
+  if (!opt.given_at.empty() && opt.prefill_chunk_tokens > 0)
+    return invalid_argument("image rows need the prompt in one step");
+
   GenerateResult r;
-  std::vector<int32_t> fed = prompt;  // the tokens of this step
   int n_past = 0;
   StepInput in;
   in.before.push_back({-1, 0});  // a fresh sequence: zero its state slot
-  in.return_logits = opt.keep_logits;
   StepOutput out;
   auto t0 = std::chrono::steady_clock::now();
+  // Every chunk of the prompt but the last: into the caches, nothing sampled.
+  const int chunk = opt.prefill_chunk_tokens;
+  while (chunk > 0 && opt.max_tokens > 0 && static_cast<int>(prompt.size()) - n_past > chunk) {
+    in.seqs.assign(1, StepSeq{});
+    StepSeq& seq = in.seqs[0];
+    seq.new_token_ids = std::span<const int32_t>(prompt).subspan(n_past, chunk);
+    seq.n_past = n_past;
+    seq.state_slot = 0;
+    seq.pages = pages;
+    seq.sample = false;
+    in.sampling = SamplingBatch{};
+    in.return_logits = false;
+    MR_RETURN_IF_ERROR(runner.step(in, out));
+    in.before.clear();
+    n_past += chunk;
+  }
+  std::vector<int32_t> fed(prompt.begin() + n_past, prompt.end());  // the tokens of this step
+  in.return_logits = opt.keep_logits;
   for (int k = 0; k < opt.max_tokens; ++k) {
     in.seqs.assign(1, StepSeq{});
     StepSeq& seq = in.seqs[0];

@@ -1,5 +1,6 @@
 #pragma once
-// One sequence through a runner: the prompt as one prefill, then one token per step. What
+// One sequence through a runner: the prompt as one prefill (or in chunks), then one token
+// per step. What
 // `moonrun generate` and the fixture tests run. It samples through the same path as the
 // server's engine (SequenceSampler rows, the backend's sampler), seeded the same way, so a
 // seed gives the same tokens from `generate` and from `serve`.
@@ -16,6 +17,9 @@ struct GenerateOptions {
   SamplingParams sampling{.temperature = 0.0f};
   int max_tokens = 16;
   bool keep_logits = false;
+  // The prompt goes through the runner in chunks of this many tokens, as the server's
+  // chunked prefill feeds it (0: one step). Only the last chunk samples.
+  int prefill_chunk_tokens = 0;
   // Teacher forcing: when set, token k+1 is fed forced_ids[k] whatever was picked (the
   // picks are still returned), so logits stay aligned with a reference's sequence.
   std::vector<int32_t> forced_ids;

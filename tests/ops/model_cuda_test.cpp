@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/batch_runs.h"
+#include "../support/chunked_prefill.h"
 #include "../support/host_tensors.h"
 #include "../support/fixture_files.h"
 #include "../support/runtimes.h"
@@ -165,6 +166,25 @@ TEST_P(CudaFixture, CudaGraphsEqualEagerDecode) {
   std::printf("OPERR model/%s graphs-vs-eager %.3e %.1e %s\n", GetParam().c_str(), worst, 1e-5,
               worst <= 1e-5 ? "ok" : "FAIL");
   EXPECT_LE(worst, 1e-5);
+}
+
+// A 32,768-token prompt in one step and in chunks of 512 and 8,192 (support/chunked_prefill.h):
+// --dtype float32, so the CUDA-core MLA path walks the cached prefix in key blocks and merges
+// them, and the runs agree to fp32 rounding; the tensor-core blocks of K3's head dims are
+// held to the CPU by backend_ops_test's MlaPrefillOverALongPrefix.
+TEST(CudaChunkedPrefill, LongPromptInChunksGivesTheOneStepLogits) {
+  REQUIRE_GPU();
+  constexpr int kPromptTokens = 32768;
+  RuntimeOptions ro = testing::test_runtime_options("cuda", kPromptTokens + 64);
+  ro.mem_fraction_static = 0.3;
+  ro.dtype = "float32";
+  ro.max_tokens_per_step = kPromptTokens;
+  ro.context_length = kPromptTokens + 64;
+  Runtime rt = testing::make_runtime(fixtures_dir() + "/k3-tiny-a", ro);
+  ASSERT_TRUE(rt.runner);
+  testing::expect_chunked_prefill_matches(*rt.runner, rt.cache.page_size_tokens,
+                                          testing::random_prompt(kPromptTokens, rt.config.vocab_size, 42), {512, 8192},
+                                          4, 1e-4f, "cuda fp32 k3-tiny-a");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture, ::testing::ValuesIn(fixture_names()),

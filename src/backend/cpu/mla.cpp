@@ -42,22 +42,58 @@ void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, 
   std::vector<float> kv(static_cast<size_t>(P) * H * KV);
   matmul_xwT(latents.data(), P, L, kv_b, H * KV, kv.data());
   parallel_heads(H, static_cast<int64_t>(n_tokens) * P * (QD + V), [&](int h) {
-    std::vector<float> scores(P);
-    for (int t = 0; t < n_tokens; ++t) {
-      const float* qt = q + (static_cast<int64_t>(t) * H + h) * QD;
-      const int visible = n_past + t + 1;  // causal: positions 0 .. n_past + t
-      for (int p = 0; p < visible; ++p) {
-        const float* kn = &kv[(static_cast<size_t>(p) * H + h) * KV];
-        const float* kpe = rows[p] + L;
-        scores[p] = (dot(qt, kn, N) + dot(qt + N, kpe, R)) * scale;
+    // The head's keys transposed [QD][P] and values [P][V], each contiguous: a query's scores
+    // are QD passes over contiguous positions (vectorised across positions; each score is
+    // still the sum over its dims in order, nope then rope) and its output the weighted sum
+    // of the values in position order. Queries go in blocks and positions in tiles, so a
+    // tile of keys and values is read from cache by every query of the block: long prompts
+    // (32k positions in CI) would otherwise stream the whole prefix from memory per query.
+    constexpr int kQueries = 32, kTile = 512;
+    std::vector<float> keys_t(static_cast<size_t>(QD) * P), vals(static_cast<size_t>(P) * V);
+    for (int p = 0; p < P; ++p) {
+      const float* kn = &kv[(static_cast<size_t>(p) * H + h) * KV];
+      for (int d = 0; d < N; ++d) keys_t[static_cast<size_t>(d) * P + p] = kn[d];
+      for (int d = 0; d < R; ++d) keys_t[static_cast<size_t>(N + d) * P + p] = rows[p][L + d];
+      std::copy(kn + N, kn + KV, &vals[static_cast<size_t>(p) * V]);
+    }
+    std::vector<float> scores(static_cast<size_t>(kQueries) * P);
+    for (int t0 = 0; t0 < n_tokens; t0 += kQueries) {
+      const int nq = std::min(kQueries, n_tokens - t0);
+      const int last = n_past + t0 + nq;  // the block's last query sees positions [0, last)
+      for (int p0 = 0; p0 < last; p0 += kTile) {
+        for (int i = 0; i < nq; ++i) {
+          const int visible = n_past + t0 + i + 1;  // causal: positions 0 .. n_past + t
+          const int pn = std::min(kTile, visible - p0);
+          if (pn <= 0) continue;
+          const float* qt = q + (static_cast<int64_t>(t0 + i) * H + h) * QD;
+          float* srow = &scores[static_cast<size_t>(i) * P + p0];
+          std::fill(srow, srow + pn, 0.0f);
+          for (int d = 0; d < QD; ++d) {
+            const float qd = qt[d];
+            const float* kd = &keys_t[static_cast<size_t>(d) * P + p0];
+            for (int p = 0; p < pn; ++p) srow[p] += qd * kd[p];
+          }
+        }
       }
-      softmax_inplace(scores.data(), visible);
-      float* ot = o + (static_cast<int64_t>(t) * H + h) * V;
-      std::fill(ot, ot + V, 0.0f);
-      for (int p = 0; p < visible; ++p) {
-        const float* vp = &kv[(static_cast<size_t>(p) * H + h) * KV + N];
-        const float a = scores[p];
-        for (int j = 0; j < V; ++j) ot[j] += a * vp[j];
+      for (int i = 0; i < nq; ++i) {
+        const int visible = n_past + t0 + i + 1;
+        float* srow = &scores[static_cast<size_t>(i) * P];
+        for (int p = 0; p < visible; ++p) srow[p] *= scale;
+        softmax_inplace(srow, visible);
+        float* ot = o + (static_cast<int64_t>(t0 + i) * H + h) * V;
+        std::fill(ot, ot + V, 0.0f);
+      }
+      for (int p0 = 0; p0 < last; p0 += kTile) {
+        for (int i = 0; i < nq; ++i) {
+          const int pn = std::min(kTile, n_past + t0 + i + 1 - p0);
+          const float* srow = &scores[static_cast<size_t>(i) * P + p0];
+          float* ot = o + (static_cast<int64_t>(t0 + i) * H + h) * V;
+          for (int p = 0; p < pn; ++p) {
+            const float a = srow[p];
+            const float* vp = &vals[static_cast<size_t>(p0 + p) * V];
+            for (int j = 0; j < V; ++j) ot[j] += a * vp[j];
+          }
+        }
       }
     }
   });
