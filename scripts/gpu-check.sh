@@ -17,12 +17,13 @@
 # E2E_FILES (default: every e2e file but memory and soak), OPS_FILTER, and time limits in
 # seconds OPS_TIMEOUT (420), SAN_TIMEOUT (240 per tool), E2E_TIMEOUT (300 per file).
 #
-#   --part NAME (repeatable): only these sections - ops, demo, slice, sanitize, e2e, parallel
+#   --part NAME (repeatable): only these sections - ops, demo, slice, long, sanitize, e2e, parallel
 #   (two GPUs or more, issue #19: the TP/EP fixtures, the slice at TP 2 and EP 2 with the
 #   collectives, two nodes of one GPU each; skipped with one GPU). Where one
 #   command may run only so long (10 minutes on the device machine this project measures on),
 #   the whole check is these calls, each with the same --prebuilt DIR (and OUT per call):
 #     --part ops --part demo --part slice
+#     --part long  (issue #35: long prompts and long contexts on the slice; LONG_PARTS picks some)
 #     --part sanitize
 #     --part e2e  with E2E_FILES="api errors load lifecycle disconnect structured sampling_params"
 #     --part e2e  with E2E_FILES="responses messages vision attacks shutdown operator multinode"
@@ -38,8 +39,8 @@ while [[ $# -gt 0 ]]; do
     --prebuilt) PREBUILT=$(cd "$2" && pwd); shift 2 ;;
     --part)
       case ${2:-} in
-        ops|demo|slice|sanitize|e2e|parallel) PARTS+=" $2 " ;;
-        *) echo "gpu-check: --part takes ops, demo, slice, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
+        ops|demo|slice|long|sanitize|e2e|parallel) PARTS+=" $2 " ;;
+        *) echo "gpu-check: --part takes ops, demo, slice, long, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
       esac
       shift 2 ;;
     *) BUILD=$1; shift ;;
@@ -138,6 +139,58 @@ PY
   row "K3-width kernels vs peers" "$([[ -s $OUT/bench-k3-slice.json ]] && echo ok || echo FAIL)" \
     "$(grep -cE '^\| (moe_experts|kda) .* met \|' "$OUT/bench-k3-slice.log") of $(grep -cE '^\| (moe_experts mxfp4|kda (decode|chunked)) \|' "$OUT/bench-k3-slice.log") at issue #12's speed-up bar (table in bench-k3-slice.log)"
   grep -v '^\[' "$OUT/bench-k3-slice.log"
+fi
+
+# 3b. Long prompts and long contexts on the slice (issue #35): prefill of 262,144 and
+#     1,048,576 tokens through bench-model's chunked path (as serve feeds a prompt), decode at
+#     131,072 and 1,048,576 tokens of context at batch 1 and 8 against the floor, and a
+#     1,048,576-token prompt through `serve` while 8 streams decode (bench/long_prompt_serve.py).
+#     LONG_PARTS (default "prefill262k decode131k decode1m prefill1m serve1m") picks some;
+#     the figures go to $OUT/k3-slice-long.json (bench/results/k3-slice-long-h200.json).
+if want long; then
+  SLICE=${SLICE_DIR:-/tmp/k3-slice}
+  [[ -f $SLICE/config.json ]] || "$EXE" make-slice --config kimi-k3 --layers kda-dense,kda-moe,mla-moe --out "$SLICE" >"$OUT/make-slice.log" 2>&1
+  LP=" ${LONG_PARTS:-prefill262k decode131k decode1m prefill1m serve1m} "
+  long_bench() {  # name, args...
+    local name=$1; shift
+    local t0=$(date +%s)
+    "$EXE" bench-model --model "$SLICE" --device cuda --context-length 1049600 --no-profile "$@" \
+      --json-out "$OUT/long-$name.json" >"$OUT/long-$name.log" 2>&1
+    local rc=$?
+    row "slice $name ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 && -s $OUT/long-$name.json ]] && echo ok || echo FAIL)" \
+      "$(grep -E '^prefill|^\| (1|8) \|' "$OUT/long-$name.log" | tr '\n' ' ' | cut -c1-400)"
+    [[ $rc -eq 0 ]] || tail -5 "$OUT/long-$name.log"
+  }
+  [[ $LP == *" prefill262k "* ]] && long_bench prefill262k --batch 1 --context 16 --steps 2 --prefill 262144
+  [[ $LP == *" decode131k "* ]] && long_bench decode131k --batch 1,8 --context 131072 --steps 8
+  [[ $LP == *" decode1m "* ]] && long_bench decode1m --batch 1,8 --context 1048576 --steps 8
+  [[ $LP == *" prefill1m "* ]] && long_bench prefill1m --batch 1 --context 16 --steps 2 --prefill 1048576
+  if [[ $LP == *" serve1m "* ]]; then
+    t0=$(date +%s)
+    python3 bench/long_prompt_serve.py --exe "$EXE" --model "$SLICE" --prompt-tokens "${LONG_SERVE_TOKENS:-1048576}" \
+      --streams 8 --json-out "$OUT/long-serve1m.json" --log "$OUT/long-serve1m-server.log" >"$OUT/long-serve1m.log" 2>&1
+    rc=$?
+    row "serve: long prompt + 8 streams ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+      "$(grep -E '^\| [0-9]' "$OUT/long-serve1m.log" | tr '\n' ' ')"
+    cat "$OUT/long-serve1m.log"
+  fi
+  python3 - "$OUT" <<'PY' >"$OUT/long-merge.log" 2>&1
+import glob, json, os, sys
+out = sys.argv[1]
+doc = {}
+for p in sorted(glob.glob(os.path.join(out, "long-*.json"))):
+    name = os.path.basename(p)[len("long-"):-len(".json")]
+    if name == "serve1m":
+        doc["serve1m"] = json.load(open(p))
+        continue
+    j = json.load(open(p))
+    for k in ("gpu", "date", "commit", "copy_tb_s", "bf16_gemm_tflops", "weight_bytes"):
+        doc.setdefault(k, j.get(k))
+    doc[name] = {"context_tokens": j.get("context_tokens"), "prefill": {k: v for k, v in (j.get("prefill") or {}).items() if k != "ops"},
+                 "decode": [{k: d.get(k) for k in ("batch", "step_ms", "tok_s", "floor_tok_s", "floor_ratio", "bytes")}
+                            for d in j.get("decode", [])]}
+json.dump(doc, open(os.path.join(out, "k3-slice-long.json"), "w"), indent=1)
+PY
 fi
 
 # 4. compute-sanitizer on the op tests (small shapes: the K3-size cases are slow under it).

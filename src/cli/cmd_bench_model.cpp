@@ -27,6 +27,11 @@ void add_bench_model_command(CLI::App& app) {
   cmd->add_option("--warmup", c->warmup_steps, "untimed decode steps first (graph capture)")->capture_default_str();
   cmd->add_option("--prefill", c->prefill_tokens, "also time one prompt of this many tokens (0: no)")
       ->capture_default_str();
+  cmd->add_option("--chunked-prefill-size", c->runtime.max_tokens_per_step,
+                  "tokens a prefill step takes (prompts go through in chunks of this many, as in serve)")
+      ->capture_default_str();
+  cmd->add_option("--context-length", c->runtime.context_length,
+                  "the longest sequence the cache pools are sized for (0: the model's)");
   cmd->add_option("--device", c->runtime.device, "cuda | cpu | auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();

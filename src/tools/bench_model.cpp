@@ -60,7 +60,39 @@ struct Seq {
   int32_t last = 0;
 };
 
+// A fresh sequence in state slot `slot` takes `prompt` in steps of at most `chunk` tokens
+// (the server's chunked prefill); the last step samples one token into out.
+Status prefill_chunked(StepRunner& runner, const std::vector<int32_t>& prompt, int slot,
+                       const std::vector<int32_t>& pages, int chunk, StepOutput& out) {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  const int n = static_cast<int>(prompt.size());
+  for (int done = 0; done < n;) {
+    const int take = std::min(chunk, n - done);
+    StepInput in;
+    if (done == 0) in.before.push_back({-1, slot});
+    StepSeq s;
+    s.new_token_ids = std::span<const int32_t>(prompt).subspan(done, take);
+    s.n_past = done;
+    s.state_slot = slot;
+    s.pages = pages;
+    s.sample = done + take == n;
+    in.seqs.push_back(s);
+    if (s.sample) SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
+    MR_RETURN_IF_ERROR(runner.step(in, out));
+    done += take;
+  }
+  return Status::ok();
+}
+
 }  // namespace
+
+double prompt_attention_flops(const ModelConfig& c, int64_t n) {
+  // Causal: query i meets i + 1 keys, n(n + 1)/2 pairs a head; a pair costs the score (2 dqk)
+  // and the weighted value (2 v).
+  const double pairs = static_cast<double>(n) * (n + 1) / 2;
+  return pairs * c.num_mla_layers * c.num_attention_heads * 2.0 * (c.mla_q_head_dim() + c.v_head_dim);
+}
 
 std::optional<PeerFigures> k3_slice_peer(const ModelConfig& c) {
   if (c.hidden_size != 7168 || c.num_experts != 896 || c.num_hidden_layers != 3) return std::nullopt;
@@ -112,7 +144,16 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   const int pages_per_seq = (std::max(per_seq, c.prefill_tokens) + ps - 1) / ps;
   ro.max_total_tokens = static_cast<int64_t>(max_batch) * pages_per_seq * ps;
   const bool prefill_fill = static_cast<int64_t>(max_batch) * c.context_tokens <= kMaxPrefillFillTokens;
-  ro.max_tokens_per_step = std::max({prefill_fill ? c.context_tokens : 1, c.prefill_tokens, max_batch});
+  // Prompts go through in chunks of --chunked-prefill-size, as `serve` feeds them: the
+  // step's memory is a chunk's, whatever the prompt's length.
+  const int chunk = ro.max_tokens_per_step > 0 ? ro.max_tokens_per_step : defaults::kChunkedPrefillTokens;
+  ro.max_tokens_per_step = std::max(chunk, max_batch);
+  if (c.prefill_tokens < 0) return invalid_argument("--prefill must be >= 0");
+  const int64_t longest = std::max<int64_t>(per_seq, c.prefill_tokens);
+  if (ro.context_length > 0 && longest > ro.context_length)
+    return invalid_argument("--prefill / --context: " + std::to_string(longest) + " tokens, over --context-length " +
+                            std::to_string(ro.context_length));
+  if (ro.context_length == 0) ro.context_length = longest;  // the pools hold the longest sequence
 
   ModelBenchReport report;
   const std::string device = resolve_device(ro.device);
@@ -155,6 +196,7 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   report.caches_prefilled = prefill_fill;
   report.tp_size = ro.tp_size;
   report.ep_size = ro.ep_size;
+  report.mla_layers = rt.config.num_mla_layers;
   // The floor and the one-GPU peer figures are a single device's: at TP > 1 the per-op
   // table (rank 0's) and the collectives say where the time goes instead.
   if (ro.tp_size == 1) report.peer = k3_slice_peer(rt.config);
@@ -180,16 +222,7 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
       seqs[i].last = tokens_of(i, 1, vocab, c.seed + 7)[0];
       if (!prefill_fill) continue;
       const std::vector<int32_t> prompt = tokens_of(i, c.context_tokens, vocab, c.seed);
-      StepInput in;
-      in.before.push_back({-1, i});
-      StepSeq s;
-      s.new_token_ids = prompt;
-      s.state_slot = i;
-      s.pages = seqs[i].pages;
-      s.sample = true;
-      in.seqs.push_back(s);
-      SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
-      MR_RETURN_IF_ERROR(runner.step(in, out));
+      MR_RETURN_IF_ERROR(prefill_chunked(runner, prompt, i, seqs[i].pages, chunk, out));
       seqs[i].last = out.samples[0].token;
     }
     const int total_steps = c.warmup_steps + c.decode_steps + (c.profile ? c.profile_steps : 0);
@@ -251,24 +284,17 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     const std::vector<int32_t> prompt = tokens_of(999, c.prefill_tokens, vocab, c.seed);
     std::vector<int32_t> pages(pages_per_seq);
     for (int p = 0; p < pages_per_seq; ++p) pages[p] = p;
-    const auto prefill_once = [&]() -> Status {
-      StepInput in;
-      in.before.push_back({-1, 0});
-      StepSeq s;
-      s.new_token_ids = prompt;
-      s.state_slot = 0;
-      s.pages = pages;
-      s.sample = true;
-      in.seqs.push_back(s);
-      SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
-      return runner.step(in, out);
-    };
+    const auto prefill_once = [&]() -> Status { return prefill_chunked(runner, prompt, 0, pages, chunk, out); };
     const auto t0 = std::chrono::steady_clock::now();
     MR_RETURN_IF_ERROR(prefill_once());
     report.prefill_tokens = c.prefill_tokens;
+    report.prefill_chunk_tokens = chunk;
     report.prefill_s = seconds_since(t0);
     report.prefill_tok_s = c.prefill_tokens / report.prefill_s;
-    if (c.profile && (profile.clear(), runner.set_op_profile(&profile))) {
+    report.prefill_attention_flops = prompt_attention_flops(rt.config, c.prefill_tokens);
+    // The per-op table repeats the prefill op by op: for one chunk's worth of prompt only
+    // (a 1M-token prompt would run twice as long again).
+    if (c.profile && c.prefill_tokens <= chunk && (profile.clear(), runner.set_op_profile(&profile))) {
       const Status st = prefill_once();
       runner.set_op_profile(nullptr);
       MR_RETURN_IF_ERROR(st);
@@ -392,6 +418,19 @@ std::string format_model_bench(const ModelBenchReport& r) {
       s += line;
     }
     s += "\n";
+    if (r.prefill_attention_flops > 0) {
+      const double tf = r.prefill_attention_flops / r.prefill_s / 1e12;
+      std::snprintf(line, sizeof line,
+                    "prefill in chunks of %d tokens; causal attention of the prompt %.3g PFLOP (%d MLA layers): "
+                    "%.1f TFLOP/s over the whole prefill",
+                    r.prefill_chunk_tokens, r.prefill_attention_flops / 1e15, r.mla_layers, tf);
+      s += line;
+      if (r.bf16_tflops > 0) {
+        std::snprintf(line, sizeof line, " = %.2f of the measured bf16 GEMM peak", tf / r.bf16_tflops);
+        s += line;
+      }
+      s += "\n";
+    }
   }
   if (peer) s += "peer: " + r.peer->source + "\n";
   if (!r.kernels.empty()) s += format_kernel_bench(r.kernels, r.copy_gb_s);
@@ -464,8 +503,16 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
     j["decode"].push_back(d);
   }
   if (r.prefill_tokens > 0) {
-    j["prefill"] = {{"tokens", r.prefill_tokens}, {"seconds", r.prefill_s}, {"tok_s", r.prefill_tok_s},
-                    {"tflops", r.prefill_tflops}, {"ops", ops_json(r.prefill_ops, r.copy_gb_s, r.bf16_tflops)}};
+    j["prefill"] = {{"tokens", r.prefill_tokens},
+                    {"chunk_tokens", r.prefill_chunk_tokens},
+                    {"seconds", r.prefill_s},
+                    {"tok_s", r.prefill_tok_s},
+                    {"tflops", r.prefill_tflops},
+                    {"attention_flops", r.prefill_attention_flops},
+                    {"attention_peak_ratio", r.bf16_tflops > 0 && r.prefill_s > 0
+                                                 ? r.prefill_attention_flops / r.prefill_s / 1e12 / r.bf16_tflops
+                                                 : 0.0},
+                    {"ops", ops_json(r.prefill_ops, r.copy_gb_s, r.bf16_tflops)}};
     j["prefill_tok_s"] = r.prefill_tok_s;
     j["prefill_peak_ratio"] = r.prefill_peak_ratio;
   }

@@ -26,7 +26,8 @@ struct ModelBenchConfig {
   int context_tokens = 128;         // already in each sequence's caches before decoding
   int warmup_steps = 3;
   int decode_steps = 32;
-  int prefill_tokens = 0;           // > 0: also time one prompt of this many tokens
+  int prefill_tokens = 0;           // > 0: also time one prompt of this many tokens, in chunks of
+                                    // runtime.max_tokens_per_step (--chunked-prefill-size)
   bool profile = true;              // per-op tables (extra, eager steps after the timed ones)
   int profile_steps = 3;
   std::string commit;               // recorded in the JSON
@@ -83,6 +84,9 @@ struct ModelBenchReport {
   std::optional<CollectiveBench> collectives;  // tp_size > 1: the group's all-reduces, timed alone
   std::vector<DecodeFigure> decode;
   int prefill_tokens = 0;
+  int prefill_chunk_tokens = 0;   // the prompt went through in steps of this many tokens
+  int mla_layers = 0;
+  double prefill_attention_flops = 0;  // prompt_attention_flops of the prompt
   double prefill_s = 0, prefill_tok_s = 0;
   double prefill_tflops = 0;      // counted GEMM/attention FLOPs / prefill time (needs the profile)
   double prefill_peak_ratio = 0;  // prefill_tflops / bf16_tflops
@@ -97,6 +101,10 @@ std::optional<PeerFigures> k3_slice_peer(const ModelConfig& config);
 // Bytes a decode step of `batch` sequences at `context` tokens must move (see StepBytes).
 StepBytes decode_step_bytes(const ModelConfig& config, int64_t weight_bytes, bool bf16_weights,
                             const CacheLayout& layout, int batch, int context, double* expected_experts = nullptr);
+
+// The causal attention FLOPs of an n-token prompt through the model's full-attention
+// layers (scores and weighted values of every visible pair, every head).
+double prompt_attention_flops(const ModelConfig& config, int64_t n_tokens);
 
 Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& config);
 // The tables: decode (with the floor and peer ratios last), prefill, then one per-op table
