@@ -11,7 +11,7 @@ Mirrors src/model/vision/moonvit.cpp (and vision_config.cpp, preprocess.cpp); se
   -> final RMSNorm -> 2x2 merge (4 neighbouring patches side by side, slot k = ky*2 + kx)
   -> projector: Linear(4H, 4H) -> GELU(exact) -> Linear(4H, T) -> RMSNorm(eps projector_ln_eps)
 
-Tower RMSNorm eps = machine epsilon of the checkpoint's torch_dtype (2^-7 for bfloat16).
+Tower RMSNorm eps = float32's machine epsilon, 2^-23 (torch's nn.RMSNorm() for bf16/fp16/fp32).
 No biases anywhere. RoPE: head_dim/2 complex pairs (x[2i], x[2i+1]); pair 2j turns by
 column * theta^(-4j/d), pair 2j+1 by row * theta^(-4j/d), theta = 10000.
 wqkv's output is [q (heads x d) | k | v], head h at columns h*d .. h*d+d of each.
@@ -42,10 +42,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# torch.finfo(dtype).eps for the checkpoint's torch_dtype: nn.RMSNorm() without eps.
+# nn.RMSNorm() without eps, as torch runs it: the machine epsilon of the type rms_norm
+# computes in, float32 for bfloat16, float16 and float32 inputs alike (not the input dtype's
+# own epsilon): 2^-23 whichever the checkpoint's torch_dtype.
 NORM_EPS_BY_DTYPE = {
-    "bfloat16": 2.0 ** -7,
-    "float16": 2.0 ** -10,
+    "bfloat16": 2.0 ** -23,
+    "float16": 2.0 ** -23,
     "float32": 2.0 ** -23,
 }
 CHECKPOINT_DTYPE = "BF16"  # every vision_tower.* / mm_projector.* tensor

@@ -5,7 +5,12 @@
 //   2. the tower and projector: the rows that replace the placeholders;
 //   3. the whole model: greedy ids and logits after prompts holding one placeholder per
 //      image, expanded and filled in as the reference's merge does; and the same through
-//      `moonrun generate --image`.
+//      `moonrun generate --image`;
+//   4. every tower of tests/fixtures/k3-vision-variants (other widths, heads, head sizes,
+//      qkv widths, layers, MLPs, position tables and their resize modes, patch sizes and
+//      merge kernels), on the same text model: preprocessing, image rows, greedy ids and
+//      logits, each a test of its own.
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -24,6 +29,7 @@
 #include "../support/fixture_files.h"
 #include "../support/runtimes.h"
 #include "../support/vision_cases.h"
+#include "../support/vision_variants.h"
 #include "model/vision/image_decode.h"
 #include "model/vision/placeholders.h"
 #include "model/vision/preprocess.h"
@@ -198,6 +204,100 @@ TEST_F(VisionFixture, GenerateCliTakesImages) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3) << i;
   fs::remove(out_file);
 }
+
+
+// ---- the variants ----------------------------------------------------------------------
+
+class VisionVariant : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(VisionVariant, RowsAndLogitsMatchTheReference) {
+  const std::string name = GetParam();
+  const std::string root = testing::vision_variants_dir();
+  std::ifstream in(root + "/" + name + "/vision_expected.json");
+  ASSERT_TRUE(in) << name;
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  auto dir = testing::assemble_vision_variant(name);
+  ASSERT_TRUE(dir.is_ok()) << dir.status().to_string();
+  std::ifstream cin(*dir + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(cin);
+  auto cfg = parse_model_config(config, "config.json");
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  ASSERT_TRUE(cfg->vision.enabled);
+  auto proc = vision::load_image_processor_config(*dir, cfg->vision);
+  ASSERT_TRUE(proc.is_ok()) << proc.status().to_string();
+  Runtime rt = testing::make_runtime(*dir, testing::test_runtime_options("cpu", 512));
+  ASSERT_TRUE(rt.runner);
+  const int H = rt.config.hidden_size;
+  const float tol = expected.at("tolerance_abs_logit").get<float>();
+  const float tol_rows = expected.at("tolerance_abs_image_row").get<float>();
+  const int32_t placeholder = config.at("media_placeholder_token_id").get<int32_t>();
+  ASSERT_FALSE(expected.at("cases").empty());
+  int index = 0;
+  for (const auto& c : expected.at("cases")) {
+    SCOPED_TRACE(name + " case " + std::to_string(index++));
+    std::vector<vision::ImagePatches> images;
+    std::vector<int> rows_per_image;
+    for (size_t k = 0; k < c.at("images").size(); ++k) {
+      const std::string file = c.at("images")[k].get<std::string>();
+      std::ifstream f(root + "/" + file, std::ios::binary);
+      ASSERT_TRUE(f) << file;
+      const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      auto img = vision::decode_image(bytes, int64_t{1} << 24);
+      ASSERT_TRUE(img.is_ok()) << file << ": " << img.status().to_string();
+      auto p = vision::preprocess_image(*img, *proc);
+      ASSERT_TRUE(p.is_ok()) << file << ": " << p.status().to_string();
+      // The reference processor's grid and token count, and its pixel values' sums.
+      const auto grid = c.at("grid_thws")[k];
+      EXPECT_EQ(p->grid_h, grid[1].get<int>()) << file;
+      EXPECT_EQ(p->grid_w, grid[2].get<int>()) << file;
+      EXPECT_EQ(p->num_tokens, c.at("image_tokens")[k].get<int>()) << file;
+      const std::string base = file.substr(file.rfind('/') + 1);
+      const auto& info = expected.at("image_info").at(base);
+      double sum = 0, abs_sum = 0;
+      for (float v : p->values) sum += v, abs_sum += std::fabs(v);
+      EXPECT_NEAR(sum, info.at("pixel_values_sum").get<double>(), 1e-6 * p->values.size()) << file;
+      EXPECT_NEAR(abs_sum, info.at("pixel_values_abs_sum").get<double>(), 1e-6 * p->values.size()) << file;
+      rows_per_image.push_back(p->num_tokens);
+      images.push_back(std::move(p).value());
+    }
+    std::vector<const vision::ImagePatches*> pointers;
+    for (const auto& im : images) pointers.push_back(&im);
+    auto rows = rt.runner->encode_images(pointers);
+    ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
+    const auto rows_shape = c.at("image_rows_shape").get<std::vector<size_t>>();
+    ASSERT_EQ(rows_shape[1], static_cast<size_t>(H));
+    ASSERT_EQ(rows->size(), rows_shape[0] * rows_shape[1]);
+    const auto want_rows =
+        read_f32(root + "/" + name + "/" + c.at("image_rows_file").get<std::string>(), rows->size());
+    float worst_row = 0;
+    for (size_t i = 0; i < want_rows.size(); ++i) worst_row = std::max(worst_row, std::fabs((*rows)[i] - want_rows[i]));
+    std::printf("%s: image rows %zu x %d, max |drow| = %.3g\n", name.c_str(), rows_shape[0], H, worst_row);
+    EXPECT_LE(worst_row, tol_rows);
+
+    auto run = testing::run_vision_case(*rt.runner, rt.cache.page_size_tokens, c, placeholder, rows_per_image, *rows);
+    ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+    const GenerateResult* got = &run->result;
+    EXPECT_EQ(got->token_ids, c.at("greedy_ids").get<std::vector<int32_t>>());
+    const auto want = read_f32(root + "/" + name + "/" + c.at("logits_file").get<std::string>(), got->logits.size());
+    float worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got->logits[i] - want[i]));
+    std::printf("%s: prompt %zu positions (%zu images): max |dlogit| = %.3g\n", name.c_str(), run->prompt_positions,
+                images.size(), worst);
+    EXPECT_LE(worst, tol);
+  }
+  std::filesystem::remove_all(*dir);
+}
+
+std::string variant_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Towers, VisionVariant, ::testing::ValuesIn(testing::vision_variant_names()),
+                         variant_test_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(VisionVariant);
 
 }  // namespace
 }  // namespace moonrun

@@ -273,17 +273,24 @@ TEST_P(BackendOps, VisionOps) {
     expect_close(std::string(tanh_approx ? "gelu_tanh_" : "gelu_exact_") + B.mode(), "61x300", err(B, y),
                  B.tol(4e-3));
   }
-  const int heads = 3, d = 32, first = 25;  // images of 25 (5 x 5) and 36 (6 x 6) patches
-  Pair qkv = put(B, normal(T * 3 * heads * d, 41), T, 3 * heads * d);
-  std::vector<float> rope = rope_table(5, 5, d);
-  const std::vector<float> second = rope_table(6, 6, d);
-  rope.insert(rope.end(), second.begin(), second.end());
-  Pair r = put(B, rope, T, d);
-  const std::vector<int32_t> starts = {0, first, T};
-  Pair o = out(B, T, heads * d);
-  B.cpu.vision_attention(qkv.c, r.c, starts, heads, d, o.c);
-  B.gpu->vision_attention(qkv.g, r.g, starts, heads, d, o.g);
-  expect_close(std::string("vision_attention_") + B.mode(), "25+36x3x32", err(B, o), 2e-5);
+  // Heads x head size as the towers have them: 3 x 32 (and 2 x 32, the fixture's), one head
+  // of 24 and of 128 (the release's size: more than one pair per lane), 4 of 8, 2 of 16.
+  const int first = 25;  // images of 25 (5 x 5) and 36 (6 x 6) patches
+  const int shapes[][2] = {{3, 32}, {2, 32}, {1, 24}, {1, 128}, {4, 8}, {2, 16}};
+  for (const auto& hd : shapes) {
+    const int heads = hd[0], d = hd[1];
+    Pair qkv = put(B, normal(T * 3 * heads * d, 41 + d), T, 3 * heads * d);
+    std::vector<float> rope = rope_table(5, 5, d);
+    const std::vector<float> second = rope_table(6, 6, d);
+    rope.insert(rope.end(), second.begin(), second.end());
+    Pair r = put(B, rope, T, d);
+    const std::vector<int32_t> starts = {0, first, T};
+    Pair o = out(B, T, heads * d);
+    B.cpu.vision_attention(qkv.c, r.c, starts, heads, d, o.c);
+    B.gpu->vision_attention(qkv.g, r.g, starts, heads, d, o.g);
+    expect_close(std::string("vision_attention_") + B.mode(),
+                 "25+36x" + std::to_string(heads) + "x" + std::to_string(d), err(B, o), 2e-5);
+  }
 }
 
 // The chunked KDA in bf16 mode: bf16 operands into fp32 accumulators (FLA's chunk_kda

@@ -21,6 +21,7 @@
 #include "../support/fixture_files.h"
 #include "../support/runtimes.h"
 #include "../support/vision_cases.h"
+#include "../support/vision_variants.h"
 #include "fixture_contracts.h"
 #include "op_test_util.h"
 #include "model/vision/image_decode.h"
@@ -255,6 +256,72 @@ TEST(CudaVisionFixture, ImageRowsAndLogitsMatchTheReference) {
       std::printf("OPERR model/k3-vision-tiny float32 %.3e %.1e %s\n", worst, 1e-3, worst <= 1e-3 ? "ok" : "FAIL");
       EXPECT_LE(worst, expected.at("tolerance_abs_logit").get<double>());
     }
+  }
+}
+
+
+// The towers of tests/fixtures/k3-vision-variants on CUDA, as the CPU test runs them: in
+// float32 rows and logits to the reference's fp32 contract; in bf16 the rows within bf16
+// rounding of the reference's.
+TEST(CudaVisionFixture, EveryVariantTowerMatchesTheReference) {
+  REQUIRE_GPU();
+  const std::vector<std::string> names = testing::vision_variant_names();
+  if (names.empty()) GTEST_SKIP() << testing::vision_variants_dir() << " holds no variants";
+  const std::string root = testing::vision_variants_dir();
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    std::ifstream in(root + "/" + name + "/vision_expected.json");
+    const nlohmann::json expected = nlohmann::json::parse(in);
+    auto dir = testing::assemble_vision_variant(name);
+    ASSERT_TRUE(dir.is_ok()) << dir.status().to_string();
+    std::ifstream cin(*dir + "/config.json");
+    const nlohmann::json config = nlohmann::json::parse(cin);
+    auto cfg = parse_model_config(config, "config.json");
+    ASSERT_TRUE(cfg.is_ok());
+    auto proc = vision::load_image_processor_config(*dir, cfg->vision);
+    ASSERT_TRUE(proc.is_ok());
+    const int32_t placeholder = config.at("media_placeholder_token_id").get<int32_t>();
+    for (const char* dtype : {"float32", "bfloat16"}) {
+      RuntimeOptions ro = testing::test_runtime_options("cuda", 512);
+      ro.mem_fraction_static = 0.2;
+      ro.dtype = dtype;
+      Runtime rt = testing::make_runtime(*dir, ro);
+      ASSERT_TRUE(rt.runner);
+      const bool f32 = std::string(dtype) == "float32";
+      for (const auto& c : expected.at("cases")) {
+        std::vector<vision::ImagePatches> images;
+        std::vector<int> rows_per_image;
+        for (const auto& f : c.at("images")) {
+          std::ifstream file(root + "/" + f.get<std::string>(), std::ios::binary);
+          const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+          auto img = vision::decode_image(bytes, int64_t{1} << 24);
+          ASSERT_TRUE(img.is_ok());
+          images.push_back(*vision::preprocess_image(*img, *proc));
+          rows_per_image.push_back(images.back().num_tokens);
+        }
+        std::vector<const vision::ImagePatches*> pointers;
+        for (const auto& im : images) pointers.push_back(&im);
+        auto rows = rt.runner->encode_images(pointers);
+        ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
+        const auto want_rows =
+            read_f32(root + "/" + name + "/" + c.at("image_rows_file").get<std::string>(), rows->size());
+        const double row_err = optest::normalised_error(*rows, want_rows);
+        optest::expect_close(std::string("vision_rows_") + dtype, name, row_err, f32 ? 1e-4 : 5e-2);
+        if (!f32) continue;
+        auto run =
+            testing::run_vision_case(*rt.runner, rt.cache.page_size_tokens, c, placeholder, rows_per_image, *rows);
+        ASSERT_TRUE(run.is_ok()) << run.status().to_string();
+        EXPECT_EQ(run->result.token_ids, c.at("greedy_ids").get<std::vector<int32_t>>());
+        const auto want =
+            read_f32(root + "/" + name + "/" + c.at("logits_file").get<std::string>(), run->result.logits.size());
+        double worst = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+          worst = std::max(worst, double(std::fabs(run->result.logits[i] - want[i])));
+        std::printf("OPERR model/%s float32 %.3e %.1e %s\n", name.c_str(), worst, 1e-3, worst <= 1e-3 ? "ok" : "FAIL");
+        EXPECT_LE(worst, expected.at("tolerance_abs_logit").get<double>());
+      }
+    }
+    std::filesystem::remove_all(*dir);
   }
 }
 

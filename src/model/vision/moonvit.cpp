@@ -1,5 +1,6 @@
 #include "model/vision/moonvit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -46,38 +47,95 @@ void describe_moonvit_weights(const ModelConfig& cfg, MoonVitWeights& w, WeightS
 
 // ---- host-side inputs --------------------------------------------------------------------
 
-std::vector<float> bilinear_resize(const std::vector<float>& table, int h0, int w0, int channels, int h, int w) {
-  std::vector<float> out(static_cast<size_t>(h) * w * channels);
+namespace {
+
+// One output coordinate's taps along an axis of `in` samples: source indices and weights,
+// as PyTorch's upsample kernels compute them for align_corners=False (in float: the op-math
+// type of a float32 table). scale = in / out; source = scale * (dst + 0.5) - 0.5.
+struct AxisTaps {
+  int n = 0;
+  int index[4] = {0, 0, 0, 0};
+  float weight[4] = {0, 0, 0, 0};
+};
+
+// upsample_bilinear2d: the source clamped at 0; the far neighbour is the edge itself at
+// the border.
+AxisTaps bilinear_taps(int in, int out, int dst) {
+  const float scale = static_cast<float>(in) / static_cast<float>(out);
+  float src = scale * (static_cast<float>(dst) + 0.5f) - 0.5f;
+  if (src < 0) src = 0;
+  AxisTaps t;
+  t.n = 2;
+  t.index[0] = static_cast<int>(src);
+  t.index[1] = t.index[0] + (t.index[0] < in - 1 ? 1 : 0);
+  t.weight[1] = src - static_cast<float>(t.index[0]);
+  t.weight[0] = 1.0f - t.weight[1];
+  return t;
+}
+
+// upsample_bicubic2d: the source is not clamped; taps floor(src) - 1 .. floor(src) + 2,
+// each index clamped into the table (upsample_get_value_bounded); Keys' cubic with A = -0.75
+// (get_cubic_upsample_coefficients); the index guarded to in - 1 and t to [0, 1]
+// (guard_index_and_lambda).
+AxisTaps bicubic_taps(int in, int out, int dst) {
+  constexpr float A = -0.75f;
+  const float scale = static_cast<float>(in) / static_cast<float>(out);
+  const float src = scale * (static_cast<float>(dst) + 0.5f) - 0.5f;
+  const int i0 = std::min(static_cast<int>(std::floor(src)), in - 1);
+  const float t = std::min(std::max(src - static_cast<float>(i0), 0.0f), 1.0f);
+  auto near = [&](float x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };    // |x| <= 1
+  auto far = [&](float x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };  // 1 < |x| < 2
+  AxisTaps r;
+  r.n = 4;
+  r.weight[0] = far(t + 1.0f);
+  r.weight[1] = near(t);
+  r.weight[2] = near(1.0f - t);
+  r.weight[3] = far(2.0f - t);
+  for (int k = 0; k < 4; ++k) r.index[k] = std::min(std::max(i0 - 1 + k, 0), in - 1);
+  return r;
+}
+
+std::vector<float> separable_resize(const std::vector<float>& table, int h0, int w0, int channels, int h, int w,
+                                    AxisTaps (*taps)(int, int, int)) {
   if (h == h0 && w == w0) return table;  // the reference skips the resize at the table's own size
-  // PyTorch's upsample_bilinear2d, align_corners=False: source = (dst + 0.5) * in/out - 0.5,
-  // clamped at 0; the right/bottom neighbour is the edge itself at the border. In float.
-  auto axis = [](int in, int out_size, int dst, int& i0, int& i1, float& l0, float& l1) {
-    const float scale = static_cast<float>(in) / static_cast<float>(out_size);
-    float src = scale * (static_cast<float>(dst) + 0.5f) - 0.5f;
-    if (src < 0) src = 0;
-    i0 = static_cast<int>(src);
-    i1 = i0 + (i0 < in - 1 ? 1 : 0);
-    l1 = src - static_cast<float>(i0);
-    l0 = 1.0f - l1;
-  };
+  std::vector<float> out(static_cast<size_t>(h) * w * channels);
+  std::vector<AxisTaps> xs(w);
+  for (int x = 0; x < w; ++x) xs[x] = taps(w0, w, x);
+  std::vector<float> row(channels);
   for (int y = 0; y < h; ++y) {
-    int y0, y1;
-    float ly0, ly1;
-    axis(h0, h, y, y0, y1, ly0, ly1);
+    const AxisTaps ty = taps(h0, h, y);
     for (int x = 0; x < w; ++x) {
-      int x0, x1;
-      float lx0, lx1;
-      axis(w0, w, x, x0, x1, lx0, lx1);
-      const float* v00 = &table[(static_cast<size_t>(y0) * w0 + x0) * channels];
-      const float* v01 = &table[(static_cast<size_t>(y0) * w0 + x1) * channels];
-      const float* v10 = &table[(static_cast<size_t>(y1) * w0 + x0) * channels];
-      const float* v11 = &table[(static_cast<size_t>(y1) * w0 + x1) * channels];
+      const AxisTaps& tx = xs[x];
       float* o = &out[(static_cast<size_t>(y) * w + x) * channels];
-      for (int c = 0; c < channels; ++c)
-        o[c] = ly0 * (lx0 * v00[c] + lx1 * v01[c]) + ly1 * (lx0 * v10[c] + lx1 * v11[c]);
+      std::fill(o, o + channels, 0.0f);
+      // Along x within each source row, then those rows along y.
+      for (int i = 0; i < ty.n; ++i) {
+        std::fill(row.begin(), row.end(), 0.0f);
+        for (int j = 0; j < tx.n; ++j) {
+          const float* v = &table[(static_cast<size_t>(ty.index[i]) * w0 + tx.index[j]) * channels];
+          for (int c = 0; c < channels; ++c) row[c] += tx.weight[j] * v[c];
+        }
+        for (int c = 0; c < channels; ++c) o[c] += ty.weight[i] * row[c];
+      }
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<float> bilinear_resize(const std::vector<float>& table, int h0, int w0, int channels, int h, int w) {
+  return separable_resize(table, h0, w0, channels, h, w, bilinear_taps);
+}
+
+std::vector<float> bicubic_resize(const std::vector<float>& table, int h0, int w0, int channels, int h, int w) {
+  return separable_resize(table, h0, w0, channels, h, w, bicubic_taps);
+}
+
+std::vector<float> resize_pos_table(const std::vector<float>& table, int h0, int w0, int channels, int h, int w,
+                                    PosEmbInterpolation mode) {
+  return mode == PosEmbInterpolation::kBicubic ? bicubic_resize(table, h0, w0, channels, h, w)
+                                                : bilinear_resize(table, h0, w0, channels, h, w);
 }
 
 std::vector<float> rope_table(int grid_h, int grid_w, int head_dim, float theta) {
@@ -154,8 +212,8 @@ std::vector<float> MoonVit::encode(Ops& ops, std::span<const vision::ImagePatche
         << "image patches do not fit the tower";
     const int32_t first = seq_starts.back();
     patches.insert(patches.end(), im->values.begin(), im->values.end());
-    const std::vector<float> p = bilinear_resize(pos_table_host_, v.pos_emb_height, v.pos_emb_width,
-                                                 static_cast<int>(H), im->grid_h, im->grid_w);
+    const std::vector<float> p = resize_pos_table(pos_table_host_, v.pos_emb_height, v.pos_emb_width,
+                                                  static_cast<int>(H), im->grid_h, im->grid_w, v.pos_emb_interpolation);
     pos.insert(pos.end(), p.begin(), p.end());
     const std::vector<float> r = rope_table(im->grid_h, im->grid_w, static_cast<int>(d));
     rope.insert(rope.end(), r.begin(), r.end());

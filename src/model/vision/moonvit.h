@@ -3,7 +3,7 @@
 // PatchMergerMLPV2 in modeling_kimi_k3.py), written once against the ops:
 //
 //   patches [N, 3*14*14] -> patch embedding (the Conv2d as a linear over flattened patches)
-//   + the learned position table, bilinearly resized to the image's grid
+//   + the learned position table, resized to the image's grid (bilinear or bicubic)
 //   -> 27 x [RMSNorm -> packed qkv -> 2-D RoPE -> bidirectional attention -> wo, residual;
 //            RMSNorm -> fc0 -> GELU(tanh) -> fc1, residual]
 //   -> final RMSNorm -> 2x2 merge (4 neighbouring patches side by side in one row)
@@ -48,11 +48,16 @@ void describe_moonvit_weights(const ModelConfig& cfg, MoonVitWeights& w, WeightS
 // The host-side inputs of one batch of images: the position table resized to each grid
 // and the 2-D RoPE angles of each patch (both depend only on the grid, as the reference
 // computes them outside its kernels).
-//   bilinear_resize: F.interpolate(mode="bilinear", align_corners=False) of a [h0, w0, C]
-//   table to [h, w, C], in float as PyTorch computes it.
+//   bilinear_resize / bicubic_resize: F.interpolate(mode="bilinear" / "bicubic",
+//   align_corners=False) of a [h0, w0, C] table to [h, w, C], in float as PyTorch computes
+//   it (the table itself at its own size: the reference skips the call);
+//   resize_pos_table: the one the config names.
 //   rope_table: [grid_h * grid_w, head_dim]; pair i of a head (i < head_dim/2) rotates by
 //   the column index (even i) or the row index (odd i) times theta^(-4 floor(i/2) / head_dim).
 std::vector<float> bilinear_resize(const std::vector<float>& table, int h0, int w0, int channels, int h, int w);
+std::vector<float> bicubic_resize(const std::vector<float>& table, int h0, int w0, int channels, int h, int w);
+std::vector<float> resize_pos_table(const std::vector<float>& table, int h0, int w0, int channels, int h, int w,
+                                    PosEmbInterpolation mode);
 std::vector<float> rope_table(int grid_h, int grid_w, int head_dim, float theta = 10000.0f);
 // Patch row of merged token t, slot k (k = ky * merge_w + kx): the 2x2 merge as a gather.
 std::vector<int32_t> merge_order(int grid_h, int grid_w, int merge_h, int merge_w);

@@ -1,5 +1,7 @@
 #include "model/vision/vision_config.h"
 
+#include <limits>
+
 namespace moonrun {
 
 namespace {
@@ -93,14 +95,23 @@ Result<VisionConfig> parse_vision_config(const json& vc, const std::string& dtyp
   MR_RETURN_IF_ERROR(f.only("mlp_type", "mlp2", "mlp2"));
   MR_RETURN_IF_ERROR(f.only("activation_func", "gelu_pytorch_tanh", "gelu_pytorch_tanh"));
   MR_RETURN_IF_ERROR(f.only("pos_emb_type", "divided_fixed", "divided_fixed"));
-  MR_RETURN_IF_ERROR(f.only("pos_emb_interpolation_mode", "bilinear", "bilinear"));
+  if (vc.contains("pos_emb_interpolation_mode") && !vc["pos_emb_interpolation_mode"].is_null()) {
+    const json& m = vc["pos_emb_interpolation_mode"];
+    if (m == json("bicubic")) c.pos_emb_interpolation = PosEmbInterpolation::kBicubic;
+    else if (m != json("bilinear"))
+      return failed_precondition(f.where("pos_emb_interpolation_mode") + " is " + m.dump() +
+                                 "; moonrun resizes the position table \"bilinear\" (K3's) or \"bicubic\"");
+  }
   MR_RETURN_IF_ERROR(f.only("merge_type", "sd2_tpool", "sd2_tpool"));
   MR_RETURN_IF_ERROR(f.only("mm_projector_type", "patchmergerv2", "patchmergerv2"));
   MR_RETURN_IF_ERROR(f.only("projector_hidden_act", "gelu", "gelu"));
 
-  if (dtype_name == "float32") c.norm_eps = 1.1920928955078125e-07f;  // torch.finfo(float32).eps
-  else if (dtype_name == "float16") c.norm_eps = 0.0009765625f;       // torch.finfo(float16).eps
-  else if (dtype_name == "bfloat16" || dtype_name.empty()) c.norm_eps = 0.0078125f;
+  // The tower's nn.RMSNorm() has no eps. torch's rms_norm then adds the machine epsilon of
+  // its op-math type, float32 for a bfloat16, float16 or float32 input (at::rms_norm:
+  // toOpMathType, then numeric_limits<float>::epsilon()), not the input dtype's own epsilon
+  // that its docs used to state: 2^-23 whichever of the three the checkpoint holds.
+  if (dtype_name == "bfloat16" || dtype_name == "float16" || dtype_name == "float32" || dtype_name.empty())
+    c.norm_eps = std::numeric_limits<float>::epsilon();
   else return failed_precondition(source + ": torch_dtype \"" + dtype_name + "\" is not a dtype moonrun knows");
   return c;
 }

@@ -9,9 +9,9 @@
 // image request is a 400.
 //
 // moonrun runs the tower as K3 ships it: RMSNorm blocks without biases, the MLP2 with tanh
-// GELU, 2-D RoPE, a bilinearly resized learned position table, 2x2 merging with temporal
-// pooling ("sd2_tpool") and the "patchmergerv2" projector. Any other choice is refused by
-// name rather than run wrong.
+// GELU, 2-D RoPE, a learned position table resized to each grid (bilinear, K3's, or
+// bicubic), merging with temporal pooling ("sd2_tpool") and the "patchmergerv2" projector.
+// Any other choice is refused by name rather than run wrong.
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +20,10 @@
 
 namespace moonrun {
 
+// How the learned position table is resized to an image's grid (pos_emb_interpolation_mode:
+// the F.interpolate mode, align_corners left at False).
+enum class PosEmbInterpolation { kBilinear, kBicubic };
+
 struct VisionConfig {
   bool enabled = false;
   int patch_size = 14;               // pixels per patch side
@@ -27,14 +31,15 @@ struct VisionConfig {
   int merge_kernel_w = 2;
   int pos_emb_height = 64;           // the learned position table's grid (init_pos_emb_*)
   int pos_emb_width = 64;
+  PosEmbInterpolation pos_emb_interpolation = PosEmbInterpolation::kBilinear;  // the reference's default
   int num_heads = 12;                // vt_num_attention_heads
   int num_layers = 27;               // vt_num_hidden_layers
   int hidden_size = 1024;            // vt_hidden_size: the tower's width
   int intermediate_size = 4096;      // vt_intermediate_size: the MLP's
   int qkv_hidden_size = 1536;        // attention width (heads x head_dim)
-  // nn.RMSNorm without eps: torch takes the machine epsilon of the dtype the tower runs in,
-  // which is the checkpoint's (K3_SPEC.md, MoonViT notes): 2^-7 for bfloat16, 2^-23 for float32.
-  float norm_eps = 0.0078125f;
+  // nn.RMSNorm without eps: torch adds the machine epsilon of the type it computes in, which
+  // is float32 for a bfloat16, float16 or float32 tower (not bfloat16's 2^-7): 2^-23.
+  float norm_eps = 1.1920928955078125e-07f;
   float projector_eps = 1e-5f;       // projector_ln_eps (the projector's post RMSNorm)
   int text_hidden_size = 0;          // what the projector writes: the text model's width
 

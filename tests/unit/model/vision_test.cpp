@@ -1,10 +1,16 @@
 // The vision path's pieces against what the reference (and PyTorch under it) computes:
-// kimi_k3_vision_processing's resize/pad plan, F.interpolate's bilinear resize, the 2-D
-// RoPE layout, the 2x2 merge order, PyTorch's GELU values, the placeholder expansion, and
-// the header check that stops a decompression bomb before it is decoded.
+// kimi_k3_vision_processing's resize/pad plan, F.interpolate's bilinear and bicubic resizes
+// (against their definitions in float64), the tower's RMSNorm eps and config choices, the
+// 2-D RoPE layout, the 2x2 merge order, PyTorch's GELU values, the placeholder expansion,
+// and the header check that stops a decompression bomb before it is decoded.
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "../../support/png.h"
 #include "backend/cpu/vision.h"
@@ -12,6 +18,7 @@
 #include "model/vision/moonvit.h"
 #include "model/vision/placeholders.h"
 #include "model/vision/preprocess.h"
+#include "model/vision/vision_config.h"
 
 namespace moonrun {
 namespace {
@@ -92,6 +99,105 @@ TEST(VisionTower, BilinearResizeIsTorchs) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
   // The table's own size is used as it is (the reference skips the resize there).
   EXPECT_EQ(bilinear_resize(table, 2, 2, 1, 2, 2), table);
+}
+
+// F.interpolate(..., align_corners=False) written from its definition, in float64 and
+// independently of moonvit.cpp: output pixel d of an axis sits at source coordinate
+// x = (d + 0.5) * in / out - 0.5 (half-pixel centres); the value is a kernel-weighted sum
+// of the samples around x, sample indices outside the table reading the border sample.
+//   bilinear: the triangle kernel on the two samples floor(x), floor(x) + 1, with x first
+//     clamped at 0 (PyTorch's linear modes);
+//   bicubic: Keys' cubic convolution kernel with a = -0.75 (PyTorch's choice) on the four
+//     samples floor(x) - 1 .. floor(x) + 2, x not clamped.
+double keys_cubic(double s) {
+  const double a = -0.75, x = std::fabs(s);
+  if (x <= 1) return (a + 2) * x * x * x - (a + 3) * x * x + 1;
+  if (x < 2) return a * x * x * x - 5 * a * x * x + 8 * a * x - 4 * a;
+  return 0;
+}
+
+std::vector<std::pair<int, double>> axis_weights(int in, int out, int dst, bool cubic) {
+  double x = (dst + 0.5) * in / out - 0.5;
+  std::vector<std::pair<int, double>> w;
+  auto clamp = [&](int i) { return std::min(std::max(i, 0), in - 1); };
+  if (!cubic) {
+    x = std::max(x, 0.0);
+    const int i0 = static_cast<int>(std::floor(x));
+    w.push_back({clamp(i0), 1 - (x - i0)});
+    w.push_back({clamp(i0 + 1), x - i0});
+  } else {
+    const int i0 = static_cast<int>(std::floor(x));
+    for (int k = -1; k <= 2; ++k) w.push_back({clamp(i0 + k), keys_cubic(x - (i0 + k))});
+  }
+  return w;
+}
+
+std::vector<double> interpolate_f64(const std::vector<float>& t, int h0, int w0, int c, int h, int w, bool cubic) {
+  std::vector<double> out(static_cast<size_t>(h) * w * c, 0.0);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (const auto& [iy, wy] : axis_weights(h0, h, y, cubic))
+        for (const auto& [ix, wx] : axis_weights(w0, w, x, cubic))
+          for (int k = 0; k < c; ++k)
+            out[(static_cast<size_t>(y) * w + x) * c + k] += wy * wx * t[(static_cast<size_t>(iy) * w0 + ix) * c + k];
+  return out;
+}
+
+TEST(VisionTower, PositionTableResizeIsFInterpolate) {
+  // Tables larger and smaller than the grid, square and not, up in one axis and down in the
+  // other, to grids of one patch and of many; 3 channels of distinct values.
+  struct Shape { int h0, w0, h, w; };
+  const Shape shapes[] = {{8, 8, 10, 10}, {16, 16, 10, 10}, {16, 16, 18, 6}, {12, 6, 10, 14}, {5, 7, 18, 18},
+                          {4, 4, 2, 2},   {20, 20, 8, 18},  {10, 10, 3, 30}, {3, 2, 1, 1},   {1, 1, 4, 3}};
+  const int C = 3;
+  for (const Shape& s : shapes) {
+    std::vector<float> table(static_cast<size_t>(s.h0) * s.w0 * C);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(std::sin(0.7 * i) * 2.0 + std::cos(0.13 * i));
+    for (bool cubic : {false, true}) {
+      const std::vector<float> got = cubic ? bicubic_resize(table, s.h0, s.w0, C, s.h, s.w)
+                                           : bilinear_resize(table, s.h0, s.w0, C, s.h, s.w);
+      const std::vector<double> want = interpolate_f64(table, s.h0, s.w0, C, s.h, s.w, cubic);
+      ASSERT_EQ(got.size(), want.size());
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+      EXPECT_LE(worst, 1e-5) << (cubic ? "bicubic " : "bilinear ") << s.h0 << "x" << s.w0 << " -> " << s.h << "x"
+                             << s.w;
+    }
+  }
+  // At the table's own size the table itself, in either mode (the reference skips the call).
+  std::vector<float> t(4 * 5 * C);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<float>(i);
+  EXPECT_EQ(bicubic_resize(t, 4, 5, C, 4, 5), t);
+  EXPECT_EQ(bilinear_resize(t, 4, 5, C, 4, 5), t);
+  EXPECT_EQ(resize_pos_table(t, 4, 5, C, 8, 3, PosEmbInterpolation::kBicubic), bicubic_resize(t, 4, 5, C, 8, 3));
+  EXPECT_EQ(resize_pos_table(t, 4, 5, C, 8, 3, PosEmbInterpolation::kBilinear), bilinear_resize(t, 4, 5, C, 8, 3));
+}
+
+TEST(VisionConfig, TowerNormEpsIsFloat32sWhateverTheCheckpointDtype) {
+  // nn.RMSNorm() (eps=None) in the tower: torch's rms_norm computes a bfloat16 or float16
+  // input in float32 and adds float32's machine epsilon (toOpMathType, then
+  // numeric_limits<float>::epsilon()), not the input dtype's (2^-7 for bfloat16).
+  const nlohmann::json vc = {{"vt_hidden_size", 32}, {"vt_num_attention_heads", 2}, {"qkv_hidden_size", 32}};
+  for (const char* dtype : {"bfloat16", "float16", "float32", ""}) {
+    auto c = parse_vision_config(vc, dtype, 64, "config.json");
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    EXPECT_EQ(c->norm_eps, std::numeric_limits<float>::epsilon()) << dtype;
+    EXPECT_EQ(c->norm_eps, 1.1920928955078125e-07f) << dtype;  // 2^-23
+  }
+  EXPECT_FALSE(parse_vision_config(vc, "int8", 64, "config.json").is_ok());
+}
+
+TEST(VisionConfig, PositionTableInterpolationMode) {
+  nlohmann::json vc = {{"vt_hidden_size", 32}, {"vt_num_attention_heads", 2}, {"qkv_hidden_size", 32}};
+  EXPECT_EQ(parse_vision_config(vc, "bfloat16", 64, "c")->pos_emb_interpolation, PosEmbInterpolation::kBilinear);
+  vc["pos_emb_interpolation_mode"] = nullptr;  // the reference's default, as when absent
+  EXPECT_EQ(parse_vision_config(vc, "bfloat16", 64, "c")->pos_emb_interpolation, PosEmbInterpolation::kBilinear);
+  vc["pos_emb_interpolation_mode"] = "bicubic";
+  EXPECT_EQ(parse_vision_config(vc, "bfloat16", 64, "c")->pos_emb_interpolation, PosEmbInterpolation::kBicubic);
+  vc["pos_emb_interpolation_mode"] = "nearest";
+  auto bad = parse_vision_config(vc, "bfloat16", 64, "c");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("vision_config.pos_emb_interpolation_mode"), std::string::npos);
 }
 
 TEST(VisionTower, RopeEvenPairsTakeTheColumn) {
