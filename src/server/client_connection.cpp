@@ -335,6 +335,7 @@ const char* reason_phrase(int status) {
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
+    case 529: return "Site Overloaded";  // Anthropic's overloaded_error
     default: return "Status";
   }
 }

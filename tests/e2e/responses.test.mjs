@@ -38,7 +38,8 @@ test('responses.create, not streamed: reasoning item, message, output_text, usag
   assert.equal(msg.content[0].type, 'output_text');
   assert.equal(r.output_text, msg.content[0].text);  // the client's own convenience field
   const reasoning = r.output.find((o) => o.type === 'reasoning');
-  if (reasoning) assert.equal(reasoning.content[0].type, 'reasoning_text');
+  // The reasoning is the item's summary: what the Responses clients read and show.
+  if (reasoning) assert.equal(reasoning.summary[0].type, 'summary_text');
   checkUsage(r.usage);
   assert.ok(r.usage.output_tokens <= 24);
 });
@@ -58,13 +59,13 @@ test('responses.create, streamed: the event sequence a client accumulates', asyn
   // Deltas add up to the final items.
   let reasoning = '', text = '';
   for (const e of events) {
-    if (e.type === 'response.reasoning_text.delta') reasoning += e.delta;
+    if (e.type === 'response.reasoning_summary_text.delta') reasoning += e.delta;
     if (e.type === 'response.output_text.delta') text += e.delta;
   }
   const final = last.response;
   assert.equal(final.output.find((o) => o.type === 'message').content[0].text, text);
   const r = final.output.find((o) => o.type === 'reasoning');
-  assert.equal(r ? r.content[0].text : '', reasoning);
+  assert.equal(r ? r.summary[0].text : '', reasoning);
   checkUsage(final.usage);
   // Items open and close in order.
   const added = events.filter((e) => e.type === 'response.output_item.added').map((e) => e.output_index);
@@ -129,9 +130,12 @@ test('text.format json_schema gives JSON that validates', async () => {
 
 test('unsupported parts are 400s naming the field', async () => {
   for (const [body, field] of [
-    [{ input: 'x', previous_response_id: 'resp_1' }, 'previous_response_id'],
-    [{ input: 'x', tools: [{ type: 'web_search' }] }, 'tools[0].type'],
-    [{ input: [{ type: 'item_reference', id: 'x' }] }, 'input[0].type'],
+    [{ input: 'x', previous_response_id: 'resp_1' }, 'previous_response_id'],  // never stored
+    [{ input: 'x', tools: [{ type: 'custom', name: 'x' }] }, 'tools[0].type'],
+    [{ input: 'x', tools: [{ type: 'no_such_tool' }] }, 'tools[0].type'],
+    [{ input: [{ type: 'item_reference', id: 'x' }] }, 'input[0].id'],  // never stored
+    [{ input: 'x', background: true }, 'background'],
+    [{ input: 'x', store: 'yes' }, 'store'],
     [{}, 'input'],
     [{ input: 'x', reasoning: { effort: 'medium' } }, 'reasoning_effort'],
   ]) {
