@@ -141,7 +141,7 @@ Status add_message(const Json& m, const std::string& path, const Tools& tools, J
   Json tool_calls = Json::array();
   // A user message with images keeps its blocks in order as chat parts (text, image_url).
   Json parts = Json::array();
-  bool images = false;
+  bool images = false, tool_results = false;
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& b = content[i];
     const std::string p = path + ".content[" + std::to_string(i) + "]";
@@ -157,6 +157,7 @@ Status add_message(const Json& m, const std::string& path, const Tools& tools, J
       return unimplemented(p + ": " + t + " blocks are taken in user messages only, and documents not at all");
     } else if (t == "tool_result" && role == "user") {
       MR_RETURN_IF_ERROR(tool_result(b, p, tools, messages));
+      tool_results = true;
     } else if (t == "thinking" && role == "assistant") {
       thinking += thinking_of(b);
     } else if (t == "redacted_thinking" && role == "assistant") {
@@ -174,7 +175,7 @@ Status add_message(const Json& m, const std::string& path, const Tools& tools, J
   }
   if (role == "user") {
     if (images) messages.push_back(Json{{"role", "user"}, {"content", parts}});
-    else if (!text.empty() || messages.empty() || messages.back()["role"] != "tool")
+    else if (!text.empty() || !tool_results)  // a turn of tool results alone adds no user message
       messages.push_back(Json{{"role", "user"}, {"content", text}});
     return Status::ok();
   }
