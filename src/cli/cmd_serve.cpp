@@ -368,6 +368,7 @@ int run_serve(server::ServeOptions opt) {
   ctx.tokenizer = tok;
   ctx.engine = loop->get();
   ctx.metrics = &metrics;
+  ctx.responses = std::make_shared<server::ResponseStore>();
   auto images = image_input_config(opt, *dir);
   if (!images.is_ok()) {
     std::fprintf(stderr, "moonrun serve: %s\n", images.status().message().c_str());

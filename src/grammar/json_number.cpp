@@ -108,9 +108,13 @@ Result<Frag> JsonGrammar::number(const Json& schema, const Ctx& ctx, bool intege
     if (k == "exclusiveMaximum") hi = std::min(hi, std::ceil(v) - 1);
   }
   if (!bounded) return number_any(integer);
+  // A minimum below -1e15 or a maximum above 1e15 (zod's .int() writes +-(2^53 - 1), the
+  // safe-integer range) is pulled in to +-1e15: the range only narrows, so every number
+  // generated still satisfies the schema. A bound that would have to widen is refused.
   const double limit = 1e15;
-  if ((std::isfinite(lo) && std::abs(lo) > limit) || (std::isfinite(hi) && std::abs(hi) > limit))
-    return invalid_argument(ctx.path + ": bounds beyond 1e15 are not supported");
+  if (lo < -limit) lo = -limit;
+  if (hi > limit) hi = limit;
+  if (lo > limit || hi < -limit) return invalid_argument(ctx.path + ": bounds beyond 1e15 are not supported");
   if (lo > hi) return invalid_argument(ctx.path + ": no " + std::string(integer ? "integer" : "whole number") + " lies within the bounds");
   std::vector<Frag> options;
   if (lo < 0) {  // the negative part: "-" and the magnitudes [max(1,-hi), -lo]

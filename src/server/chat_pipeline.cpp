@@ -51,7 +51,7 @@ Result<ChatPrompt> chat_prompt(const ServingContext& ctx, const chat::ChatReques
   return out;
 }
 
-Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body) {
+Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body, ContextFit fit) {
   PreparedChat out;
   out.request = MR_TRY(chat::parse_chat_request(body));
   ChatPrompt prompt = MR_TRY(chat_prompt(ctx, out.request));
@@ -65,7 +65,8 @@ Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& b
   // Kimi's markers are special tokens: the parser must see them in the text.
   out.params.skip_special_tokens = false;
   int max_tokens = out.params.max_tokens;
-  MR_RETURN_IF_ERROR(fit_context(ctx, out.prompt_ids.size(), max_tokens));
+  MR_RETURN_IF_ERROR(fit ? fit(ctx.max_model_len, out.prompt_ids.size(), max_tokens)
+                         : fit_context(ctx, out.prompt_ids.size(), max_tokens));
   out.params.max_tokens = max_tokens;
   out.params.make_constraint = MR_TRY(output_constraint(ctx, out.request, max_tokens));
   out.parse_options = chat::parse_options_for(out.request);

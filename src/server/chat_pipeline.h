@@ -39,9 +39,14 @@ struct ChatPrompt {
 Result<ChatPrompt> chat_prompt(const ServingContext& ctx, const chat::ChatRequest& request,
                                chat::RenderOptions render = {});
 
+// How a prompt that does not fit the context is refused (and max_tokens defaulted):
+// fit_context's OpenAI/vLLM texts unless the route's clients read other texts
+// (anthropic_fit_context for /v1/messages).
+using ContextFit = Status (*)(int64_t max_model_len, size_t prompt_tokens, int& max_tokens);
+
 // body: the chat body as parsed (object key order kept; the chat format prints parts of it
 // back byte for byte). Errors are request errors (400s) naming the field.
-Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body);
+Result<PreparedChat> prepare_chat(const ServingContext& ctx, const chat::Json& body, ContextFit fit = nullptr);
 
 struct ChoiceMessage {
   std::string reasoning;

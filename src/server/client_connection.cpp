@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "common/log.h"
+#include "server/anthropic_error.h"
 #include "server/content_decoding.h"
 #include "server/openai_error.h"
 
@@ -272,6 +273,14 @@ void Connection::on_body() {
 void Connection::fail(int status, const std::string& why) {
   owner_.on_rejected(remote_addr_ + ":" + std::to_string(remote_port_), status, why);
   const char* code = status == 413 ? "request_too_large" : status == 408 ? "request_timeout" : "bad_request";
+  // Once the request line is read, an Anthropic route is answered in Anthropic's envelope.
+  if (impl_->parser && impl_->parser->is_header_done()) {
+    const std::string target(impl_->parser->get().target());
+    if (is_anthropic_route(target.substr(0, target.find('?')))) {
+      const ApiError e{status, why, "", "", code};
+      return reject(anthropic_status(status), anthropic_error_json(e).dump());
+    }
+  }
   reject(status, envelope(status, why, code));
 }
 
@@ -335,6 +344,7 @@ const char* reason_phrase(int status) {
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
+    case 529: return "Site Overloaded";  // Anthropic's overloaded_error
     default: return "Status";
   }
 }

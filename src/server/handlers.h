@@ -25,6 +25,8 @@ void handle_completions(const ServingContext& ctx, const HttpRequest& req, HttpR
 // The OpenAI Responses API and the Anthropic Messages API on the chat pipeline.
 void handle_responses(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_messages(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res);
+// POST /v1/messages/count_tokens: the prompt tokens a Messages request would take.
+void handle_count_tokens(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res);
 
 // The liveness check of the client behind req for a non-streaming Generation::collect
 // (streams notice through their writes).

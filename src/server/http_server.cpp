@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "server/anthropic_error.h"
 #include "server/client_connection.h"
 #include "server/generation.h"
 #include "server/handlers.h"
@@ -128,6 +129,7 @@ struct HttpServer::Impl : ConnectionOwner {
     req.request_id = sane_request_id(given) ? given : new_request_id();
     MR_LOG(DEBUG) << "request " << req.request_id << " " << req.method << " " << req.target << " from "
                   << req.remote_addr << ":" << req.remote_port << " (" << req.body.size() << " body bytes)";
+    const std::string path = req.path;
     auto task = [this, conn, req = std::move(req), keep_alive]() mutable {
       process(std::move(conn), std::move(req), keep_alive);
     };
@@ -135,8 +137,9 @@ struct HttpServer::Impl : ConnectionOwner {
       if (ctx.metrics) ctx.metrics->response_sent(503);
       MR_LOG(WARNING) << "every one of the " << pool->max_threads()
                       << " request threads is busy; answering 503 (raise --http-threads)";
-      conn->reject(503, overloaded("The server is at its limit of concurrent requests; retry shortly.").to_json().dump(),
-                   "Retry-After: 1\r\n");
+      const ApiError busy = overloaded("The server is at its limit of concurrent requests; retry shortly.");
+      if (is_anthropic_route(path)) conn->reject(529, anthropic_error_json(busy).dump(), "Retry-After: 1\r\n");
+      else conn->reject(503, busy.to_json().dump(), "Retry-After: 1\r\n");
     }
   }
   void on_rejected(const std::string& remote, int status, const std::string& why) override {

@@ -4,10 +4,14 @@
 // Streamed, the events are Anthropic's, each framed as `event: TYPE` + `data: JSON`:
 //   message_start, per block content_block_start / content_block_delta (thinking_delta,
 //   signature_delta, text_delta, input_json_delta) / content_block_stop, message_delta
-//   (stop_reason, usage), message_stop.
-// Errors are Anthropic's envelope: {"type": "error", "error": {"type", "message"}}.
+//   (stop_reason, usage), message_stop. message_start waits for the first engine output, so
+//   its usage holds the prefix-cache hit.
+// Usage is Anthropic's: input_tokens the uncached part of the prompt, cache_read_input_tokens
+// the cached part. Errors are Anthropic's envelope (anthropic_error.h).
+// POST /v1/messages/count_tokens renders the same prompt and answers {"input_tokens": N}.
 
 #include "common/log.h"
+#include "server/anthropic_error.h"
 #include "server/chat_pipeline.h"
 #include "server/handlers.h"
 #include "server/messages_request.h"
@@ -18,24 +22,6 @@ namespace moonrun::server {
 using nlohmann::json;
 
 namespace {
-
-const char* anthropic_error_type(int status) {
-  switch (status) {
-    case 400: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 503: return "overloaded_error";
-    default: return "api_error";
-  }
-}
-
-void send_anthropic_error(HttpResponse& res, const ApiError& e) {
-  res.status = e.http_status;
-  const json body = {{"type", "error"}, {"error", {{"type", anthropic_error_type(e.http_status)}, {"message", e.message}}}};
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-}
 
 // The tool input object of a call: its arguments parsed; arguments that are not a JSON
 // object (a K2 model's broken JSON) become {} rather than a block the client cannot read.
@@ -51,21 +37,56 @@ const char* stop_reason(FinishReason reason, bool tool_calls, const std::string&
   return "end_turn";
 }
 
+// Anthropic's usage: input_tokens is the part of the prompt that was not read from the
+// cache, cache_read_input_tokens the prefix-cache hit; their sum is the whole prompt. The
+// prefix cache is filled on every request without being asked, so nothing is counted as
+// cache creation.
 json usage_json(const Usage& u) {
-  return {{"input_tokens", u.prompt_tokens}, {"output_tokens", u.completion_tokens},
+  return {{"input_tokens", u.prompt_tokens - u.cached_tokens}, {"output_tokens", u.completion_tokens},
           {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", u.cached_tokens}};
+}
+
+json thinking_block(const std::string& reasoning, bool omitted) {
+  return {{"type", "thinking"}, {"thinking", omitted ? "" : reasoning}, {"signature", thinking_signature(reasoning)}};
+}
+
+// Reads the body as handle_messages and handle_count_tokens take it: JSON, a model this
+// server serves, then the Messages mapping; errors in Anthropic's envelope.
+bool read_request(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res, MessagesRoute route,
+                  MessagesRequest& out) {
+  json body;
+  HttpResponse check;
+  if (!parse_body(ctx, req, check, body)) {
+    const json e = json::parse(check.body, nullptr, false);
+    const std::string message = e.is_object() && e.contains("error") ? e["error"].value("message", "bad request") : "bad request";
+    send_anthropic_error(res, ApiError{check.status, message});
+    return false;
+  }
+  auto converted = messages_to_chat(chat::Json::parse(req.body, nullptr, false), route);
+  if (!converted.is_ok()) {
+    send_anthropic_error(res, from_status(converted.status()));
+    return false;
+  }
+  out = std::move(converted).value();
+  return true;
 }
 
 // The streamed events of one message, built from parser deltas.
 class EventWriter {
  public:
-  EventWriter(std::string id, std::string model) : id_(std::move(id)), model_(std::move(model)) {}
+  EventWriter(std::string id, std::string model, const MessagesRequest& request)
+      : id_(std::move(id)), model_(std::move(model)), thinking_omitted_(request.thinking_omitted),
+        context_management_(request.context_management) {}
 
-  std::string start(int input_tokens) {
+  // message_start goes out with the first engine output, when the prefix cache has been
+  // consulted, so its usage holds the real cached count (as Anthropic's does).
+  std::string start(const Usage& usage) {
+    if (started_) return "";
+    started_ = true;
+    json u = usage_json(usage);
+    u["output_tokens"] = 0;
     json message = {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"content", json::array()},
-                    {"model", model_}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
-                    {"usage", {{"input_tokens", input_tokens}, {"output_tokens", 0},
-                               {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", 0}}}};
+                    {"model", model_}, {"stop_reason", nullptr}, {"stop_sequence", nullptr}, {"usage", u}};
     return sse_event({{"type", "message_start"}, {"message", message}}) + sse_event({{"type", "ping"}});
   }
 
@@ -73,8 +94,10 @@ class EventWriter {
     std::string out;
     if (!d.reasoning.empty()) {
       if (open_ != Open::kThinking) out += open({{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}, Open::kThinking);
-      out += sse_event({{"type", "content_block_delta"}, {"index", index_},
-                    {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
+      reasoning_ += d.reasoning;
+      if (!thinking_omitted_)
+        out += sse_event({{"type", "content_block_delta"}, {"index", index_},
+                          {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
     }
     if (!d.content.empty()) {
       if (open_ != Open::kText) out += open({{"type", "text"}, {"text", ""}}, Open::kText);
@@ -97,10 +120,12 @@ class EventWriter {
       out += open({{"type", "text"}, {"text", ""}}, Open::kText);
       out += close();
     }
-    out += sse_event({{"type", "message_delta"},
+    json delta = {{"type", "message_delta"},
                   {"delta", {{"stop_reason", stop_reason(reason, calls_ > 0, stop_sequence)},
                              {"stop_sequence", stop_sequence.empty() ? json(nullptr) : json(stop_sequence)}}},
-                  {"usage", usage_json(usage)}});
+                  {"usage", usage_json(usage)}};
+    if (context_management_) delta["context_management"] = {{"applied_edits", json::array()}};
+    out += sse_event(delta);
     return out + sse_event({{"type", "message_stop"}});
   }
 
@@ -115,14 +140,20 @@ class EventWriter {
   std::string close() {
     if (open_ == Open::kNone) return "";
     std::string out;
-    if (open_ == Open::kThinking)  // no signature: nothing to verify, the client echoes ""
-      out += sse_event({{"type", "content_block_delta"}, {"index", index_}, {"delta", {{"type", "signature_delta"}, {"signature", ""}}}});
+    if (open_ == Open::kThinking) {  // the signature carries the reasoning back (thinking_signature)
+      out += sse_event({{"type", "content_block_delta"}, {"index", index_},
+                        {"delta", {{"type", "signature_delta"}, {"signature", thinking_signature(reasoning_)}}}});
+      reasoning_.clear();
+    }
     out += sse_event({{"type", "content_block_stop"}, {"index", index_}});
     open_ = Open::kNone;
     return out;
   }
 
   std::string id_, model_;
+  bool thinking_omitted_, context_management_;
+  bool started_ = false;
+  std::string reasoning_;  // of the open thinking block
   int index_ = -1;
   Open open_ = Open::kNone;
   bool has_text_ = false;
@@ -132,18 +163,9 @@ class EventWriter {
 }  // namespace
 
 void handle_messages(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res) {
-  json body;
-  {
-    HttpResponse check;
-    if (!parse_body(ctx, req, check, body)) {
-      const json e = json::parse(check.body, nullptr, false);
-      const std::string message = e.is_object() && e.contains("error") ? e["error"].value("message", "bad request") : "bad request";
-      return send_anthropic_error(res, ApiError{check.status, message});
-    }
-  }
-  auto converted = messages_to_chat(chat::Json::parse(req.body, nullptr, false));
-  if (!converted.is_ok()) return send_anthropic_error(res, from_status(converted.status()));
-  auto prepared = prepare_chat(ctx, converted->chat_body);
+  MessagesRequest request;
+  if (!read_request(ctx, req, res, MessagesRoute::kCreate, request)) return;
+  auto prepared = prepare_chat(ctx, request.chat_body, anthropic_fit_context);
   if (!prepared.is_ok()) return send_anthropic_error(res, from_status(prepared.status()));
   for (const auto& w : prepared->request.warnings) MR_LOG(WARNING) << w;
   auto chat = std::make_shared<PreparedChat>(std::move(prepared).value());
@@ -153,36 +175,39 @@ void handle_messages(const ServingContext& ctx, const HttpRequest& req, HttpResp
   const std::string id = new_response_id("msg");
   const chat::ChatFormat format = ctx.chat_format;
 
-  if (!converted->stream) {
+  if (!request.stream) {
     auto samples = (*gen)->collect(client_gone_check(req));
     if (!samples.is_ok()) {
       if ((*gen)->client_gone_seen()) return send_collect_error(res, samples.status(), true);
-      return send_anthropic_error(res, internal(samples.status().message()));
+      const ApiError e = samples.status().code() == StatusCode::kUnavailable ? shutting_down(samples.status().message())
+                                                                             : internal(samples.status().message());
+      return send_anthropic_error(res, e);
     }
     const SampleOutcome& s = (*samples)[0];
     const ChoiceMessage m = parse_sample(*chat, format, s);
     json content = json::array();
-    if (!m.reasoning.empty()) content.push_back({{"type", "thinking"}, {"thinking", m.reasoning}, {"signature", ""}});
+    if (!m.reasoning.empty()) content.push_back(thinking_block(m.reasoning, request.thinking_omitted));
     if (!m.content.empty() || m.tool_calls.empty()) content.push_back({{"type", "text"}, {"text", m.content}});
     for (const auto& c : m.tool_calls)
       content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", tool_input(c.arguments)}});
-    const json out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", ctx.served_model_name},
-                      {"content", content},
-                      {"stop_reason", stop_reason(s.finish_reason, !m.tool_calls.empty(), s.stop_reason)},
-                      {"stop_sequence", s.stop_reason.empty() ? json(nullptr) : json(s.stop_reason)},
-                      {"usage", usage_json((*gen)->usage())}};
+    json out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", ctx.served_model_name},
+                {"content", content},
+                {"stop_reason", stop_reason(s.finish_reason, !m.tool_calls.empty(), s.stop_reason)},
+                {"stop_sequence", s.stop_reason.empty() ? json(nullptr) : json(s.stop_reason)},
+                {"usage", usage_json((*gen)->usage())}};
+    if (request.context_management) out["context_management"] = {{"applied_edits", json::array()}};
     res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
     return;
   }
 
   std::shared_ptr<Generation> g(std::move(gen).value());
-  auto writer = std::make_shared<EventWriter>(id, ctx.served_model_name);
+  auto writer = std::make_shared<EventWriter>(id, ctx.served_model_name, request);
   auto parser = std::shared_ptr<ChatOutputParser>(make_chat_output_parser(format, chat->parse_options));
   StreamHandlers h;
-  h.first = writer->start(static_cast<int>(chat->prompt_ids.size()));
   h.done_marker = false;  // Anthropic streams end with message_stop
   h.on_output = [writer, parser, g](const RequestOutput& out) {
-    std::string sse = writer->delta(parser->feed(out.text_delta));
+    std::string sse = writer->start(g->usage());
+    sse += writer->delta(parser->feed(out.text_delta));
     if (out.finished) {
       sse += writer->delta(parser->finish());
       sse += writer->finish(out.finish_reason, out.stop_reason, g->usage());
@@ -194,6 +219,17 @@ void handle_messages(const ServingContext& ctx, const HttpRequest& req, HttpResp
     return sse_event({{"type", "error"}, {"error", {{"type", "api_error"}, {"message", st.message()}}}});
   };
   stream_generation(res, g, std::move(h));
+}
+
+void handle_count_tokens(const ServingContext& ctx, const HttpRequest& req, HttpResponse& res) {
+  MessagesRequest request;
+  if (!read_request(ctx, req, res, MessagesRoute::kCountTokens, request)) return;
+  auto parsed = chat::parse_chat_request(request.chat_body);
+  if (!parsed.is_ok()) return send_anthropic_error(res, from_status(parsed.status()));
+  // The prompt exactly as /v1/messages would render it (images expanded to their rows).
+  auto prompt = chat_prompt(ctx, *parsed);
+  if (!prompt.is_ok()) return send_anthropic_error(res, from_status(prompt.status()));
+  res.set_content(json{{"input_tokens", prompt->prompt_ids.size()}}.dump(), "application/json");
 }
 
 }  // namespace moonrun::server

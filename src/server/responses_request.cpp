@@ -60,23 +60,67 @@ Result<Json> user_content(const Json& content, const std::string& path) {
   return parts;
 }
 
-Result<Json> convert_tools(const Json& tools) {
+// Tools the API runs itself (OpenAI's hosted tools) or whose calls are items of their own
+// kind: nothing here can run them or emit those items, so the model is not shown them.
+bool hosted_tool(const std::string& type) {
+  static const char* kHosted[] = {"web_search", "web_search_preview", "web_search_2025_08_26",
+                                  "web_search_preview_2025_03_11", "file_search", "code_interpreter",
+                                  "computer", "computer_use", "computer_use_preview", "image_generation",
+                                  "mcp", "local_shell", "shell", "apply_patch", "tool_search"};
+  for (const char* h : kHosted)
+    if (type == h) return true;
+  return false;
+}
+
+// One function tool (top level or inside a namespace) as a chat tool.
+Result<Json> function_tool(const Json& t, const std::string& p) {
+  if (!t.contains("name") || !t["name"].is_string()) return bad(p + ".name", "expected a string");
+  Json fn = Json::object();
+  fn["name"] = t["name"];
+  if (t.contains("description") && !t["description"].is_null()) fn["description"] = t["description"];
+  if (t.contains("parameters") && !t["parameters"].is_null()) fn["parameters"] = t["parameters"];
+  return Json{{"type", "function"}, {"function", fn}};
+}
+
+Status convert_tools(const Json& tools, Json& out, ResponsesRequest& req) {
   if (!tools.is_array()) return bad("tools", "expected an array");
-  Json out = Json::array();
+  std::map<std::string, std::string> where;  // tool name -> the path that declared it
+  auto add = [&](const Json& t, const std::string& p, const std::string& ns) -> Status {
+    Json tool = MR_TRY(function_tool(t, p));
+    const std::string name = t["name"].get<std::string>();
+    if (auto seen = where.find(name); seen != where.end())
+      return bad(p + ".name", "'" + name + "' is also declared at " + seen->second +
+                                  " (namespaces are flattened: their tools' names must be unique)");
+    where[name] = p;
+    if (!ns.empty()) req.tool_namespace[name] = ns;
+    out.push_back(std::move(tool));
+    return Status::ok();
+  };
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& t = tools[i];
     const std::string p = "tools[" + std::to_string(i) + "]";
     if (!t.is_object()) return bad(p, "expected an object");
     const std::string type = t.value("type", "");
-    if (type != "function") return bad(p + ".type", "only \"function\" tools are supported, got '" + type + "'");
-    if (!t.contains("name") || !t["name"].is_string()) return bad(p + ".name", "expected a string");
-    Json fn = Json::object();
-    fn["name"] = t["name"];
-    if (t.contains("description") && !t["description"].is_null()) fn["description"] = t["description"];
-    if (t.contains("parameters") && !t["parameters"].is_null()) fn["parameters"] = t["parameters"];
-    out.push_back(Json{{"type", "function"}, {"function", fn}});
+    if (type == "function") {
+      MR_RETURN_IF_ERROR(add(t, p, ""));
+    } else if (type == "namespace") {
+      if (!t.contains("name") || !t["name"].is_string()) return bad(p + ".name", "expected a string");
+      const Json inner = t.value("tools", Json::array());
+      if (!inner.is_array()) return bad(p + ".tools", "expected an array");
+      for (size_t k = 0; k < inner.size(); ++k) {
+        const std::string q = p + ".tools[" + std::to_string(k) + "]";
+        if (!inner[k].is_object() || inner[k].value("type", "") != "function")
+          return bad(q + ".type", "only \"function\" tools are supported inside a namespace");
+        MR_RETURN_IF_ERROR(add(inner[k], q, t["name"].get<std::string>()));
+      }
+    } else if (hosted_tool(type)) {
+      req.dropped_tools.push_back(p + " (" + type + ")");
+    } else {
+      return bad(p + ".type", "unsupported tool type '" + type + "' (function and namespace tools are served; "
+                              "hosted tools are not shown to the model)");
+    }
   }
-  return out;
+  return Status::ok();
 }
 
 Result<Json> convert_tool_choice(const Json& tc) {
@@ -86,13 +130,36 @@ Result<Json> convert_tool_choice(const Json& tc) {
   return bad("tool_choice", "expected \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}");
 }
 
-Result<Json> convert_input(const Json& input) {
-  Json messages = Json::array();
-  if (input.is_string()) {
-    messages.push_back(Json{{"role", "user"}, {"content", input}});
-    return messages;
-  }
+// The request's input as items: a string is one user message; item_reference items are
+// replaced by the stored items they name.
+Result<Json> input_items(const Json& input, ResponseStore* store) {
+  if (input.is_string())
+    return Json::array({Json{{"type", "message"}, {"role", "user"},
+                             {"content", Json::array({Json{{"type", "input_text"}, {"text", input}}})}}});
   if (!input.is_array()) return bad("input", "expected a string or an array of input items");
+  Json out = Json::array();
+  for (size_t i = 0; i < input.size(); ++i) {
+    const Json& item = input[i];
+    if (!item.is_object() || item.value("type", "") != "item_reference") {
+      out.push_back(item);
+      continue;
+    }
+    const std::string p = "input[" + std::to_string(i) + "]";
+    if (!item.contains("id") || !item["id"].is_string()) return bad(p + ".id", "expected a string");
+    const std::string id = item["id"].get<std::string>();
+    auto found = store ? store->item(id) : std::nullopt;
+    if (!found)
+      return bad(p + ".id", "no stored item '" + id + "': this server keeps the items of its last " +
+                                std::to_string(ResponseStore::kMaxResponses) +
+                                " responses made with store: true, until it restarts; send the item itself");
+    out.push_back(std::move(*found));
+  }
+  return out;
+}
+
+// input: the whole conversation; its first `previous` items came from previous_response_id.
+Result<Json> convert_input(const Json& input, size_t previous, const std::map<std::string, std::string>& tool_namespace) {
+  Json messages = Json::array();
   std::string pending_reasoning;
   bool have_reasoning = false;
   // The assistant message the next function_call joins: the one just added, as long as
@@ -105,7 +172,8 @@ Result<Json> convert_input(const Json& input) {
   };
   for (size_t i = 0; i < input.size(); ++i) {
     const Json& item = input[i];
-    const std::string p = "input[" + std::to_string(i) + "]";
+    const std::string p = i < previous ? "previous_response_id: item " + std::to_string(i)
+                                       : "input[" + std::to_string(i - previous) + "]";
     if (!item.is_object()) return bad(p, "expected an object");
     std::string type = item.contains("type") && item["type"].is_string() ? item["type"].get<std::string>() : "";
     if (type.empty() && item.contains("role")) type = "message";
@@ -115,7 +183,9 @@ Result<Json> convert_input(const Json& input) {
       if (role != "user" && role != "assistant" && role != "system" && role != "developer")
         return bad(p + ".role", "unknown role '" + role + "' (user, assistant, system, developer)");
       const Json content = item.value("content", Json());
-      Json msg = {{"role", role},
+      // The Responses API's developer messages are the developer's instructions (Codex sends
+      // its whole system prompt as one): the chat format's system messages.
+      Json msg = {{"role", role == "developer" ? "system" : role},
                   {"content", role == "user" ? MR_TRY(user_content(content, p + ".content"))
                                              : Json(MR_TRY(content_text(content, p + ".content")))}};
       if (role == "assistant") take_reasoning(msg);
@@ -133,6 +203,13 @@ Result<Json> convert_input(const Json& input) {
     } else if (type == "function_call") {
       for (const char* key : {"call_id", "name"})
         if (!item.contains(key) || !item[key].is_string()) return bad(p + "." + key, "expected a string");
+      // A call to a namespaced tool names its namespace apart; the tool's flattened name is its own.
+      if (item.contains("namespace") && item["namespace"].is_string()) {
+        auto ns = tool_namespace.find(item["name"].get<std::string>());
+        if (ns != tool_namespace.end() && ns->second != item["namespace"].get<std::string>())
+          return bad(p + ".namespace", "'" + item["name"].get<std::string>() + "' is declared in namespace '" +
+                                           ns->second + "'");
+      }
       Json args = item.value("arguments", Json("{}"));
       if (!args.is_string()) return bad(p + ".arguments", "expected a string holding a JSON object");
       if (open_assistant < 0) {
@@ -160,11 +237,14 @@ Result<Json> convert_input(const Json& input) {
 
 }  // namespace
 
-Result<ResponsesRequest> responses_to_chat(const Json& body) {
+Result<ResponsesRequest> responses_to_chat(const Json& body, ResponseStore* store) {
   if (!body.is_object()) return bad("request", "expected a JSON object");
-  for (const char* unsupported : {"previous_response_id", "conversation", "prompt"})
+  for (const char* unsupported : {"conversation", "prompt"})
     if (body.contains(unsupported) && !body[unsupported].is_null())
-      return bad(unsupported, "not supported: this server stores no responses; send the whole conversation as input");
+      return bad(unsupported, "not supported: this server keeps no conversations or prompts; send the input "
+                              "(previous_response_id continues a stored response)");
+  if (body.contains("background") && body["background"] == true)
+    return bad("background", "not supported: responses are answered while the request waits (or streamed)");
   if (body.contains("n") && !(body["n"].is_number_integer() && body["n"] == 1))
     return bad("n", "the Responses API generates one response");
   ResponsesRequest out;
@@ -176,15 +256,33 @@ Result<ResponsesRequest> responses_to_chat(const Json& body) {
     out.instructions = it->get<std::string>();
     messages.push_back(Json{{"role", "system"}, {"content", *it}});
   }
+  if (auto it = body.find("store"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("store", "expected true or false");
+    out.store = it->get<bool>();
+  }
+  if (auto it = body.find("previous_response_id"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("previous_response_id", "expected a string");
+    out.previous_response_id = it->get<std::string>();
+    auto previous = store ? store->conversation(out.previous_response_id) : std::nullopt;
+    if (!previous)  // OpenAI's text, and why
+      return bad("previous_response_id", "Previous response with id '" + out.previous_response_id +
+                                             "' not found. This server keeps its last " +
+                                             std::to_string(ResponseStore::kMaxResponses) +
+                                             " responses made with store: true, until it restarts.");
+    out.input_items = std::move(*previous);
+  }
   if (!body.contains("input")) return bad("input", "missing");
-  for (Json& m : MR_TRY(convert_input(body["input"]))) messages.push_back(std::move(m));
-  chat["messages"] = std::move(messages);
 
+  Json tools = Json::array();
   if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
     out.tools = *it;
-    Json tools = MR_TRY(convert_tools(*it));
-    if (!tools.empty()) chat["tools"] = std::move(tools);
+    MR_RETURN_IF_ERROR(convert_tools(*it, tools, out));
+    if (!tools.empty()) chat["tools"] = tools;
   }
+  const size_t previous = out.input_items.size();
+  for (Json& item : MR_TRY(input_items(body["input"], store))) out.input_items.push_back(std::move(item));
+  for (Json& m : MR_TRY(convert_input(out.input_items, previous, out.tool_namespace))) messages.push_back(std::move(m));
+  chat["messages"] = std::move(messages);
   if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
     out.tool_choice = *it;
     chat["tool_choice"] = MR_TRY(convert_tool_choice(*it));
@@ -208,6 +306,7 @@ Result<ResponsesRequest> responses_to_chat(const Json& body) {
   }
   if (auto it = body.find("reasoning"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return bad("reasoning", "expected an object");
+    if (auto sm = it->find("summary"); sm != it->end()) out.reasoning_summary = *sm;
     if (auto e = it->find("effort"); e != it->end() && !e->is_null()) {
       if (!e->is_string()) return bad("reasoning.effort", "expected a string");
       out.reasoning_effort = e->get<std::string>();

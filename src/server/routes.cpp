@@ -3,10 +3,12 @@
 #include "server/chat_pipeline.h"
 
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <random>
 
 #include "common/log.h"
+#include "server/anthropic_error.h"
 #include "server/handlers.h"
 
 namespace moonrun::server {
@@ -248,16 +250,11 @@ void detokenize(const ServingContext& ctx, const HttpRequest& req, HttpResponse&
                   "application/json");
 }
 
-bool generation_ready(const ServingContext& ctx, HttpResponse& res, bool draining) {
-  if (draining) {
-    send_error(res, shutting_down("The server is shutting down and accepts no new requests."));
-    return false;
-  }
-  if (!ctx.engine || !ctx.engine->alive()) {
-    send_error(res, ApiError{503, "The engine is not running.", "server_error", "", "engine_dead"});
-    return false;
-  }
-  return true;
+// Why a generation cannot start now (503s), or nullopt when it can.
+std::optional<ApiError> generation_unready(const ServingContext& ctx, bool draining) {
+  if (draining) return shutting_down("The server is shutting down and accepts no new requests.");
+  if (!ctx.engine || !ctx.engine->alive()) return ApiError{503, "The engine is not running.", "server_error", "", "engine_dead"};
+  return std::nullopt;
 }
 
 }  // namespace
@@ -272,8 +269,14 @@ void route_request(const ServingContext& ctx, const HttpRequest& req, HttpRespon
     return;
   }
   const std::string& path = req.path;
+  // The Anthropic routes answer every error in Anthropic's envelope and statuses.
+  const bool anthropic = is_anthropic_route(path);
+  auto fail = [&](const ApiError& e) { anthropic ? send_anthropic_error(res, e) : send_error(res, e); };
   const bool open = (path == "/health" || path == "/metrics") && !ctx.options.protect_metrics;
-  if (!open && !authorized(ctx, req)) return send_error(res, unauthorized());
+  if (!open && !authorized(ctx, req)) {
+    if (!anthropic) return send_error(res, unauthorized());
+    return fail(ApiError{401, "invalid x-api-key", "authentication_error"});  // Anthropic's text
+  }
 
   struct Route {
     const char* path;
@@ -281,7 +284,8 @@ void route_request(const ServingContext& ctx, const HttpRequest& req, HttpRespon
   };
   static const Route routes[] = {{"/health", "GET"},      {"/metrics", "GET"},      {"/v1/models", "GET"},
                                  {"/tokenize", "POST"},   {"/detokenize", "POST"},  {"/v1/chat/completions", "POST"},
-                                 {"/v1/completions", "POST"}, {"/v1/responses", "POST"},  {"/v1/messages", "POST"}};
+                                 {"/v1/completions", "POST"}, {"/v1/responses", "POST"},  {"/v1/messages", "POST"},
+                                 {"/v1/messages/count_tokens", "POST"}};
   bool known_path = false;
   for (const Route& r : routes) {
     if (path != r.path) continue;
@@ -293,16 +297,17 @@ void route_request(const ServingContext& ctx, const HttpRequest& req, HttpRespon
     if (path == "/v1/models") return models(ctx, res);
     if (path == "/tokenize") return tokenize(ctx, req, res);
     if (path == "/detokenize") return detokenize(ctx, req, res);
-    if (!generation_ready(ctx, res, draining)) return;
+    if (path == "/v1/messages/count_tokens") return handle_count_tokens(ctx, req, res);
+    if (auto unready = generation_unready(ctx, draining)) return fail(*unready);
     if (path == "/v1/chat/completions") return handle_chat_completions(ctx, req, res);
     if (path == "/v1/responses") return handle_responses(ctx, req, res);
     if (path == "/v1/messages") return handle_messages(ctx, req, res);
     return handle_completions(ctx, req, res);
   }
   if (known_path)
-    return send_error(res, ApiError{405, "Method " + req.method + " is not allowed on " + path + ".",
-                                    "invalid_request_error", "", "method_not_allowed"});
-  send_error(res, not_found_error("No route " + req.method + " " + path + ".", "", "not_found"));
+    return fail(ApiError{405, "Method " + req.method + " is not allowed on " + path + ".", "invalid_request_error", "",
+                         "method_not_allowed"});
+  fail(not_found_error("No route " + req.method + " " + path + ".", "", "not_found"));
 }
 
 }  // namespace moonrun::server

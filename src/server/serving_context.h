@@ -11,6 +11,7 @@
 #include "engine/engine_loop.h"
 #include "server/metrics.h"
 #include "server/image_input.h"
+#include "server/response_store.h"
 #include "server/serve_options.h"
 
 namespace moonrun::server {
@@ -30,6 +31,9 @@ struct ServingContext {
   // tower: an image part is then a 400.
   std::shared_ptr<const ImageInputConfig> images;
   Metrics* metrics = nullptr;
+  // /v1/responses' recent responses (previous_response_id, item_reference); thread-safe
+  // itself. Null: nothing is stored, and references to stored items are 400s.
+  std::shared_ptr<ResponseStore> responses;
 };
 
 }  // namespace moonrun::server

@@ -91,4 +91,17 @@ export function metricIn(text, name) {
   return undefined;
 }
 
+// Runs a command to its end (killed after 8 minutes): { status, stdout, stderr }.
+export function runProcess(cmd, args, env, { input = null, timeoutMs = 480000 } = {}) {
+  return new Promise((resolve) => {
+    const p = spawn(cmd, args, { env, stdio: [input === null ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
+    let stdout = '', stderr = '';
+    p.stdout.on('data', (d) => { stdout += d; });
+    p.stderr.on('data', (d) => { stderr += d; });
+    if (input !== null) p.stdin.end(input);
+    const timer = setTimeout(() => p.kill('SIGKILL'), timeoutMs);
+    p.on('close', (status, signal) => { clearTimeout(timer); resolve({ status, signal, stdout, stderr }); });
+  });
+}
+
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

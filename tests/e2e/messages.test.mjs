@@ -1,7 +1,9 @@
 // The Anthropic Messages API (POST /v1/messages) through the official @anthropic-ai/sdk
 // client: messages.create streamed and not, the client's stream accumulator
 // (messages.stream().finalMessage()), thinking blocks, and a tool_use / tool_result round
-// trip whose input validates against the tool's input_schema (ajv).
+// trip whose input validates against the tool's input_schema (ajv); what Claude Code sends
+// (system turns in messages, adaptive thinking, effort, context_management, deferred
+// tools), output_config.format, count_tokens, Anthropic's usage and error envelopes.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
@@ -140,4 +142,92 @@ test('image blocks: base64 sources are read and billed; an image in an assistant
     { role: 'user', content: 'x' }, { role: 'assistant', content: [image] }, { role: 'user', content: 'y' }] });
   assert.equal(r.status, 400);
   assert.match(r.json.error.message, /^messages\[1\]\.content\[0\]: image blocks are taken in user messages only/);
+});
+
+// What Claude Code 2.1 sends (seen on the wire from claude -p): a system turn inside messages,
+// adaptive thinking with display, output_config.effort, context_management, cache_control,
+// a defer_loading tool, metadata, max_tokens that the client sizes itself.
+const SEED_TOOL = { name: 'calculate', description: 'Evaluate a basic arithmetic expression.',
+  input_schema: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } };
+function claudeCodeBody(extra = {}) {
+  return {
+    model: 'moonrun-demo', max_tokens: 200, stream: false, metadata: { user_id: 'u' },
+    system: [{ type: 'text', text: 'You are a helpful assistant with tools.', cache_control: { type: 'ephemeral' } }],
+    messages: [
+      { role: 'user', content: [{ type: 'text', text: 'What is 47 * 89? Use your tools.' }] },
+      { role: 'system', content: [{ type: 'text', text: '# Environment\n - Platform: linux', cache_control: { type: 'ephemeral' } }] },
+    ],
+    tools: [SEED_TOOL, { name: 'Placeholder', description: 'never call this tool',
+                         input_schema: { type: 'object', properties: {} }, defer_loading: true }],
+    thinking: { type: 'adaptive', display: 'summarized' }, output_config: { effort: 'high' },
+    context_management: { edits: [{ type: 'clear_thinking_20251015', keep: 'all' }] },
+    ...extra,
+  };
+}
+
+test("Claude Code's request shape is served; context_management says no edit was applied", async () => {
+  const m = await client.messages.create(claudeCodeBody());
+  checkMessage(m, 200);
+  assert.deepEqual(m.context_management, { applied_edits: [] });
+  // The deferred tool is not shown to the model: the rendered prompt is the same without it.
+  const counted = async (tools) => (await post(srv.base, '/v1/messages/count_tokens',
+    { ...claudeCodeBody(), max_tokens: undefined, tools })).json.input_tokens;
+  assert.equal(await counted(claudeCodeBody().tools), await counted([SEED_TOOL]));
+  assert.ok(await counted([SEED_TOOL]) > await counted(undefined));
+});
+
+test('display omitted: the thinking comes back through its signature', async () => {
+  const m = await client.messages.create(claudeCodeBody({ thinking: { type: 'adaptive', display: 'omitted' } }));
+  const t = m.content.find((b) => b.type === 'thinking');
+  if (!t) return;  // the model did not think: nothing to check
+  assert.equal(t.thinking, '');
+  assert.ok(t.signature.length > 0);
+  // Sent back without its text, the block counts the same as with it.
+  const count = async (thinking) => (await post(srv.base, '/v1/messages/count_tokens', {
+    model: 'moonrun-demo', messages: [{ role: 'user', content: 'hi' },
+      { role: 'assistant', content: [{ type: 'thinking', thinking, signature: t.signature }, { type: 'text', text: 'ok' }] },
+      { role: 'user', content: 'go on' }] })).json.input_tokens;
+  const full = Buffer.from(t.signature.split('.')[1], 'base64').toString('utf8');
+  assert.equal(await count(''), await count(full));
+});
+
+test('output_config.format: the reply is JSON that validates against the schema', async () => {
+  const schema = { type: 'object', properties: { city: { type: 'string' }, n: { type: 'integer' } },
+                   required: ['city', 'n'], additionalProperties: false };
+  const m = await client.messages.create({ model: 'moonrun-demo', max_tokens: 300,
+    messages: [{ role: 'user', content: 'Name a city.' }], output_config: { format: { type: 'json_schema', schema } } });
+  const text = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+  assert.ok(new Ajv().validate(schema, JSON.parse(text)), text);
+});
+
+test("usage as Anthropic counts it: input_tokens is the uncached part; message_start has the cached count", async () => {
+  const long = 'You are a careful assistant. '.repeat(60);
+  const body = { model: 'moonrun-demo', max_tokens: 8, system: long, messages: [{ role: 'user', content: 'Who are you?' }] };
+  const total = (await post(srv.base, '/v1/messages/count_tokens', body)).json.input_tokens;
+  await client.messages.create(body);  // fills the prefix cache
+  const m = await client.messages.create(body);
+  assert.ok(m.usage.cache_read_input_tokens > 0, JSON.stringify(m.usage));
+  assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, total);
+  const events = [];
+  for await (const e of await client.messages.create({ ...body, stream: true })) events.push(e);
+  const start = events.find((e) => e.type === 'message_start').message.usage;
+  assert.ok(start.cache_read_input_tokens > 0, JSON.stringify(start));
+  assert.equal(start.input_tokens + start.cache_read_input_tokens, total);
+});
+
+test("errors under /v1/messages are Anthropic's: 404s, the context limit Claude Code reads", async () => {
+  const r = await post(srv.base, '/v1/messages/batches', {});
+  assert.equal(r.status, 404);
+  assert.equal(r.json.type, 'error');
+  assert.equal(r.json.error.type, 'not_found_error');
+  const big = await post(srv.base, '/v1/messages', { model: 'moonrun-demo', max_tokens: 32000,
+                                                     messages: [{ role: 'user', content: 'hi' }] });
+  assert.equal(big.status, 400);
+  assert.equal(big.json.error.type, 'invalid_request_error');
+  // Claude Code's own pattern for this error, from its source.
+  assert.match(big.json.error.message, /input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)/);
+  const ct = await post(srv.base, '/v1/messages/count_tokens', { model: 'moonrun-demo', messages: 'x' });
+  assert.equal(ct.status, 400);
+  assert.equal(ct.json.error.type, 'invalid_request_error');
+  assert.match(ct.json.error.message, /^messages/);
 });

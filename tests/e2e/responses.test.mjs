@@ -1,6 +1,8 @@
 // The OpenAI Responses API (POST /v1/responses) through the official openai client:
 // responses.create streamed and not, the client's own stream accumulator
-// (responses.stream().finalResponse()), a function-call round trip, structured output.
+// (responses.stream().finalResponse()), a function-call round trip, structured output, the
+// reasoning as summaries, Codex's namespace and hosted tools, and the response store
+// (previous_response_id, item_reference).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -38,7 +40,8 @@ test('responses.create, not streamed: reasoning item, message, output_text, usag
   assert.equal(msg.content[0].type, 'output_text');
   assert.equal(r.output_text, msg.content[0].text);  // the client's own convenience field
   const reasoning = r.output.find((o) => o.type === 'reasoning');
-  if (reasoning) assert.equal(reasoning.content[0].type, 'reasoning_text');
+  // The reasoning is the item's summary: what the Responses clients read and show.
+  if (reasoning) assert.equal(reasoning.summary[0].type, 'summary_text');
   checkUsage(r.usage);
   assert.ok(r.usage.output_tokens <= 24);
 });
@@ -58,13 +61,13 @@ test('responses.create, streamed: the event sequence a client accumulates', asyn
   // Deltas add up to the final items.
   let reasoning = '', text = '';
   for (const e of events) {
-    if (e.type === 'response.reasoning_text.delta') reasoning += e.delta;
+    if (e.type === 'response.reasoning_summary_text.delta') reasoning += e.delta;
     if (e.type === 'response.output_text.delta') text += e.delta;
   }
   const final = last.response;
   assert.equal(final.output.find((o) => o.type === 'message').content[0].text, text);
   const r = final.output.find((o) => o.type === 'reasoning');
-  assert.equal(r ? r.content[0].text : '', reasoning);
+  assert.equal(r ? r.summary[0].text : '', reasoning);
   checkUsage(final.usage);
   // Items open and close in order.
   const added = events.filter((e) => e.type === 'response.output_item.added').map((e) => e.output_index);
@@ -129,9 +132,12 @@ test('text.format json_schema gives JSON that validates', async () => {
 
 test('unsupported parts are 400s naming the field', async () => {
   for (const [body, field] of [
-    [{ input: 'x', previous_response_id: 'resp_1' }, 'previous_response_id'],
-    [{ input: 'x', tools: [{ type: 'web_search' }] }, 'tools[0].type'],
-    [{ input: [{ type: 'item_reference', id: 'x' }] }, 'input[0].type'],
+    [{ input: 'x', previous_response_id: 'resp_1' }, 'previous_response_id'],  // never stored
+    [{ input: 'x', tools: [{ type: 'custom', name: 'x' }] }, 'tools[0].type'],
+    [{ input: 'x', tools: [{ type: 'no_such_tool' }] }, 'tools[0].type'],
+    [{ input: [{ type: 'item_reference', id: 'x' }] }, 'input[0].id'],  // never stored
+    [{ input: 'x', background: true }, 'background'],
+    [{ input: 'x', store: 'yes' }, 'store'],
     [{}, 'input'],
     [{ input: 'x', reasoning: { effort: 'medium' } }, 'reasoning_effort'],
   ]) {
@@ -170,4 +176,49 @@ test('input_image parts: the seed\'s PNG is read and billed; a bad image or a fi
     { role: 'assistant', content: [{ type: 'input_image', image_url: dataUri(makePng()) }] }, { role: 'user', content: 'x' }] });
   assert.equal(r.status, 400);
   assert.match(r.json.error.message, /^input\[0\]\.content\[0\]: input_image parts are taken in user messages only/);
+});
+
+const CALC = { type: 'function', name: 'calculate', description: 'Evaluate a basic arithmetic expression.',
+  parameters: { type: 'object', properties: { expression: { type: 'string' } }, required: ['expression'] } };
+
+test("Codex's tools: a namespace is flattened, calls name it; hosted tools are dropped with a warning", async () => {
+  const r = await post(srv.base, '/v1/responses', {
+    model: 'moonrun-demo', input: 'What is 47 * 89? Use your tools.', max_output_tokens: 300, temperature: 0, store: false,
+    tools: [{ type: 'namespace', name: 'mcp__seed', description: 'seed tools', tools: [CALC] },
+            { type: 'web_search', external_web_access: false }] });
+  assert.equal(r.status, 200, r.text);
+  const res = await fetch(srv.base + '/v1/responses', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ model: 'moonrun-demo', input: 'x', max_output_tokens: 2, tools: [{ type: 'web_search' }] }) });
+  assert.match(res.headers.get('x-moonrun-warning'), /tools\[0\] \(web_search\)/);
+  const call = r.json.output.find((o) => o.type === 'function_call');
+  if (call) {  // the model's choice; when it calls, the call names the namespace
+    assert.equal(call.name, 'calculate');
+    assert.equal(call.namespace, 'mcp__seed');
+  }
+  const dup = await post(srv.base, '/v1/responses', { model: 'moonrun-demo', input: 'x', max_output_tokens: 2,
+    tools: [CALC, { type: 'namespace', name: 'n', tools: [CALC] }] });
+  assert.equal(dup.status, 400);
+  assert.match(dup.json.error.message, /^tools\[1\]\.tools\[0\]\.name/);
+});
+
+test('store: previous_response_id and item_reference build on a stored response', async () => {
+  const first = await client.responses.create({ model: 'moonrun-demo', input: 'Who are you?', max_output_tokens: 40 });
+  assert.equal(first.store, true);
+  const second = await client.responses.create({ model: 'moonrun-demo', previous_response_id: first.id,
+                                                  input: 'And again?', max_output_tokens: 8 });
+  assert.equal(second.previous_response_id, first.id);
+  // The follow-up's prompt holds the first exchange: more input tokens than the bare question.
+  const bare = await client.responses.create({ model: 'moonrun-demo', input: 'And again?', max_output_tokens: 8 });
+  assert.ok(second.usage.input_tokens > bare.usage.input_tokens);
+  // item_reference to the first response's items: the same prompt as sending them inline.
+  const refs = first.output.map((o) => ({ type: 'item_reference', id: o.id }));
+  const byRef = await client.responses.create({ model: 'moonrun-demo', max_output_tokens: 8,
+    input: [{ role: 'user', content: 'Who are you?' }, ...refs, { role: 'user', content: 'And again?' }] });
+  const inline = await client.responses.create({ model: 'moonrun-demo', max_output_tokens: 8, store: false,
+    input: [{ role: 'user', content: 'Who are you?' }, ...first.output, { role: 'user', content: 'And again?' }] });
+  assert.equal(byRef.usage.input_tokens, inline.usage.input_tokens);
+  assert.equal(inline.store, false);
+  const missing = await post(srv.base, '/v1/responses', { model: 'moonrun-demo', previous_response_id: inline.id, input: 'x' });
+  assert.equal(missing.status, 400);  // store: false keeps nothing
+  assert.match(missing.json.error.message, /not found/);
 });

@@ -155,6 +155,17 @@ TEST(JsonSchema, IntegerBoundsAgreeWithArithmetic) {
   EXPECT_FALSE(num.accepts("0"));
 }
 
+// zod's z.number().int() (LangChain's withStructuredOutput, the AI SDK) bounds every integer
+// by the safe-integer range; the grammar narrows such bounds to +-1e15, so what it allows
+// still satisfies them. A bound that cannot be narrowed that way is a 400.
+TEST(JsonSchema, SafeIntegerBoundsAreNarrowed) {
+  const auto c = compile(R"({"type":"integer","minimum":-9007199254740991,"maximum":9007199254740991})");
+  for (const char* v : {"0", "42", "-17", "999999999999999", "-1000000000000000"}) EXPECT_TRUE(c.accepts(v)) << v;
+  EXPECT_FALSE(c.accepts("1000000000000001"));
+  EXPECT_FALSE(c.accepts("9007199254740991"));  // valid, but outside the narrowed range
+  EXPECT_NE(compile_error(R"({"type":"integer","minimum":2e15})").find("bounds beyond 1e15"), std::string::npos);
+}
+
 // Every number the unbounded grammar accepts is a finite double: JSON.parse reads 1e999 as
 // Infinity, which a validator (ajv) rejects as "must be number". The largest and smallest
 // texts it allows, read by strtod, stay finite and non-zero.
