@@ -153,7 +153,8 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   if (ro.context_length > 0 && longest > ro.context_length)
     return invalid_argument("--prefill / --context: " + std::to_string(longest) + " tokens, over --context-length " +
                             std::to_string(ro.context_length));
-  if (ro.context_length == 0) ro.context_length = longest;  // the pools hold the longest sequence
+  // The pools hold the longest sequence, in whole pages (the CPU sizes its pool by it).
+  if (ro.context_length == 0) ro.context_length = (longest + ps - 1) / ps * ps;
 
   ModelBenchReport report;
   const std::string device = resolve_device(ro.device);
