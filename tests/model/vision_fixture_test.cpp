@@ -64,11 +64,7 @@ class VisionFixture : public ::testing::Test {
   }
 
   vision::ImagePatches load(const std::string& file) {
-    std::ifstream in(vision_dir() + "/" + file, std::ios::binary);
-    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto img = vision::decode_image(bytes, int64_t{1} << 24);
-    EXPECT_TRUE(img.is_ok()) << file << ": " << img.status().to_string();
-    auto p = vision::preprocess_image(*img, processor_);
+    auto p = testing::load_fixture_image(vision_dir() + "/" + file, processor_);
     EXPECT_TRUE(p.is_ok()) << file << ": " << p.status().to_string();
     return p.is_ok() ? std::move(p).value() : vision::ImagePatches{};
   }
@@ -239,12 +235,7 @@ TEST_P(VisionVariant, RowsAndLogitsMatchTheReference) {
     std::vector<int> rows_per_image;
     for (size_t k = 0; k < c.at("images").size(); ++k) {
       const std::string file = c.at("images")[k].get<std::string>();
-      std::ifstream f(root + "/" + file, std::ios::binary);
-      ASSERT_TRUE(f) << file;
-      const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      auto img = vision::decode_image(bytes, int64_t{1} << 24);
-      ASSERT_TRUE(img.is_ok()) << file << ": " << img.status().to_string();
-      auto p = vision::preprocess_image(*img, *proc);
+      auto p = testing::load_fixture_image(root + "/" + file, *proc);
       ASSERT_TRUE(p.is_ok()) << file << ": " << p.status().to_string();
       // The reference processor's grid and token count, and its pixel values' sums.
       const auto grid = c.at("grid_thws")[k];

@@ -229,11 +229,9 @@ TEST(CudaVisionFixture, ImageRowsAndLogitsMatchTheReference) {
       std::vector<vision::ImagePatches> images;
       std::vector<int> rows_per_image;
       for (const auto& f : c.at("images")) {
-        std::ifstream file(dir + "/" + f.get<std::string>(), std::ios::binary);
-        const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-        auto img = vision::decode_image(bytes, int64_t{1} << 24);
-        ASSERT_TRUE(img.is_ok());
-        images.push_back(*vision::preprocess_image(*img, *proc));
+        auto im = testing::load_fixture_image(dir + "/" + f.get<std::string>(), *proc);
+        ASSERT_TRUE(im.is_ok()) << im.status().to_string();
+        images.push_back(std::move(im).value());
         rows_per_image.push_back(images.back().num_tokens);
       }
       std::vector<const vision::ImagePatches*> pointers;
@@ -292,11 +290,9 @@ TEST(CudaVisionFixture, EveryVariantTowerMatchesTheReference) {
         std::vector<vision::ImagePatches> images;
         std::vector<int> rows_per_image;
         for (const auto& f : c.at("images")) {
-          std::ifstream file(root + "/" + f.get<std::string>(), std::ios::binary);
-          const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-          auto img = vision::decode_image(bytes, int64_t{1} << 24);
-          ASSERT_TRUE(img.is_ok());
-          images.push_back(*vision::preprocess_image(*img, *proc));
+          auto im = testing::load_fixture_image(root + "/" + f.get<std::string>(), *proc);
+          ASSERT_TRUE(im.is_ok()) << im.status().to_string();
+          images.push_back(std::move(im).value());
           rows_per_image.push_back(images.back().num_tokens);
         }
         std::vector<const vision::ImagePatches*> pointers;

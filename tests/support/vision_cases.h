@@ -4,15 +4,29 @@
 // rows, those positions taking the tower's rows instead of embeddings, greedy, with the
 // logits kept. Shared by the CPU fixture test and the CUDA one.
 #include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "model/vision/image_decode.h"
 #include "model/vision/placeholders.h"
+#include "model/vision/preprocess.h"
 #include "runtime/generate.h"
 
 namespace moonrun::testing {
+
+// A fixture's image file as the server takes an image: decoded (stb_image), preprocessed.
+inline Result<vision::ImagePatches> load_fixture_image(const std::string& path, const vision::ImageProcessorConfig& proc) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return not_found(path + ": cannot open");
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const vision::DecodedImage img = MR_TRY(vision::decode_image(bytes, int64_t{1} << 24));
+  return vision::preprocess_image(img, proc);
+}
 
 struct VisionCaseRun {
   size_t prompt_positions = 0;  // after the expansion
