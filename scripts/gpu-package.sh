@@ -23,6 +23,9 @@ if command -v node >/dev/null; then
   xz -T2 -6 -c "$(command -v node)" >"$DEST/node/node.xz"
   E2E=$(cd "$(dirname "$0")/../tests/e2e" && pwd)
   if [[ ! -d $E2E/node_modules ]]; then (cd "$E2E" && npm ci --no-audit --no-fund >/dev/null); fi
-  tar -czf "$DEST/node/node_modules.tar.gz" -C "$E2E" node_modules
+  # The coding agents (Claude Code, Codex: ~800 MB of binaries) are for the CPU e2e tests
+  # only: gpu-check's e2e files do not run them, and a device call carries 64 MiB.
+  tar -czf "$DEST/node/node_modules.tar.gz" -C "$E2E" --exclude='node_modules/@anthropic-ai/claude-code' \
+    --exclude='node_modules/@openai/codex*' node_modules
 fi
 du -sh "$DEST"
