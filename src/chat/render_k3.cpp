@@ -2,7 +2,7 @@
 //   [tool-declare system message]  when the request has tools
 //   [thinking-effort system message]  when thinking
 //   the conversation, one <|open|>message ...<|close|>message<|sep|><|end_of_msg|> each
-//   [tool-choice system message]  for tool_choice required / none
+//   [tool-choice system message]  for tool_choice required / none, when the request has tools
 //   [response-format system message]  for json_object / json_schema
 //   <|open|>message role="assistant"<|sep|><|open|>think<|sep|>   (or response)
 // Segments are emitted exactly where the reference emits them (one per tag name, attribute
@@ -340,11 +340,14 @@ Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderO
     }
   }
 
-  if (request.tool_choice.kind == ToolChoice::Kind::kRequired) {
+  // Only for a request with tools, as vLLM's build_chat_params passes it: without them
+  // "none" is the API's default, not an instruction.
+  const bool has_tools = request.tools.is_array() && !request.tools.empty();
+  if (has_tools && request.tool_choice.kind == ToolChoice::Kind::kRequired) {
     w.internal_system_message("tool-choice",
                               "The system is invoked with `tool_choice=required`.\n"
                               "You MUST call tools in the next message.");
-  } else if (request.tool_choice.kind == ToolChoice::Kind::kNone) {
+  } else if (has_tools && request.tool_choice.kind == ToolChoice::Kind::kNone) {
     w.internal_system_message("tool-choice",
                               "The system is invoked with `tool_choice=none`.\n"
                               "You MUST NOT call any tools in the next message.");
