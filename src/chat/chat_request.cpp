@@ -252,6 +252,11 @@ Status parse_thinking(const Json& body, ChatRequest& req) {
   std::optional<std::string> effort;
   std::optional<std::string> reasoning_effort;
   std::string reasoning_effort_field = "reasoning_effort";
+  // vLLM's request field; chat_template_kwargs.add_generation_prompt, read below, wins.
+  if (auto it = body.find("add_generation_prompt"); it != body.end() && !it->is_null()) {
+    MR_RETURN_IF_ERROR(expect_type(*it, "add_generation_prompt", it->is_boolean(), "a boolean"));
+    req.add_generation_prompt = it->get<bool>();
+  }
   auto kw = body.find("chat_template_kwargs");
   if (kw != body.end() && !kw->is_null()) {
     MR_RETURN_IF_ERROR(expect_type(*kw, "chat_template_kwargs", kw->is_object(), "an object"));
