@@ -1,8 +1,9 @@
 // Completions with what the peers give for them, parsed whole and streamed in every chunk
 // size up to 9 bytes: the message must be the peer's, and no control marker may reach
-// reasoning or content. peer_cases.json: the cases vLLM's kimi_k2 / kimi_k3 tool and
-// reasoning parser tests assert on (each names its test); vllm_k3_cases.json: vLLM's
-// kimi_k3 parsers run on a corpus of K3 completions (outputs only).
+// reasoning or content. peer_cases.json: the cases the peers' own tests assert on (vLLM's
+// kimi_k2 / kimi_k3 tool and reasoning parser tests, SGLang's kimik3 detector tests,
+// vllm-ascend's and LightLLM's K3 parser tests; each names its test); vllm_k3_cases.json:
+// vLLM's kimi_k3 parsers run on a corpus of K3 completions (outputs only).
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
