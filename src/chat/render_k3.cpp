@@ -267,13 +267,42 @@ Json response_schema(const ResponseFormat& rf) {
   return js;
 }
 
+// The request's tools without the null members of each tool and its function, as vLLM's
+// renderer passes them (_drop_null_tool_fields: a client's "description": null, or a
+// serializer's unset fields, are not in the prompt Moonshot's API renders). Nulls inside
+// `parameters` are schema content and stay.
+Json without_null_tool_fields(const Json& tools) {
+  Json out = Json::array();
+  for (const Json& tool : tools) {
+    if (!tool.is_object()) {
+      out.push_back(tool);
+      continue;
+    }
+    Json t = Json::object();
+    for (const auto& [k, v] : tool.items()) {
+      if (v.is_null()) continue;
+      if (k != "function" || !v.is_object()) {
+        t[k] = v;
+        continue;
+      }
+      Json fn = Json::object();
+      for (const auto& [fk, fv] : v.items())
+        if (!fv.is_null()) fn[fk] = fv;
+      t[k] = std::move(fn);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderOptions& options) {
   K3Writer w(options.image_prompts);
   const bool thinking = request.thinking;
 
-  if (request.tools.is_array() && !request.tools.empty()) w.tool_declare(request.tools, /*dynamic=*/false);
+  if (request.tools.is_array() && !request.tools.empty())
+    w.tool_declare(without_null_tool_fields(request.tools), /*dynamic=*/false);
 
   // With thinking on, the encoder asserts on any other effort (the message text itself
   // lists `medium`, but the encoder does not accept it); with thinking off it is unused.
