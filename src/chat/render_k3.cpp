@@ -267,6 +267,11 @@ Json response_schema(const ResponseFormat& rf) {
   return js;
 }
 
+// Content that counts as given: a non-empty string, or a non-empty list of parts.
+bool has_content(const Content& c) {
+  return c.kind == Content::Kind::kText ? !c.text.empty() : c.kind == Content::Kind::kParts && !c.parts.empty();
+}
+
 // The request's tools without the null members of each tool and its function, as vLLM's
 // renderer passes them (_drop_null_tool_fields: a client's "description": null, or a
 // serializer's unset fields, are not in the prompt Moonshot's API renders). Nulls inside
@@ -324,15 +329,16 @@ Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderO
     const Message& m = item.msg;
     const std::string path = "messages[" + std::to_string(item.index) + "]";
     switch (m.role) {
-      case Role::kDeveloper:
-        // The reference encoder renders user, system, tool and assistant messages only; a
-        // developer message leaves no trace in the prompt (vLLM passes it through as is).
-        break;
       case Role::kUser:
-      case Role::kSystem: {
-        if (m.role == Role::kSystem && m.tools.is_array() && !m.tools.empty()) {
+      case Role::kSystem:
+      case Role::kDeveloper: {
+        // A developer message is a system one, as vLLM's K3 renderer hands it to the
+        // encoder (which has no branch for the role). A system message with tools is only
+        // their declaration; a developer message with content as well is split in two,
+        // the declaration and then the content.
+        if (m.role != Role::kUser && m.tools.is_array() && !m.tools.empty()) {
           w.tool_declare(m.tools, /*dynamic=*/true);
-          break;
+          if (m.role == Role::kSystem || !has_content(m.content)) break;
         }
         Attrs attrs = {{"role", m.role == Role::kUser ? "user" : "system"}};
         if (m.name && !m.name->empty()) attrs.push_back({"name", *m.name});
