@@ -152,8 +152,9 @@ Result<Message> parse_message(const Json& msg, const std::string& path) {
   }
   if (out.role == Role::kTool) {
     out.tool_call_id = MR_TRY(opt_string(msg, "tool_call_id", path));
-    auto tool = MR_TRY(opt_string(msg, "tool", path));
-    out.tool_name = tool ? tool : out.name;
+    // Its `name` only: a `tool` (or `index`) key is not an OpenAI field, and vLLM's message
+    // parsing leaves it out before the K3 encoder could read it.
+    out.tool_name = out.name;
   }
   if (out.role == Role::kSystem || out.role == Role::kDeveloper) {
     auto tools = msg.find("tools");

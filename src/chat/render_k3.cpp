@@ -151,30 +151,41 @@ struct Indexed {
 // Tool results in assistant tool_calls order: each run of consecutive tool messages is
 // matched by tool_call_id against the latest assistant's calls and stably sorted by call
 // position; a matched message takes that call's function name. A run with any unmatched
-// message stays as it is. (The reference's normalize_xtml_tool_result_messages.)
+// message stays as it is. (The reference's normalize_xtml_tool_result_messages.) The run
+// right after the assistant may also name a call by the alias "NAME:POSITION" (0-based),
+// as vLLM's K3 renderer resolves it before the encoder (_normalize_k3_tool_messages).
 std::vector<Indexed> order_tool_results(const std::vector<Message>& messages) {
   std::vector<Indexed> out;
-  std::map<std::string, std::pair<size_t, std::string>> by_id;  // id -> (1-based position, name)
+  using Target = std::pair<size_t, std::string>;  // (1-based position, name)
+  std::map<std::string, Target> by_id, by_alias;
   size_t i = 0;
   while (i < messages.size()) {
     const Message& m = messages[i];
     if (m.role != Role::kTool) {
       if (m.role == Role::kAssistant) {
         by_id.clear();
-        for (size_t p = 0; p < m.tool_calls.size(); ++p)
-          if (m.tool_calls[p].id) by_id.emplace(*m.tool_calls[p].id, std::make_pair(p + 1, m.tool_calls[p].name));
+        by_alias.clear();
+        for (size_t p = 0; p < m.tool_calls.size(); ++p) {
+          const ToolCall& c = m.tool_calls[p];
+          if (c.id) by_id.emplace(*c.id, Target{p + 1, c.name});
+          if (c.name.empty()) continue;  // vLLM keys only named calls, first key first
+          if (c.id) by_alias.emplace(*c.id, Target{p + 1, c.name});
+          by_alias.emplace(c.name + ":" + std::to_string(p), Target{p + 1, c.name});
+        }
       }
       out.push_back({i, m});
       ++i;
       continue;
     }
+    const bool after_assistant = i > 0 && messages[i - 1].role == Role::kAssistant;
+    const std::map<std::string, Target>& targets = after_assistant ? by_alias : by_id;
     struct RunItem { size_t position; size_t offset; Indexed item; };
     std::vector<RunItem> run;
     bool unresolved = false;
     for (size_t offset = 0; i < messages.size() && messages[i].role == Role::kTool; ++i, ++offset) {
       Indexed item{i, messages[i]};
-      auto it = item.msg.tool_call_id ? by_id.find(*item.msg.tool_call_id) : by_id.end();
-      if (it == by_id.end()) {
+      auto it = item.msg.tool_call_id ? targets.find(*item.msg.tool_call_id) : targets.end();
+      if (it == targets.end()) {
         unresolved = true;
         run.push_back({0, offset, std::move(item)});
       } else {
