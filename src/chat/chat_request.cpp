@@ -152,8 +152,9 @@ Result<Message> parse_message(const Json& msg, const std::string& path) {
   }
   if (out.role == Role::kTool) {
     out.tool_call_id = MR_TRY(opt_string(msg, "tool_call_id", path));
-    auto tool = MR_TRY(opt_string(msg, "tool", path));
-    out.tool_name = tool ? tool : out.name;
+    // Its `name` only: a `tool` (or `index`) key is not an OpenAI field, and vLLM's message
+    // parsing leaves it out before the K3 encoder could read it.
+    out.tool_name = out.name;
   }
   if (out.role == Role::kSystem || out.role == Role::kDeveloper) {
     auto tools = msg.find("tools");
@@ -243,12 +244,20 @@ Status get_number(const Json& body, const char* key, std::optional<T>& out) {
   return Status::ok();
 }
 
-// The reference order (vLLM's _apply_k3_thinking_kwargs over the chat template kwargs):
-// thinking / enable_thinking first, reasoning_effort "none" only when neither is set; the
-// effort from chat_template_kwargs.thinking_effort, else reasoning_effort.
+// The reference order (vLLM's _apply_k3_thinking_kwargs over the chat template kwargs,
+// which carry the request's reasoning_effort unless they name one themselves):
+// thinking, else enable_thinking; reasoning_effort "none" turns thinking off only when
+// neither is set, any other reasoning_effort is the effort unless thinking_effort is.
 Status parse_thinking(const Json& body, ChatRequest& req) {
   std::optional<bool> thinking;
   std::optional<std::string> effort;
+  std::optional<std::string> reasoning_effort;
+  std::string reasoning_effort_field = "reasoning_effort";
+  // vLLM's request field; chat_template_kwargs.add_generation_prompt, read below, wins.
+  if (auto it = body.find("add_generation_prompt"); it != body.end() && !it->is_null()) {
+    MR_RETURN_IF_ERROR(expect_type(*it, "add_generation_prompt", it->is_boolean(), "a boolean"));
+    req.add_generation_prompt = it->get<bool>();
+  }
   auto kw = body.find("chat_template_kwargs");
   if (kw != body.end() && !kw->is_null()) {
     MR_RETURN_IF_ERROR(expect_type(*kw, "chat_template_kwargs", kw->is_object(), "an object"));
@@ -263,6 +272,11 @@ Status parse_thinking(const Json& body, ChatRequest& req) {
       effort = it->get<std::string>();
       req.thinking_effort_field = "chat_template_kwargs.thinking_effort";
     }
+    if (auto it = kw->find("reasoning_effort"); it != kw->end() && !it->is_null()) {
+      MR_RETURN_IF_ERROR(expect_type(*it, "chat_template_kwargs.reasoning_effort", it->is_string(), "a string"));
+      reasoning_effort = it->get<std::string>();
+      reasoning_effort_field = "chat_template_kwargs.reasoning_effort";
+    }
     if (auto it = kw->find("add_generation_prompt"); it != kw->end() && !it->is_null()) {
       MR_RETURN_IF_ERROR(
           expect_type(*it, "chat_template_kwargs.add_generation_prompt", it->is_boolean(), "a boolean"));
@@ -272,12 +286,14 @@ Status parse_thinking(const Json& body, ChatRequest& req) {
   auto re = body.find("reasoning_effort");
   if (re != body.end() && !re->is_null()) {
     MR_RETURN_IF_ERROR(expect_type(*re, "reasoning_effort", re->is_string(), "a string"));
-    const std::string e = re->get<std::string>();
-    if (e == "none") {
+    if (!reasoning_effort) reasoning_effort = re->get<std::string>();
+  }
+  if (reasoning_effort) {
+    if (*reasoning_effort == "none") {
       if (!thinking) thinking = false;
     } else if (!effort) {
-      effort = e;
-      req.thinking_effort_field = "reasoning_effort";
+      effort = *reasoning_effort;
+      req.thinking_effort_field = reasoning_effort_field;
     }
   }
   if (effort) req.thinking_effort = *effort;

@@ -55,7 +55,7 @@ struct Message {
   std::optional<std::string> reasoning;
   std::vector<ToolCall> tool_calls;        // assistant
   std::optional<std::string> tool_call_id; // tool
-  // Tool: the tool's name from `tool` (K3 reference spelling) or `name`.
+  // Tool: the tool's name from `name` (a `tool` key is ignored, as vLLM ignores it).
   std::optional<std::string> tool_name;
   // System: tools declared mid-conversation (K3 "New Tools Available"); null when absent.
   Json tools;

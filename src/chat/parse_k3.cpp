@@ -2,28 +2,43 @@
 //
 // A tag is <|open|>HEADER<|sep|> or <|close|>NAME<|sep|>; the header is held until its
 // <|sep|> arrives, then the current state decides what the tag means. What the peers
-// (vLLM's kimi_k3 reasoning + tool parsers, SGLang's kimik3 detector) give, and so what
-// this parser gives, whole or streamed:
-//   reasoning  the think channel; it ends at <|close|>think, or at any channel tag;
+// (vLLM's kimi_k3 reasoning + tool parsers, SGLang's kimik3 reasoning + tool detectors)
+// give, and so what this parser gives, whole or streamed:
+//   reasoning  the think channel: the one the prompt opened (thinking on), or one the
+//              model opens itself before any reply text (thinking off: SGLang's in-band
+//              open marker); it ends at <|close|>think, or at any channel tag;
 //   content    the response channel's body; without any response channel, the text after
-//              the think channel (and before tools); other text outside channels is dropped;
-//   tool_calls each <|open|>call ... <|close|>call with a tool name; typed argument values
-//              JSON-decoded as Python's json.loads does (raw text when that fails), the
-//              object re-encoded as json.dumps does; calls that never close are dropped.
-// No marker ever reaches reasoning or content: a tag that means nothing where it stands is
-// dropped, and so is a half-written one (<|open|>tool at the end of a cut-off stream).
+//              the think channel (and before tools); other text outside channels is
+//              dropped, and so is a think channel inside the reply (reasoning is never
+//              folded into the reply). Content that is only white space is kept when the
+//              reply had no markup, and is no content when markup was stripped around it
+//              or tool calls came with it (SGLang's strip_template_artifacts);
+//   tool_calls each <|open|>call ... <|close|>call inside the tools channel with a tool
+//              name; typed argument values JSON-decoded as Python's json.loads does (raw
+//              text when that fails), the object re-encoded as json.dumps does; a
+//              <|open|>json ...<|close|>json block is the arguments verbatim; calls that
+//              never close are dropped, and so is call syntax outside a tools channel
+//              (with what follows it: SGLang cuts the reply there).
+// No marker ever reaches reasoning or content: a marker that is not a tag where it stands
+// is dropped with the channel name and attributes it carries, and the rest of its text
+// stays (k3::header_leftover); a half-written one at the end of a cut-off stream leaves
+// nothing.
 #include "chat/parse_k3.h"
 
+#include "chat/parse_k3_tags.h"
 #include "chat/parse_markers.h"
 #include "chat/py_json.h"
 
 namespace moonrun::chat {
 namespace {
 
+using k3::Tag;
+using k3::attr;
+
 enum Marker { kOpen = 0, kClose = 1, kSep = 2, kEnd = 3 };
 
-// A header longer than this is not a tag (tool names and keys are short); it is dropped
-// instead of being held back indefinitely.
+// A header longer than this is not a tag (tool names and keys are short): it is released
+// as text instead of being held back indefinitely.
 constexpr size_t kMaxHeaderBytes = 4096;
 
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
@@ -33,59 +48,6 @@ std::string_view trim(std::string_view s) {
   while (!s.empty() && is_ascii_space(s.back())) s.remove_suffix(1);
   return s;
 }
-
-std::string unescape_attr(std::string_view v) {
-  std::string out;
-  for (size_t i = 0; i < v.size();) {
-    if (v.compare(i, 5, "&amp;") == 0) { out.push_back('&'); i += 5; }
-    else if (v.compare(i, 6, "&quot;") == 0) { out.push_back('"'); i += 6; }
-    else out.push_back(v[i++]);
-  }
-  return out;
-}
-
-bool is_word(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-}
-
-using Attrs = std::vector<std::pair<std::string, std::string>>;
-
-// key="value" pairs, in the manner of vLLM's (\w+)="([^"]*)" scan: anything that is not
-// such a pair (unknown junk, a stray quote) is skipped; a repeated key keeps its last value.
-Attrs parse_attrs(std::string_view s) {
-  Attrs out;
-  size_t i = 0;
-  while (i < s.size()) {
-    if (!is_word(s[i])) { ++i; continue; }
-    size_t k = i;
-    while (k < s.size() && is_word(s[k])) ++k;
-    if (k + 1 < s.size() && s[k] == '=' && s[k + 1] == '"') {
-      const size_t close = s.find('"', k + 2);
-      if (close != std::string_view::npos) {
-        out.emplace_back(std::string(s.substr(i, k - i)), unescape_attr(s.substr(k + 2, close - k - 2)));
-        i = close + 1;
-        continue;
-      }
-    }
-    i = k;
-  }
-  return out;
-}
-
-std::string attr(const Attrs& attrs, std::string_view key, std::string fallback) {
-  for (auto it = attrs.rbegin(); it != attrs.rend(); ++it)
-    if (it->first == key) return it->second;
-  return fallback;
-}
-
-struct Tag {
-  bool open = false;
-  std::string name;
-  bool bare = true;  // no attributes
-  Attrs attrs;
-  std::string raw;   // the whole tag as generated (argument values keep it verbatim)
-  bool is(bool o, std::string_view n) const { return open == o && name == n; }
-};
 
 class K3Parser final : public MarkerDrivenParser {
  public:
@@ -98,66 +60,56 @@ class K3Parser final : public MarkerDrivenParser {
 
   // An unterminated message (max_tokens): a half-read tag or call is dropped.
   void on_finish() override {
-    tag_pending_ = false;
+    if (tag_pending_) abandon_tag();
     end_message();
   }
 
  private:
-  enum class State { kReasoning, kTop, kResponse, kTools, kCall, kArgument, kJson, kDone };
+  enum class State { kReasoning, kTop, kResponse, kHiddenThink, kTools, kCall, kArgument, kJson, kDone };
 
   // ---- pieces -> text / tags / end ----
   void on_piece(const MarkerPiece& p) override {
     switch (p.marker) {
       case -1:
         if (!tag_pending_) return on_text(p.text);
-        if (tag_overlong_) return;
         tag_header_ += p.text;
-        if (tag_header_.size() > kMaxHeaderBytes) {
-          // Not a tag: it and its text up to the next marker are dropped, however the
-          // text was chunked.
-          tag_overlong_ = true;
-          tag_header_.clear();
-        }
+        if (tag_header_.size() > kMaxHeaderBytes) abandon_tag();  // not a tag: its text flows on
         return;
       case kOpen:
       case kClose:
         if (tag_pending_) abandon_tag();
-        tag_pending_ = true;  // a tag left without its <|sep|> is dropped
-        tag_overlong_ = false;
+        tag_pending_ = true;  // a tag left without its <|sep|> is abandoned
         tag_is_open_ = p.marker == kOpen;
         tag_header_.clear();
         return;
       case kSep:
         if (!tag_pending_) return on_stray_marker(p.text);
         tag_pending_ = false;
-        if (tag_overlong_) return;
-        return on_tag(make_tag());
+        return on_tag(k3::make_tag(tag_is_open_, tag_header_));
       case kEnd:
         if (tag_pending_) abandon_tag();
-        tag_pending_ = false;
         return end_message();
     }
   }
 
-  // A tag that never got its <|sep|>: dropped, except inside a raw value, which keeps
-  // every byte up to its own close (vLLM's non-greedy value match).
-  void abandon_tag() {
-    const std::string raw = (tag_is_open_ ? "<|open|>" : "<|close|>") + (tag_overlong_ ? std::string() : tag_header_);
-    if (state_ == State::kArgument) arg_value_ += raw;
-    if (state_ == State::kJson) json_block_ += raw;
-    tag_pending_ = false;
+  // A marker the reply (not the reasoning) carried: white space around it is no content.
+  void note_reply_markup() {
+    if (state_ != State::kReasoning && state_ != State::kDone) reply_markup_ = true;
   }
 
-  Tag make_tag() const {
-    Tag t;
-    t.open = tag_is_open_;
-    t.raw = (tag_is_open_ ? "<|open|>" : "<|close|>") + tag_header_ + "<|sep|>";
-    const std::string_view h = trim(tag_header_);
-    const size_t name_end = std::min(h.size(), h.find_first_of(" \t\n\r\f\v"));
-    t.name = std::string(h.substr(0, name_end));
-    t.bare = name_end == h.size();
-    if (!t.bare) t.attrs = parse_attrs(h.substr(name_end));
-    return t;
+  // A tag that never got its <|sep|>. Inside a raw value it keeps every byte up to the
+  // value's own close (vLLM's non-greedy value match); an <|open|>call with attributes in
+  // the reply is call syntax; anywhere else what is left of it is text where it stands.
+  void abandon_tag() {
+    tag_pending_ = false;
+    const std::string header = std::move(tag_header_);
+    tag_header_.clear();
+    if (state_ == State::kArgument) { arg_value_ += (tag_is_open_ ? "<|open|>" : "<|close|>") + header; return; }
+    if (state_ == State::kJson) { json_block_ += (tag_is_open_ ? "<|open|>" : "<|close|>") + header; return; }
+    note_reply_markup();
+    if (tag_is_open_ && k3::starts_call_syntax(header) && (state_ == State::kTop || state_ == State::kResponse))
+      return start_unparsed_tools();
+    on_text(k3::header_leftover(header, /*complete=*/false));
   }
 
   // ---- output ----
@@ -176,9 +128,10 @@ class K3Parser final : public MarkerDrivenParser {
   }
   void end_reasoning() {
     held_space_.clear();  // white space alone is not reasoning
+    reasoning_done_ = true;
   }
-  // Content that is only white space so far is held: vLLM gives no content when that is all
-  // there is beside tool calls, and the white space is the content otherwise.
+  // Content that is only white space so far is held: whether it is content is known at the
+  // end (flush_held_content).
   void emit_content(std::string_view s) {
     if (s.empty()) return;
     if (!content_seen_) {
@@ -190,8 +143,11 @@ class K3Parser final : public MarkerDrivenParser {
     out_->content += s;
     held_content_.clear();
   }
+  // White space alone is the content only of a reply without markup and without calls:
+  // vLLM gives no content when that is all there is beside tool calls, SGLang none when it
+  // stripped markup around it ("<|open|>response<|sep|>   <|close|>response<|sep|>").
   void flush_held_content() {
-    if (num_calls_ == 0) out_->content += held_content_;
+    if (num_calls_ == 0 && !reply_markup_) out_->content += held_content_;
     held_content_.clear();
   }
 
@@ -199,7 +155,7 @@ class K3Parser final : public MarkerDrivenParser {
   // one, else the text after the think channel: so it is held until the next structural
   // point decides, and given out only if no response channel was seen.
   void release_top_text() {
-    if (!response_seen_ && !trim(top_text_).empty()) emit_content(top_text_);
+    if (!response_seen_) emit_content(top_text_);
     top_text_.clear();
   }
 
@@ -210,17 +166,19 @@ class K3Parser final : public MarkerDrivenParser {
       case State::kTop: top_text_ += s; return;
       case State::kArgument: arg_value_ += s; return;
       case State::kJson: json_block_ += s; return;
-      case State::kTools:  // layout or junk between calls: dropped, as vLLM's regexes do
-      case State::kCall:   // text between arguments: dropped likewise
-      case State::kDone:   // after the message: not part of it
+      case State::kHiddenThink:  // a think channel inside the reply: not the reply
+      case State::kTools:        // layout or junk between calls: dropped, as vLLM's regexes do
+      case State::kCall:         // text between arguments: dropped likewise
+      case State::kDone:         // after the message: not part of it
         return;
     }
   }
 
   // A <|sep|> outside any tag: part of a raw value inside a call, else dropped.
   void on_stray_marker(const std::string& marker) {
-    if (state_ == State::kArgument) arg_value_ += marker;
-    if (state_ == State::kJson) json_block_ += marker;
+    if (state_ == State::kArgument) return void(arg_value_ += marker);
+    if (state_ == State::kJson) return void(json_block_ += marker);
+    note_reply_markup();
   }
 
   void enter(State s) {
@@ -228,7 +186,33 @@ class K3Parser final : public MarkerDrivenParser {
       response_seen_ = true;
       top_text_.clear();  // the response channel's body is the content
     }
+    if (s != State::kResponse && s != State::kReasoning) reasoning_done_ = true;
     state_ = s;
+  }
+
+  // <|open|>think in the reply. Before any reply text, and when no think channel came
+  // before, it is the reasoning (thinking off, the model thinking anyway: SGLang's in-band
+  // open marker); the markup and white space before it were layout. Later it is a think
+  // channel quoted inside the reply: dropped up to its close.
+  void open_think_in_reply() {
+    if (!reasoning_done_ && !content_seen_) {
+      held_content_.clear();
+      top_text_.clear();
+      reply_markup_ = false;
+      response_seen_ = false;  // as after the prompt's think channel: a response channel may follow
+      state_ = State::kReasoning;
+      return;
+    }
+    hidden_return_ = state_;
+    state_ = State::kHiddenThink;
+  }
+
+  // Call syntax outside a tools channel: no call (neither peer parses one there) and no
+  // reply from there on (SGLang cuts the reply at it).
+  void start_unparsed_tools() {
+    if (state_ == State::kTop) release_top_text();
+    unparsed_calls_ = true;
+    enter(State::kTools);
   }
 
   void end_message() {
@@ -238,7 +222,11 @@ class K3Parser final : public MarkerDrivenParser {
     state_ = State::kDone;
   }
 
+  // A complete tag that means nothing where it stands: what is left of it is text there.
+  void leftover(const Tag& t) { on_text(k3::header_leftover(t.header, /*complete=*/true)); }
+
   void on_tag(const Tag& t) {
+    note_reply_markup();
     switch (state_) {
       case State::kReasoning:
         if (!reasoning_seen_ && t.open && (t.name == "think" || t.name == "message")) {
@@ -255,22 +243,51 @@ class K3Parser final : public MarkerDrivenParser {
           state_ = State::kTop;
           return on_tag(t);
         }
-        return;  // any other tag inside reasoning: dropped
+        return leftover(t);
       case State::kTop:
         if (t.is(true, "response")) return enter(State::kResponse);
         if (t.is(true, "tools")) {
           release_top_text();
+          unparsed_calls_ = false;
           return enter(State::kTools);
         }
         if (t.is(false, "message")) return end_message();
-        return;
+        if (t.is(true, "think")) return open_think_in_reply();
+        if (t.is(true, "call")) {
+          start_unparsed_tools();
+          return start_call(t);
+        }
+        return leftover(t);
       case State::kResponse:
         if (t.is(false, "response")) return enter(State::kTop);
-        if (t.is(true, "tools")) return enter(State::kTools);  // response left open
+        if (t.is(true, "tools")) {  // response left open
+          unparsed_calls_ = false;
+          return enter(State::kTools);
+        }
         if (t.is(false, "message")) return end_message();
-        return;  // the prompt's openers repeated, or any other tag: dropped
+        if (t.is(true, "think")) return open_think_in_reply();
+        if (t.is(true, "call")) {
+          start_unparsed_tools();
+          return start_call(t);
+        }
+        return leftover(t);  // the prompt's openers repeated, or any other tag
+      case State::kHiddenThink:
+        if (t.is(false, "think")) {
+          state_ = hidden_return_;
+          return;
+        }
+        // A tools channel or the message's end ends the quoted think channel too.
+        if (t.is(true, "tools") || t.is(false, "message")) {
+          state_ = hidden_return_;
+          return on_tag(t);
+        }
+        return;
       case State::kTools:
         if (t.open && t.name == "call") return start_call(t);
+        if (t.is(true, "tools")) {  // the tools channel proper, after call syntax outside one
+          unparsed_calls_ = false;
+          return;
+        }
         if (t.is(false, "tools")) return enter(State::kTop);
         if (t.is(false, "message")) return end_message();
         return;
@@ -338,7 +355,7 @@ class K3Parser final : public MarkerDrivenParser {
   void close_call() {
     state_ = State::kTools;
     if (call_name_.empty()) return;  // a call with no name is not a call (vLLM drops it)
-    if (!options_.tool_calls_allowed) return;
+    if (unparsed_calls_ || !options_.tool_calls_allowed) return;
     if (!options_.parallel_tool_calls && num_calls_ >= 1) return;
     ParsedToolCall call;
     call.id = ids_.next();
@@ -357,12 +374,15 @@ class K3Parser final : public MarkerDrivenParser {
   ToolCallIds ids_;
 
   bool tag_pending_ = false;
-  bool tag_overlong_ = false;
   bool tag_is_open_ = false;
   std::string tag_header_;
 
   bool reasoning_seen_ = false;
+  bool reasoning_done_ = false;  // the think channel is over (or the reply began without one)
   bool content_seen_ = false;
+  bool reply_markup_ = false;    // the reply carried a marker (see flush_held_content)
+  bool unparsed_calls_ = false;  // call syntax began outside a tools channel
+  State hidden_return_ = State::kResponse;
   std::string held_content_;
   std::string held_space_;
   std::string top_text_;

@@ -2,7 +2,7 @@
 //   [tool-declare system message]  when the request has tools
 //   [thinking-effort system message]  when thinking
 //   the conversation, one <|open|>message ...<|close|>message<|sep|><|end_of_msg|> each
-//   [tool-choice system message]  for tool_choice required / none
+//   [tool-choice system message]  for tool_choice required / none, when the request has tools
 //   [response-format system message]  for json_object / json_schema
 //   <|open|>message role="assistant"<|sep|><|open|>think<|sep|>   (or response)
 // Segments are emitted exactly where the reference emits them (one per tag name, attribute
@@ -151,30 +151,41 @@ struct Indexed {
 // Tool results in assistant tool_calls order: each run of consecutive tool messages is
 // matched by tool_call_id against the latest assistant's calls and stably sorted by call
 // position; a matched message takes that call's function name. A run with any unmatched
-// message stays as it is. (The reference's normalize_xtml_tool_result_messages.)
+// message stays as it is. (The reference's normalize_xtml_tool_result_messages.) The run
+// right after the assistant may also name a call by the alias "NAME:POSITION" (0-based),
+// as vLLM's K3 renderer resolves it before the encoder (_normalize_k3_tool_messages).
 std::vector<Indexed> order_tool_results(const std::vector<Message>& messages) {
   std::vector<Indexed> out;
-  std::map<std::string, std::pair<size_t, std::string>> by_id;  // id -> (1-based position, name)
+  using Target = std::pair<size_t, std::string>;  // (1-based position, name)
+  std::map<std::string, Target> by_id, by_alias;
   size_t i = 0;
   while (i < messages.size()) {
     const Message& m = messages[i];
     if (m.role != Role::kTool) {
       if (m.role == Role::kAssistant) {
         by_id.clear();
-        for (size_t p = 0; p < m.tool_calls.size(); ++p)
-          if (m.tool_calls[p].id) by_id.emplace(*m.tool_calls[p].id, std::make_pair(p + 1, m.tool_calls[p].name));
+        by_alias.clear();
+        for (size_t p = 0; p < m.tool_calls.size(); ++p) {
+          const ToolCall& c = m.tool_calls[p];
+          if (c.id) by_id.emplace(*c.id, Target{p + 1, c.name});
+          if (c.name.empty()) continue;  // vLLM keys only named calls, first key first
+          if (c.id) by_alias.emplace(*c.id, Target{p + 1, c.name});
+          by_alias.emplace(c.name + ":" + std::to_string(p), Target{p + 1, c.name});
+        }
       }
       out.push_back({i, m});
       ++i;
       continue;
     }
+    const bool after_assistant = i > 0 && messages[i - 1].role == Role::kAssistant;
+    const std::map<std::string, Target>& targets = after_assistant ? by_alias : by_id;
     struct RunItem { size_t position; size_t offset; Indexed item; };
     std::vector<RunItem> run;
     bool unresolved = false;
     for (size_t offset = 0; i < messages.size() && messages[i].role == Role::kTool; ++i, ++offset) {
       Indexed item{i, messages[i]};
-      auto it = item.msg.tool_call_id ? by_id.find(*item.msg.tool_call_id) : by_id.end();
-      if (it == by_id.end()) {
+      auto it = item.msg.tool_call_id ? targets.find(*item.msg.tool_call_id) : targets.end();
+      if (it == targets.end()) {
         unresolved = true;
         run.push_back({0, offset, std::move(item)});
       } else {
@@ -267,13 +278,47 @@ Json response_schema(const ResponseFormat& rf) {
   return js;
 }
 
+// Content that counts as given: a non-empty string, or a non-empty list of parts.
+bool has_content(const Content& c) {
+  return c.kind == Content::Kind::kText ? !c.text.empty() : c.kind == Content::Kind::kParts && !c.parts.empty();
+}
+
+// The request's tools without the null members of each tool and its function, as vLLM's
+// renderer passes them (_drop_null_tool_fields: a client's "description": null, or a
+// serializer's unset fields, are not in the prompt Moonshot's API renders). Nulls inside
+// `parameters` are schema content and stay.
+Json without_null_tool_fields(const Json& tools) {
+  Json out = Json::array();
+  for (const Json& tool : tools) {
+    if (!tool.is_object()) {
+      out.push_back(tool);
+      continue;
+    }
+    Json t = Json::object();
+    for (const auto& [k, v] : tool.items()) {
+      if (v.is_null()) continue;
+      if (k != "function" || !v.is_object()) {
+        t[k] = v;
+        continue;
+      }
+      Json fn = Json::object();
+      for (const auto& [fk, fv] : v.items())
+        if (!fv.is_null()) fn[fk] = fv;
+      t[k] = std::move(fn);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderOptions& options) {
   K3Writer w(options.image_prompts);
   const bool thinking = request.thinking;
 
-  if (request.tools.is_array() && !request.tools.empty()) w.tool_declare(request.tools, /*dynamic=*/false);
+  if (request.tools.is_array() && !request.tools.empty())
+    w.tool_declare(without_null_tool_fields(request.tools), /*dynamic=*/false);
 
   // With thinking on, the encoder asserts on any other effort (the message text itself
   // lists `medium`, but the encoder does not accept it); with thinking off it is unused.
@@ -295,15 +340,16 @@ Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderO
     const Message& m = item.msg;
     const std::string path = "messages[" + std::to_string(item.index) + "]";
     switch (m.role) {
-      case Role::kDeveloper:
-        // The reference encoder renders user, system, tool and assistant messages only; a
-        // developer message leaves no trace in the prompt (vLLM passes it through as is).
-        break;
       case Role::kUser:
-      case Role::kSystem: {
-        if (m.role == Role::kSystem && m.tools.is_array() && !m.tools.empty()) {
+      case Role::kSystem:
+      case Role::kDeveloper: {
+        // A developer message is a system one, as vLLM's K3 renderer hands it to the
+        // encoder (which has no branch for the role). A system message with tools is only
+        // their declaration; a developer message with content as well is split in two,
+        // the declaration and then the content.
+        if (m.role != Role::kUser && m.tools.is_array() && !m.tools.empty()) {
           w.tool_declare(m.tools, /*dynamic=*/true);
-          break;
+          if (m.role == Role::kSystem || !has_content(m.content)) break;
         }
         Attrs attrs = {{"role", m.role == Role::kUser ? "user" : "system"}};
         if (m.name && !m.name->empty()) attrs.push_back({"name", *m.name});
@@ -340,11 +386,14 @@ Result<std::vector<Segment>> render_k3(const ChatRequest& request, const RenderO
     }
   }
 
-  if (request.tool_choice.kind == ToolChoice::Kind::kRequired) {
+  // Only for a request with tools, as vLLM's build_chat_params passes it: without them
+  // "none" is the API's default, not an instruction.
+  const bool has_tools = request.tools.is_array() && !request.tools.empty();
+  if (has_tools && request.tool_choice.kind == ToolChoice::Kind::kRequired) {
     w.internal_system_message("tool-choice",
                               "The system is invoked with `tool_choice=required`.\n"
                               "You MUST call tools in the next message.");
-  } else if (request.tool_choice.kind == ToolChoice::Kind::kNone) {
+  } else if (has_tools && request.tool_choice.kind == ToolChoice::Kind::kNone) {
     w.internal_system_message("tool-choice",
                               "The system is invoked with `tool_choice=none`.\n"
                               "You MUST NOT call any tools in the next message.");

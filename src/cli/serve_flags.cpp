@@ -364,13 +364,14 @@ std::vector<std::string> model_names(const server::ServeOptions& o, const std::s
   };
   add(served_name);
   for (const auto& a : o.served_model_aliases) add(a);
-  if (!o.model_path.empty()) {
-    std::string p = o.model_path;
-    add(p);
-    while (p.size() > 1 && p.back() == '/') p.pop_back();
-    add(p);
-    add(p.substr(p.find_last_of('/') == std::string::npos ? 0 : p.find_last_of('/') + 1));
-  }
+  // vLLM and SGLang serve a model under its path unless --served-model-name names it;
+  // moonrun answers to both. The demo model, served when no model is given, stands in for
+  // the checkpoint the guides name, so that repo id is its path here.
+  std::string p = o.model_path.empty() ? std::string(kDemoModelStandsFor) : o.model_path;
+  add(p);
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  add(p);
+  add(p.substr(p.find_last_of('/') == std::string::npos ? 0 : p.find_last_of('/') + 1));
   return names;
 }
 

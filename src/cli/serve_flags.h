@@ -45,8 +45,13 @@ std::string no_effect_warning(const server::ServeOptions& opt);
 // (--dry-run).
 std::string describe_serve_options(const server::ServeOptions& opt, bool one_line);
 
+// The repo id the guides and the seeds' requests use: the demo model, served when no model
+// is given, answers to it as a checkpoint answers to its path.
+inline constexpr const char* kDemoModelStandsFor = "moonshotai/Kimi-K3";
+
 // Every name the served model answers to: the served name, the other --served-model-name
-// values, the model path as given and its last component, without repeats.
+// values, the model path as given and its last component (for the demo model served by
+// default, kDemoModelStandsFor and "Kimi-K3"), without repeats.
 std::vector<std::string> model_names(const server::ServeOptions& opt, const std::string& served_name);
 
 // This process's command line (/proc/self/cmdline), for the startup dump.

@@ -107,7 +107,7 @@ Status Engine::add_request(uint64_t request_id, std::vector<int32_t> prompt_ids,
     req->sampler = SequenceSampler(req->params, params.seed ? *params.seed + i : seed_gen_(), req->prompt_ids);
     req->max_output_tokens =
         params.max_tokens > 0 ? params.max_tokens : config_.max_model_len - req->num_prompt_tokens();
-    req->text = OutputText(detokenize_, params.stop);
+    req->text = OutputText(detokenize_, params.stop, params.include_stop_str_in_output);
     if (params.make_constraint) req->constraint = params.make_constraint();
     req->image_positions = image_positions;
     req->image_rows = image_rows;

@@ -80,8 +80,8 @@ bool ends_with_replacement_char(const std::string& s) {
 
 }  // namespace
 
-OutputText::OutputText(DetokenizeFn decode, std::vector<std::string> stop_strings)
-    : decode_(std::move(decode)), stops_(std::move(stop_strings)) {
+OutputText::OutputText(DetokenizeFn decode, std::vector<std::string> stop_strings, bool include_stop)
+    : decode_(std::move(decode)), stops_(std::move(stop_strings)), include_stop_(include_stop) {
   for (const auto& s : stops_) max_stop_bytes_ = std::max(max_stop_bytes_, s.size());
 }
 
@@ -117,7 +117,7 @@ bool OutputText::check_stop(size_t old_size) {
   }
   if (!best_stop) return false;
   matched_stop_ = *best_stop;
-  text_.resize(best);
+  text_.resize(best + (include_stop_ ? best_stop->size() : 0));
   sent_bytes_ = std::min(sent_bytes_, text_.size());
   return true;
 }

@@ -19,11 +19,13 @@ using DetokenizeFn = std::function<std::string(const std::vector<int32_t>&)>;
 class OutputText {
  public:
   // decode may be empty (no tokenizer): the text stays empty and stop strings never match.
-  OutputText(DetokenizeFn decode, std::vector<std::string> stop_strings);
+  // include_stop: the text ends after a matched stop string instead of before it (vLLM's
+  // include_stop_str_in_output).
+  OutputText(DetokenizeFn decode, std::vector<std::string> stop_strings, bool include_stop = false);
   OutputText() = default;
 
   // Adds one generated token. Returns true when a stop string completed: text() is then cut
-  // right before it and matched_stop() names it.
+  // right before it (after it with include_stop) and matched_stop() names it.
   bool append(int32_t token);
   // The text not yet handed out that is safe to hand out now; with finished, everything
   // left (flushing an unfinished UTF-8 tail too). Always valid UTF-8.
@@ -35,6 +37,7 @@ class OutputText {
  private:
   DetokenizeFn decode_;
   std::vector<std::string> stops_;
+  bool include_stop_ = false;
   size_t max_stop_bytes_ = 0;
   std::vector<int32_t> ids_;
   size_t prefix_offset_ = 0;  // ids_[prefix_offset_, read_offset_) decode to text already emitted,

@@ -27,7 +27,8 @@ struct SamplingParams {
   int max_tokens = -1;              // -1: until the context is full
   int n = 1;                        // parallel samples of the same prompt
   bool ignore_eos = false;
-  std::vector<std::string> stop;         // stop strings (not included in the output text)
+  std::vector<std::string> stop;         // stop strings (not in the output text unless:)
+  bool include_stop_str_in_output = false;  // vLLM's: the text ends after the matched stop string
   std::vector<int32_t> stop_token_ids;   // stop tokens (in the ids, not in the text)
   int logprobs = -1;                // -1: none; k >= 0: the chosen token's + the top k
   bool skip_special_tokens = true;  // special tokens add no text (EngineConfig::is_special_token)

@@ -5,7 +5,9 @@ namespace {
 
 // Wraps the chat layer's streaming parser and tracks which channel the generation is in,
 // so the handler can count reasoning tokens: every token up to the first content or tool
-// call of a thinking generation is reasoning (the closing markers included).
+// call of a thinking generation is reasoning (the closing markers included), and so is
+// every token from the first reasoning on when a generation without thinking opened a
+// think channel itself before replying (the parser gives that as reasoning too).
 class Adapter final : public ChatOutputParser {
  public:
   Adapter(chat::ChatFormat format, const chat::ParseOptions& options)
@@ -17,7 +19,8 @@ class Adapter final : public ChatOutputParser {
 
  private:
   ParsedDelta convert(chat::ParseDelta d) {
-    if (!d.content.empty() || !d.tool_calls.empty()) in_reasoning_ = false;
+    if (!d.reasoning.empty() && !replied_) in_reasoning_ = true;
+    if (!d.content.empty() || !d.tool_calls.empty()) in_reasoning_ = false, replied_ = true;
     ParsedDelta out;
     out.reasoning = std::move(d.reasoning);
     out.content = std::move(d.content);
@@ -26,6 +29,7 @@ class Adapter final : public ChatOutputParser {
   }
   std::unique_ptr<chat::CompletionParser> parser_;
   bool in_reasoning_;
+  bool replied_ = false;  // content or a tool call came: no reasoning follows
 };
 
 }  // namespace

@@ -72,11 +72,9 @@ void handle_completions(const ServingContext& ctx, const HttpRequest& req, HttpR
   if (!fit.is_ok()) return send_error(res, from_status(fit));
   params->max_tokens = max_tokens;
 
-  bool stream = false;
-  if (auto s = body.find("stream"); s != body.end() && !s->is_null()) {
-    if (!s->is_boolean()) return send_error(res, bad_request("stream: expected true or false", "stream"));
-    stream = s->get<bool>();
-  }
+  auto stream_flag = json_bool(body, "stream", false);
+  if (!stream_flag.is_ok()) return send_error(res, bad_request(stream_flag.status().message(), "stream"));
+  const bool stream = *stream_flag;
   bool include_usage = false;
   if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
     if (!so->is_object()) return send_error(res, bad_request("stream_options: expected an object", "stream_options"));

@@ -108,6 +108,10 @@ bool parse_body(const ServingContext& ctx, const HttpRequest& req, HttpResponse&
                                     "model", "model_not_found"));
     return false;
   }
+  if (auto wrong = check_boolean_fields(body, req.path)) {
+    send_error(res, bad_request(wrong->message, wrong->field));
+    return false;
+  }
   return true;
 }
 

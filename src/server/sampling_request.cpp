@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "server/request_json.h"
+
 namespace moonrun::server {
 namespace {
 
@@ -33,11 +35,11 @@ Status integer(const json& body, const char* key, int64_t& out, bool& present) {
   return Status::ok();
 }
 
+// Booleans are read by the one reader every route uses (request_json.h).
 Status boolean(const json& body, const char* key, bool& out) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return Status::ok();
-  if (!it->is_boolean()) return invalid_argument(std::string(key) + ": expected true or false, got " + it->type_name());
-  out = it->get<bool>();
+  auto v = json_bool(body, key, out);
+  if (!v.is_ok()) return v.status();
+  out = *v;
   return Status::ok();
 }
 
@@ -73,6 +75,7 @@ Result<SamplingParams> sampling_params_from_json(const json& body, Endpoint endp
   }
   MR_RETURN_IF_ERROR(boolean(body, "ignore_eos", p.ignore_eos));
   MR_RETURN_IF_ERROR(boolean(body, "skip_special_tokens", p.skip_special_tokens));
+  MR_RETURN_IF_ERROR(boolean(body, "include_stop_str_in_output", p.include_stop_str_in_output));
 
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {

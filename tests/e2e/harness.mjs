@@ -5,8 +5,10 @@ export const EXE = process.env.MOONRUN_EXE;
 export const DEMO = process.env.MOONRUN_DEMO_MODEL;
 if (!EXE || !DEMO) throw new Error('set MOONRUN_EXE and MOONRUN_DEMO_MODEL (CTest does)');
 
-export async function startServer(extraArgs = [], { timeoutMs = 120000, env = process.env } = {}) {
-  const args = ['serve', '--model-path', DEMO, '--served-model-name', 'moonrun-demo',
+// plain: `moonrun serve` without --model-path and --served-model-name (the demo model as
+// it is served by default).
+export async function startServer(extraArgs = [], { timeoutMs = 120000, env = process.env, plain = false } = {}) {
+  const args = ['serve', ...(plain ? [] : ['--model-path', DEMO, '--served-model-name', 'moonrun-demo']),
                 '--host', '127.0.0.1', '--port', '0', ...extraArgs];
   const proc = spawn(EXE, args, { stdio: ['ignore', 'pipe', 'pipe'], env });
   let log = '';

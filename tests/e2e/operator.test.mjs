@@ -191,6 +191,33 @@ test('the model answers to its path, its basename and every --served-model-name'
   }
 });
 
+// The guides' requests name moonshotai/Kimi-K3; the demo model served by default stands in
+// for that checkpoint, so it answers to it as a checkpoint answers to its path (and to its
+// own name), with or without other --served-model-name values. Other names are still 404s.
+test('plain `moonrun serve` (the demo model) answers to moonshotai/Kimi-K3 and moonrun-demo', async () => {
+  for (const extra of [[], ['--served-model-name', 'team-model']]) {
+    const srv = await startServer(extra, { plain: true });
+    try {
+      const names = ['moonshotai/Kimi-K3', 'Kimi-K3', extra.length ? 'team-model' : 'moonrun-demo'];
+      for (const name of names) {
+        const r = await post(srv.base, '/v1/chat/completions', { model: name, max_tokens: 2, messages: [{ role: 'user', content: 'hi' }] });
+        assert.equal(r.status, 200, `${extra.join(' ')} ${name}: ${r.text}`);
+      }
+      const r = await post(srv.base, '/v1/completions', { model: 'moonshotai/Kimi-K2', prompt: 'hi', max_tokens: 1 });
+      assert.equal(r.status, 404, r.text);
+      assert.match(srv.log(), /Serving (moonrun-demo|team-model) on/);
+    } finally {
+      await srv.stop();
+    }
+  }
+  // A demo model named by its path is a checkpoint like any other: its path, not the repo id.
+  const dry = spawnSync(EXE, ['serve', '--dry-run'], { encoding: 'utf8' });
+  assert.equal(dry.status, 0, dry.stderr);
+  assert.match(dry.stdout, /answers_to_model: moonrun-demo, moonshotai\/Kimi-K3, Kimi-K3/);
+  const named = spawnSync(EXE, ['serve', '--model-path', DEMO, '--dry-run'], { encoding: 'utf8' });
+  assert.doesNotMatch(named.stdout, /moonshotai\/Kimi-K3/);
+});
+
 test('one log line per request; the startup dump; trace and debug are real levels', async () => {
   const srv = await startServer(['--log-level', 'trace']);
   try {

@@ -60,6 +60,17 @@ test('stop_token_ids end the text without appearing in it; ignore_eos runs to ma
   assert.equal(ig.choices[0].finish_reason, 'length');
 });
 
+test('include_stop_str_in_output keeps the matched stop string at the end of the text (vLLM\'s)', async () => {
+  // +100 on "x" makes every token "x": the stop "xx" matches after two tokens.
+  const body = { model: 'moonrun-demo', prompt, max_tokens: 8, temperature: 1, logit_bias: { [X]: 100 }, stop: ['xx'] };
+  for (const [include, text] of [[false, ''], [true, 'xx']]) {
+    const r = await post(srv.base, '/v1/completions', { ...body, include_stop_str_in_output: include });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.choices[0].text, text, `include_stop_str_in_output ${include}: ${r.text}`);
+    assert.equal(r.json.choices[0].finish_reason, 'stop');
+  }
+});
+
 test('chat: n = 3 distinct choices, logit_bias and min_tokens honoured', async () => {
   const r = await client.chat.completions.create({
     model: 'moonrun-demo', n: 3, max_tokens: 8, temperature: 1, seed: 7,

@@ -1,8 +1,10 @@
 // Completions with what the peers give for them, parsed whole and streamed in every chunk
 // size up to 9 bytes: the message must be the peer's, and no control marker may reach
-// reasoning or content. peer_cases.json: the cases vLLM's kimi_k2 / kimi_k3 tool and
-// reasoning parser tests assert on (each names its test); vllm_k3_cases.json: vLLM's
-// kimi_k3 parsers run on a corpus of K3 completions (outputs only).
+// reasoning or content. peer_cases.json: the cases the peers' own tests assert on (vLLM's
+// kimi_k2 / kimi_k3 tool and reasoning parser tests, SGLang's kimik3 detector tests,
+// vllm-ascend's and LightLLM's K3 parser tests; each names its test); vllm_k3_cases.json:
+// vLLM's kimi_k3 parsers run on a corpus of K3 completions (outputs only).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -25,12 +27,14 @@ Json load_cases(const char* file) {
 }
 
 ParseOptions options_for(const Json& c) {
-  // The request the completion answers, as the server would parse it.
+  // The request the completion answers, as the server would parse it: a case that names
+  // tools, a tool_choice or "request" (a request that declares no tools) gets the
+  // server's options; one without is the parser on its own (`moonrun parse`).
   Json body = {{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}};
   if (c.contains("tools")) body["tools"] = c["tools"];
   if (c.contains("tool_choice")) body["tool_choice"] = c["tool_choice"];
   ParseOptions o;
-  if (c.contains("tools") || c.contains("tool_choice")) {
+  if (c.contains("tools") || c.contains("tool_choice") || c.contains("request")) {
     auto req = parse_chat_request(body);
     EXPECT_TRUE(req.is_ok()) << req.status().message();
     o = parse_options_for(*req);
@@ -67,12 +71,16 @@ void check_cases(const Json& cases) {
     const std::string text = c["completion"].get<std::string>();
     const ParseOptions o = options_for(c);
     const ParsedMessage whole = parse_completion(format, text, o);
-    const Json& want = c["expected"];
+    // Where moonrun deliberately follows another peer's test, the case says which, and
+    // what that test asserts replaces the field it names.
+    Json want = c["expected"];
+    if (c.contains("moonrun_differs"))
+      for (const auto& [k, v] : c["moonrun_differs"]["expected"].items()) want[k] = v;
     if (want.contains("reasoning")) EXPECT_EQ(whole.reasoning, want["reasoning"].get<std::string>());
     if (want.contains("content")) EXPECT_EQ(whole.content, want["content"].get<std::string>());
     if (want.contains("tool_calls")) {
-      ASSERT_EQ(whole.tool_calls.size(), want["tool_calls"].size()) << whole.to_json().dump();
-      for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
+      EXPECT_EQ(whole.tool_calls.size(), want["tool_calls"].size()) << whole.to_json().dump();
+      for (size_t i = 0; i < std::min(whole.tool_calls.size(), want["tool_calls"].size()); ++i) {
         const Json& w = want["tool_calls"][i];
         EXPECT_EQ(whole.tool_calls[i].name, w["name"].get<std::string>());
         EXPECT_EQ(whole.tool_calls[i].arguments, w["arguments"].get<std::string>());

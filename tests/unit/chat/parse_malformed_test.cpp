@@ -142,10 +142,14 @@ TEST(ParseK3Malformed, MarkersInsideStringArgumentStayInTheValue) {
   EXPECT_EQ(Json::parse(m.tool_calls[0].arguments)["v"], value);
 }
 
-TEST(ParseK3Malformed, StrayTagsAreDroppedChannelTextKept) {
+TEST(ParseK3Malformed, StrayMarkersAreDroppedTheirTextKept) {
+  // SGLang's strip_template_markers: a marker that is no tag goes, with the channel name
+  // and attributes it carries; an unknown name is text (it names no channel).
   auto m = k3("a<|sep|>b" + kThinkEnd + kResp + "c<|sep|>d<|open|>foo<|sep|>e<|close|>bar<|sep|>" + kRespEnd + kMsgEnd);
   EXPECT_EQ(m.reasoning, "ab");
-  EXPECT_EQ(m.content, "cde");
+  EXPECT_EQ(m.content, "cdfooebar");
+  m = k3("r" + kThinkEnd + kResp + "a<|open|>argument key=\"k\" type=\"string\"<|sep|>b<|close|>argument<|sep|>c" + kRespEnd);
+  EXPECT_EQ(m.content, "abc");
 }
 
 TEST(ParseK3Malformed, TextOutsideTheResponseChannel) {
@@ -195,10 +199,60 @@ TEST(ParseK3Malformed, NoThinkingModeStartsInResponse) {
   EXPECT_EQ(k3(junk, false).content, std::string("\xff\xfe<\x80 ", 5));
 }
 
-TEST(ParseK3Malformed, OverlongTagHeaderIsDropped) {
+TEST(ParseK3Malformed, OverlongTagHeaderIsText) {
+  // No header is that long: the marker goes and the text is the reply's, held back no
+  // further than kMaxHeaderBytes however it is chunked.
   const std::string body(5000, 'x');
   auto m = k3("r" + kThinkEnd + kResp + "a<|open|>" + body + kRespEnd + kMsgEnd);
+  EXPECT_EQ(m.content, "a" + body);
+}
+
+// SGLang's _CALL_OPEN_RE: call syntax with attributes outside a tools channel is where its
+// reply ends (an unparsed tool section); it is no call (vLLM parses calls only inside the
+// tools channel either).
+TEST(ParseK3Malformed, CallSyntaxOutsideTheToolsChannel) {
+  ParseOptions o = opts(false);
+  auto m = parse(ChatFormat::kKimiK3, "Sure. " + call("f", arg("a", "string", "v")) + " rest" + kMsgEnd, o);
+  EXPECT_EQ(m.content, "Sure. ");
+  EXPECT_TRUE(m.tool_calls.empty());
+  // Cut before its <|sep|>, the same: it still reads as a call.
+  m = parse(ChatFormat::kKimiK3, "Sure. <|open|>call tool=\"f\" then" + kRespEnd + kMsgEnd, o);
+  EXPECT_EQ(m.content, "Sure. ");
+  // A real tools channel after it is parsed again.
+  m = k3("r" + kThinkEnd + kResp + "a" + call("f", "") + kRespEnd + kTools + call("g", "") + kToolsEnd + kMsgEnd);
   EXPECT_EQ(m.content, "a");
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].name, "g");
+}
+
+// The think channel: before any reply text it is the reasoning, thinking on or off
+// (SGLang's in-band open marker); inside the reply it is dropped, closed or not.
+TEST(ParseK3Malformed, ThinkChannelInBandOrQuoted) {
+  auto m = k3("\n<|open|>think<|sep|>why" + kThinkEnd + "\n" + kResp + "so" + kRespEnd + kMsgEnd, /*thinking=*/false);
+  EXPECT_EQ(m.reasoning, "why");
+  EXPECT_EQ(m.content, "so");
+  m = k3("<|open|>think<|sep|>why" + kThinkEnd + "so", /*thinking=*/false);  // no response channel
+  EXPECT_EQ(m.content, "so");
+  m = k3("r" + kThinkEnd + kResp + "a<|open|>think<|sep|>hidden" + kThinkEnd + "b" + kRespEnd + kMsgEnd);
+  EXPECT_EQ(m.reasoning, "r");
+  EXPECT_EQ(m.content, "ab");
+  m = k3("a<|open|>think<|sep|>cut off", /*thinking=*/false);
+  EXPECT_EQ(m.reasoning, "");
+  EXPECT_EQ(m.content, "a");
+  // A tools channel ends a quoted think channel that never closed.
+  m = k3("r" + kThinkEnd + kResp + "a<|open|>think<|sep|>x" + kTools + call("f", "") + kToolsEnd + kMsgEnd);
+  EXPECT_EQ(m.content, "a");
+  EXPECT_EQ(m.tool_calls.size(), 1u);
+}
+
+// White space alone: the reply when nothing was stripped around it (vLLM and SGLang agree),
+// no content when markup was (SGLang) or calls came with it (vLLM).
+TEST(ParseK3Malformed, WhiteSpaceOnlyReply) {
+  EXPECT_EQ(k3("r" + kThinkEnd + " \n ").content, " \n ");
+  EXPECT_EQ(k3(" \t", /*thinking=*/false).content, " \t");
+  EXPECT_EQ(k3("r" + kThinkEnd + kResp + " \n " + kRespEnd + kMsgEnd).content, "");
+  EXPECT_EQ(k3(" \n " + kRespEnd + kMsgEnd, /*thinking=*/false).content, "");
+  EXPECT_EQ(k3(" x " + kRespEnd + kMsgEnd, /*thinking=*/false).content, " x ");
 }
 
 TEST(ParseK2Malformed, ThinkSplitWhenLayoutPrecedesIt) {

@@ -44,6 +44,20 @@ TEST(OutputText, StopStringAcrossTokensIsCutAndNeverStreamed) {
   EXPECT_EQ(streamed, "abcENx");  // "EN" was held back until it could not start "END"
 }
 
+// vLLM's include_stop_str_in_output: the text ends after the stop string, streamed or not.
+TEST(OutputText, IncludedStopStringEndsTheText) {
+  OutputText text(byte_decode, {"END"}, /*include_stop=*/true);
+  std::string streamed;
+  for (int32_t t : bytes_of("abcENxEND tail")) {
+    const bool stopped = text.append(t);
+    streamed += text.take_delta(stopped);
+    if (stopped) break;
+  }
+  EXPECT_EQ(streamed, "abcENxEND");
+  EXPECT_EQ(text.text(), "abcENxEND");
+  EXPECT_EQ(text.matched_stop(), "END");
+}
+
 TEST(OutputText, EarliestStopStringWins) {
   OutputText text(byte_decode, {"cd", "bcd"});
   bool stopped = false;
