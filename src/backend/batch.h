@@ -12,6 +12,12 @@
 
 namespace moonrun {
 
+// A sequence with at most this many new tokens (a decode token, or a speculative verify of
+// the last token and its drafts) takes the decode-path kernels, which read every
+// per-sequence value from the batch's device tables (a captured graph replays them) and
+// attend in absorbed order; longer chunks take the prefill path, one sequence at a time.
+inline constexpr int kShortSeqMaxNewTokens = 16;
+
 struct BatchSeq {
   int32_t token_start = 0;  // first row of this sequence's new tokens
   int32_t n_new = 0;        // new tokens this step (a prefill chunk, or 1 for decode)
@@ -33,6 +39,10 @@ struct ForwardBatch {
   // embed_values[i * hidden, (i + 1) * hidden). The model uploads them (host only).
   std::vector<int32_t> embed_rows;
   std::vector<float> embed_values;
+  // Speculative decoding: the token rows of the sequences this step verifies (drafts), whose
+  // recurrent-state inputs the model saves so that a rejected draft's trace can be undone
+  // (Model::replay_state). Saved row i is token row save_rows[i]. Host only.
+  std::vector<int32_t> save_rows;
 
   int n_tokens() const { return static_cast<int>(token_ids.size()); }
   int n_seqs() const { return static_cast<int>(seqs.size()); }

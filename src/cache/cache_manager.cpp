@@ -9,7 +9,8 @@
 namespace moonrun {
 
 Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t budget_bytes, int page_size_tokens,
-                                           int num_state_slots, int num_snapshot_slots, int64_t max_total_tokens) {
+                                           int num_state_slots, int num_snapshot_slots, int64_t max_total_tokens,
+                                           int num_verify_slots) {
   if (page_size_tokens < 1)
     return invalid_argument("cache: page size must be >= 1 token, got " + std::to_string(page_size_tokens));
   if (num_state_slots < 1)
@@ -20,6 +21,7 @@ Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t bu
   config.page_size_tokens = page_size_tokens;
   config.num_state_slots = num_state_slots;
   config.num_snapshot_slots = std::max(0, num_snapshot_slots);
+  config.num_verify_slots = num_verify_slots > 0 ? num_state_slots : 0;
   const int64_t slots_bytes = config.state_bytes();
   const int64_t page_bytes = layout.kv_bytes_per_token * page_size_tokens;
   const int64_t left_bytes = budget_bytes - slots_bytes;
@@ -234,6 +236,11 @@ int CacheManager::state_slot(int64_t seq) const {
   auto it = seqs_.find(seq);
   MR_CHECK(it != seqs_.end()) << "no cache for sequence " << seq;
   return it->second.slot;
+}
+
+int CacheManager::verify_slot(int64_t seq) const {
+  if (config_.num_verify_slots == 0) return -1;
+  return config_.total_slots() + state_slot(seq);
 }
 
 CacheStats CacheManager::stats() const {

@@ -46,10 +46,14 @@ struct CacheConfig {
   int num_state_slots = 0;      // live sequences (one slot each: the running-request cap)
   int num_snapshot_slots = 0;   // prefix-cache snapshots
   int prefix_block_tokens = 0;  // > 0: prefix caching on, snapshots at multiples of this
+  // Speculative decoding: 0, or one more slot per live slot (live slot s has total_slots() + s),
+  // where a step that verifies drafts keeps the state it started from for the rollback.
+  int num_verify_slots = 0;
   int64_t total_tokens() const { return static_cast<int64_t>(num_pages) * page_size_tokens; }
   int total_slots() const { return num_state_slots + num_snapshot_slots; }
+  int all_slots() const { return total_slots() + num_verify_slots; }
   int64_t kv_bytes() const { return total_tokens() * layout.kv_bytes_per_token; }
-  int64_t state_bytes() const { return total_slots() * layout.state_bytes_per_slot; }
+  int64_t state_bytes() const { return all_slots() * layout.state_bytes_per_slot; }
 };
 
 // Splits a byte budget between the pools: the state slots first (live + snapshot), every
@@ -57,7 +61,8 @@ struct CacheConfig {
 // the model keeps no KV). Fails with a message naming the numbers when the budget cannot
 // hold the slots plus one page.
 Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t budget_bytes, int page_size_tokens,
-                                           int num_state_slots, int num_snapshot_slots, int64_t max_total_tokens = 0);
+                                           int num_state_slots, int num_snapshot_slots, int64_t max_total_tokens = 0,
+                                           int num_verify_slots = 0);
 
 // A state-slot command for the runner: copy slot src to slot dst, or zero dst when src < 0.
 struct StateCopy {
@@ -115,6 +120,9 @@ class CacheManager {
   bool has(int64_t seq) const { return seqs_.count(seq) != 0; }
   const std::vector<int32_t>& page_table(int64_t seq) const;
   int state_slot(int64_t seq) const;
+  // Where seq's state is kept while a step verifies its drafts (CacheConfig::num_verify_slots);
+  // -1 when the cache has no such slots.
+  int verify_slot(int64_t seq) const;
 
   CacheStats stats() const;
   int64_t free_tokens() const { return static_cast<int64_t>(pages_.num_free()) * config_.page_size_tokens; }

@@ -114,6 +114,7 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.fail_after_steps = opt.debug_fail_after_steps;
   ro.tp_size = opt.tp_size;
   ro.ep_size = opt.ep_size;
+  ro.num_speculative_tokens = opt.speculative.enabled() ? opt.speculative.num_speculative_tokens : 0;
   return ro;
 }
 
@@ -136,7 +137,8 @@ ClusterOptions cluster_options(const server::ServeOptions& opt, const std::strin
                              {"max_running_requests", opt.max_running_requests},
                              {"chunked_prefill_size", opt.chunked_prefill_size},
                              {"page_size", opt.page_size_tokens},
-                             {"prefix_cache", !opt.disable_radix_cache}};
+                             {"prefix_cache", !opt.disable_radix_cache},
+                             {"speculative_tokens", opt.speculative.enabled() ? opt.speculative.num_speculative_tokens : 0}};
   co.fingerprint = fp.dump();
   return co;
 }
@@ -167,6 +169,7 @@ Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt
   ec.max_model_len = static_cast<int>(std::min<int64_t>(opt.context_length, INT32_MAX));
   if (cfg.eos_token_id >= 0) ec.eos_token_ids.push_back(cfg.eos_token_id);
   ec.is_special_token = [tok](int32_t id) { return id >= 0 && tok->is_special(static_cast<uint32_t>(id)); };
+  ec.speculative = opt.speculative;
   const int64_t model_len = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096;
   ec = MR_TRY(resolve_engine_config(ec, model_len, rt.cache));
   if (opt.context_length <= 0 && ec.max_model_len < model_len)
@@ -176,7 +179,10 @@ Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt
                << ", chunked_prefill_size=" << opt.chunked_prefill_size
                << ", max_running_requests=" << ro.max_running_requests << ", context_len=" << ec.max_model_len
                << ", prefix_cache=" << (rt.cache.prefix_block_tokens > 0 ? "on" : "off")
-               << ", cuda_graph=" << (rt.device == "cuda" && ro.cuda_graphs ? "on" : "off");
+               << ", cuda_graph=" << (rt.device == "cuda" && ro.cuda_graphs ? "on" : "off") << ", speculative="
+               << (opt.speculative.enabled() ? std::string(spec_method_name(opt.speculative.method)) + " k=" +
+                                                   std::to_string(opt.speculative.num_speculative_tokens)
+                                             : std::string("off"));
   auto cache = std::make_unique<CacheManager>(rt.cache);
   return EngineLoop::create(ec, std::move(cache), std::move(rt.runner), detokenize_with(tok));
 }

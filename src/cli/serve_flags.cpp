@@ -1,5 +1,7 @@
 #include "cli/serve_flags.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 
@@ -40,10 +42,8 @@ constexpr NoEffectFlag kNoEffect[] = {
     {"--chat-template", true, "the chat format comes from the checkpoint (K3 XTML or K2)"},
     {"--quantization", true, "the checkpoint's MXFP4 experts are used as published"},
     {"--enable-dp-attention", false, "no data-parallel attention"},
-    {"--speculative-algorithm", true, "no speculative decoding yet"},
-    {"--speculative-num-steps", true, "no speculative decoding yet"},
-    {"--speculative-eagle-topk", true, "no speculative decoding yet"},
-    {"--speculative-num-draft-tokens", true, "no speculative decoding yet"},
+    {"--speculative-num-steps", true, "the NGRAM drafts come from one lookup, not draft-model steps"},
+    {"--speculative-eagle-topk", true, "drafts are one chain, not an EAGLE tree"},
     {"--show-time-cost", false, "per-request timings are in the request log line"},
     {"--enable-metrics", false, "/metrics is always on"},
     {"--skip-server-warmup", false, "there is no warm-up"},
@@ -64,7 +64,6 @@ constexpr NoEffectFlag kNoEffect[] = {
     {"--limit-mm-per-prompt", true, "no vision encoder yet"},
     {"--mm-processor-kwargs", true, "no vision encoder yet"},
     {"--compilation-config", true, "no torch.compile"},
-    {"--speculative-config", true, "no speculative decoding yet"},
     {"--hf-overrides", true, "config.json is read as published"},
     {"--generation-config", true, "sampling defaults are OpenAI's"},
     {"--async-scheduling", false, "the engine loop already overlaps HTTP and steps"},
@@ -114,6 +113,64 @@ std::string first_name(const char* names) {
 }
 
 }  // namespace
+
+Status resolve_speculative_flags(const ServeFlags& flags, SpeculativeConfig& sc) {
+  auto method_of = [](std::string name, SpecMethod& m) -> Status {
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (name == "ngram" || name == "prompt_lookup") {
+      m = SpecMethod::kNgram;
+      return Status::ok();
+    }
+    return invalid_argument("speculative decoding method '" + name +
+                            "' is not available; moonrun has: ngram (suffix and DSpark drafts are not built yet)");
+  };
+  if (!flags.speculative_config.empty()) {
+    const auto j = nlohmann::json::parse(flags.speculative_config, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return invalid_argument("--speculative-config: not a JSON object");
+    for (const auto& [key, value] : j.items()) {
+      auto int_of = [&](int& out) -> Status {
+        if (!value.is_number_integer()) return invalid_argument("--speculative-config: " + key + " must be an integer");
+        out = value.get<int>();
+        return Status::ok();
+      };
+      if (key == "method") {
+        if (!value.is_string()) return invalid_argument("--speculative-config: method must be a string");
+        MR_RETURN_IF_ERROR(method_of(value.get<std::string>(), sc.method));
+      } else if (key == "num_speculative_tokens") {
+        MR_RETURN_IF_ERROR(int_of(sc.num_speculative_tokens));
+      } else if (key == "prompt_lookup_min") {
+        MR_RETURN_IF_ERROR(int_of(sc.prompt_lookup_min));
+      } else if (key == "prompt_lookup_max") {
+        MR_RETURN_IF_ERROR(int_of(sc.prompt_lookup_max));
+      } else if (key == "disable_by_batch_size") {
+        MR_RETURN_IF_ERROR(int_of(sc.disable_by_batch_size));
+      } else if (key == "model") {
+        if (!value.is_null()) return invalid_argument("--speculative-config: a draft model is not supported yet (ngram needs none)");
+      } else {
+        return invalid_argument("--speculative-config: unknown field '" + key +
+                                "' (known: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, "
+                                "disable_by_batch_size)");
+      }
+    }
+    if (sc.method == SpecMethod::kNone) return invalid_argument("--speculative-config: method is missing");
+    // vLLM: prompt_lookup_min defaults to prompt_lookup_max when only that is given.
+    if (j.contains("prompt_lookup_max") && !j.contains("prompt_lookup_min"))
+      sc.prompt_lookup_min = std::min(sc.prompt_lookup_min, sc.prompt_lookup_max);
+  }
+  if (!flags.speculative_algorithm.empty()) {
+    if (!flags.speculative_config.empty())
+      return invalid_argument("--speculative-algorithm and --speculative-config both given: use one");
+    MR_RETURN_IF_ERROR(method_of(flags.speculative_algorithm, sc.method));
+    sc.num_speculative_tokens = flags.speculative_num_draft_tokens > 0 ? flags.speculative_num_draft_tokens - 1 : 4;
+    if (flags.speculative_ngram_min > 0) sc.prompt_lookup_min = flags.speculative_ngram_min;
+    if (flags.speculative_ngram_max > 0) sc.prompt_lookup_max = flags.speculative_ngram_max;
+  } else if (flags.speculative_num_draft_tokens > 0 && flags.speculative_config.empty()) {
+    return invalid_argument("--speculative-num-draft-tokens needs --speculative-algorithm NGRAM");
+  }
+  if (sc.method != SpecMethod::kNone && sc.num_speculative_tokens == 0 && flags.speculative_config.empty())
+    return invalid_argument("--speculative-num-draft-tokens must be >= 2 (the last accepted token and one draft)");
+  return check_speculative_config(sc);
+}
 
 void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
   server::ServeOptions& o = flags->options;
@@ -198,6 +255,16 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
   cmd->add_flag("--dry-run", o.dry_run, "Print the resolved configuration and the warnings, then exit");
   static bool always_on = false;
   cmd->add_flag("--enable-auto-tool-choice", always_on, "Tool calls are always parsed (accepted for vLLM lines)");
+  cmd->add_option("--speculative-config", flags->speculative_config,
+                  "vLLM's speculative decoding JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
+                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5, \"disable_by_batch_size\": N}");
+  cmd->add_option("--speculative-algorithm", flags->speculative_algorithm, "SGLang: NGRAM (prompt lookup drafts)");
+  cmd->add_option("--speculative-num-draft-tokens", flags->speculative_num_draft_tokens,
+                  "SGLang: tokens a verify step holds per sequence, the last accepted one included (drafts = this - 1)");
+  cmd->add_option("--speculative-ngram-min-match-window-size", flags->speculative_ngram_min,
+                  "SGLang: the shortest suffix n-gram that proposes drafts (vLLM's prompt_lookup_min)");
+  cmd->add_option("--speculative-ngram-max-match-window-size", flags->speculative_ngram_max,
+                  "SGLang: the longest suffix n-gram tried first (vLLM's prompt_lookup_max)");
   cmd->add_option("--debug-fail-after-steps", o.debug_fail_after_steps, "Testing: make the backend fail after N engine steps")
       ->group("");
   // --trust-remote-code: moonrun runs no code from checkpoints, so there is nothing to trust.
@@ -272,6 +339,7 @@ Status finish_serve_flags(ServeFlags& flags, const std::vector<std::string>& arg
   if (flags.data_parallel_size != 1)
     return invalid_argument("--data-parallel-size " + std::to_string(flags.data_parallel_size) +
                             ": run one moonrun per replica behind a load balancer");
+  MR_RETURN_IF_ERROR(resolve_speculative_flags(flags, o.speculative));
   if (o.tp_size < 1 || o.ep_size < 1 || o.nnodes < 1) return invalid_argument("--tp-size, --ep-size and --nnodes must be >= 1");
   if (o.max_queued_requests < 0) return invalid_argument("--max-queued-requests must be >= 0");
   // Values moonrun accepts but does not act on yet: named with the others.
@@ -330,6 +398,9 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("max_queued_requests", std::to_string(o.max_queued_requests));
   add("page_size", std::to_string(o.page_size_tokens));
   add("prefix_cache", o.disable_radix_cache ? "off" : "on");
+  add("speculative", o.speculative.enabled() ? std::string(spec_method_name(o.speculative.method)) + ", " +
+                                                   std::to_string(o.speculative.num_speculative_tokens) + " drafts"
+                                             : "off");
   add("cuda_graph", o.disable_cuda_graph ? "off" : "on (CUDA backend)");
   add("reasoning_parser", o.reasoning_parser.empty() ? "(from the model)" : o.reasoning_parser);
   add("tool_call_parser", o.tool_call_parser.empty() ? "(from the model)" : o.tool_call_parser);

@@ -27,6 +27,11 @@ struct ServeFlags {
   bool enable_expert_parallel = false;
   int pipeline_parallel_size = 1;
   int data_parallel_size = 1;
+  // Speculative decoding, as typed: vLLM's JSON and SGLang's flags (finish_serve_flags).
+  std::string speculative_config;
+  std::string speculative_algorithm;
+  int speculative_num_draft_tokens = -1;
+  int speculative_ngram_min = -1, speculative_ngram_max = -1;
   // The no-effect flags: the CLI11 option and how it was spelled.
   std::vector<std::pair<CLI::Option*, std::string>> ignored;
   std::deque<std::string> ignored_values;  // storage for their values (stable addresses)
@@ -37,6 +42,10 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags);
 // After parsing: resolves aliases, keys (file, environment), CORS lists, and the list of
 // no-effect flags. A usage error (exit 2) as a Status.
 Status finish_serve_flags(ServeFlags& flags, const std::vector<std::string>& argv);
+
+// The speculative-decoding flags (vLLM's --speculative-config JSON, SGLang's
+// --speculative-algorithm family) into one config; a usage error names the flag.
+Status resolve_speculative_flags(const ServeFlags& flags, SpeculativeConfig& config);
 
 // The warning line naming the no-effect flags ("" when none).
 std::string no_effect_warning(const server::ServeOptions& opt);

@@ -19,6 +19,9 @@ Status check_engine_config(const EngineConfig& config, const CacheConfig& cache)
     return invalid_argument("--max-running-requests must be >= 1, got " +
                             std::to_string(config.scheduler.max_running_requests));
   if (cache.num_state_slots < 1) return invalid_argument("the cache has no state slot");
+  MR_RETURN_IF_ERROR(check_speculative_config(config.speculative));
+  if (config.speculative.enabled() && cache.layout.state_bytes_per_slot > 0 && cache.num_verify_slots == 0)
+    return invalid_argument("speculative decoding on a model with a recurrent state needs the cache's verify slots");
   return Status::ok();
 }
 
@@ -43,6 +46,7 @@ Engine::Engine(const EngineConfig& config, CacheManager& cache, StepRunner& runn
         s.max_running_requests = std::min(s.max_running_requests, cache.config().num_state_slots);
         return s;
       }(), cache),
+      drafts_(make_draft_source(config.speculative)),
       seed_gen_(config.seed) {
   const Status st = check_engine_config(config, cache.config());
   MR_CHECK(st.is_ok()) << st.message();
@@ -166,6 +170,24 @@ void Engine::fail_all(const Status& error, std::vector<RequestOutput>& outputs) 
 
 // ---- the step ------------------------------------------------------------------------
 
+void Engine::propose_drafts() {
+  if (!drafts_) return;
+  const SpeculativeConfig& sc = config_.speculative;
+  int decoding = 0;
+  for (const Request* r : scheduler_.running()) decoding += r->num_tokens() - r->num_computed_tokens == 1 ? 1 : 0;
+  const bool stand_aside = sc.disable_by_batch_size > 0 && decoding >= sc.disable_by_batch_size;
+  for (Request* r : scheduler_.running()) {
+    r->draft_ids.clear();
+    // Structured output is not speculated: its mask after each draft would need the
+    // constraint advanced over drafts that may be rejected.
+    if (stand_aside || r->constraint || r->num_tokens() - r->num_computed_tokens != 1) continue;
+    // Drafts past max_tokens or the context could never all be kept.
+    const int room = std::min(r->max_output_tokens - r->num_output_tokens() - 1, config_.max_model_len - r->num_tokens());
+    const int k = std::min(sc.num_speculative_tokens, room);
+    if (k > 0) drafts_->propose(r->prompt_ids, r->output_ids, k, r->draft_ids);
+  }
+}
+
 SchedulerOutput Engine::schedule() {
   SchedulerOutput out = scheduler_.schedule();
   const auto now = std::chrono::steady_clock::now();
@@ -177,6 +199,18 @@ SchedulerOutput Engine::schedule() {
 void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) {
   input.seqs.clear();
   input.sampling = SamplingBatch{};
+  input.replays.clear();
+  // The rollbacks the last step left (drafts it rejected), first of all: the saved rows they
+  // read are overwritten by this step's forward.
+  for (Request* r : scheduler_.running()) {
+    if (r->pending_replay.n_tokens > 0)
+      input.replays.push_back({cache_.state_slot(r->seq_id), cache_.verify_slot(r->seq_id), r->pending_replay.first_row,
+                               r->pending_replay.n_tokens});
+    r->pending_replay = {};
+  }
+  std::vector<StateCopy> keep;  // the states verifying sequences start from
+  int saved_rows = 0;           // the runner saves each verifying sequence's rows, in order
+  spec_first_row_.assign(scheduled.seqs.size(), -1);
   step_tokens_.resize(scheduled.seqs.size());
   step_given_.resize(scheduled.seqs.size());
   for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
@@ -184,9 +218,12 @@ void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) 
     Request* req = s.req;
     std::vector<int32_t>& ids = step_tokens_[i];
     ids.clear();
-    for (int t = 0; t < s.n_new_tokens; ++t) ids.push_back(req->token_at(req->num_computed_tokens + t));
+    const int n_known = s.n_new_tokens - s.n_draft;
+    for (int t = 0; t < n_known; ++t) ids.push_back(req->token_at(req->num_computed_tokens + t));
+    ids.insert(ids.end(), req->draft_ids.begin(), req->draft_ids.begin() + s.n_draft);
     StepSeq seq;
     seq.new_token_ids = ids;
+    seq.n_draft = s.n_draft;
     if (req->has_images()) {
       // The image rows whose positions this chunk covers: a contiguous run of them.
       const int from = req->num_computed_tokens, to = from + s.n_new_tokens;
@@ -204,21 +241,37 @@ void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) 
     seq.state_slot = cache_.state_slot(req->seq_id);
     seq.pages = cache_.page_table(req->seq_id);
     seq.sample = s.samples;
-    if (s.samples) add_sampling_row(*req, input.sampling);
+    if (s.samples) {
+      // Row j picks the token after draft j - 1, as if the drafts before it were accepted
+      // (the penalties count them, min_tokens sees them); the verdict is postprocess's.
+      add_sampling_row(*req, input.sampling);
+      for (int j = 0; j < s.n_draft; ++j) {
+        req->sampler.accept(req->draft_ids[j]);
+        add_sampling_row(*req, input.sampling, j + 1);
+      }
+      for (int j = 0; j < s.n_draft; ++j) req->sampler.unaccept(req->draft_ids[j]);
+    }
+    if (s.n_draft > 0) {
+      spec_first_row_[i] = saved_rows;
+      saved_rows += s.n_new_tokens;
+      const int verify = cache_.verify_slot(req->seq_id);
+      if (verify >= 0) keep.push_back({seq.state_slot, verify});
+    }
     input.seqs.push_back(seq);
   }
   // The state slots' commands: zero a fresh slot or restore a cached prefix's snapshot
   // before the forward, snapshot a prefix after it.
   cache_.take_state_copies(input.before, input.after);
+  input.before.insert(input.before.end(), keep.begin(), keep.end());
 }
 
-void Engine::add_sampling_row(Request& req, SamplingBatch& sampling) {
+void Engine::add_sampling_row(Request& req, SamplingBatch& sampling, int ahead) {
   // EOS and stop tokens may not come before min_tokens.
   banned_.clear();
   if (!req.params.ignore_eos) banned_ = config_.eos_token_ids;
   banned_.insert(banned_.end(), req.params.stop_token_ids.begin(), req.params.stop_token_ids.end());
   if (!req.constraint) {
-    req.sampler.add_row(sampling, req.num_output_tokens(), banned_);
+    req.sampler.add_row(sampling, req.num_output_tokens() + ahead, banned_);
     return;
   }
   // Structured output: the constraint's mask of allowed tokens. When it allows nothing the
@@ -244,7 +297,7 @@ void Engine::add_sampling_row(Request& req, SamplingBatch& sampling) {
 Status Engine::forward(const StepInput& input, StepOutput& output) {
   MR_RETURN_IF_ERROR(runner_.step(input, output));
   size_t n_sampling = 0;
-  for (const StepSeq& s : input.seqs) n_sampling += s.sample ? 1 : 0;
+  for (const StepSeq& s : input.seqs) n_sampling += s.sample ? 1 + s.n_draft : 0;
   if (output.samples.size() != n_sampling)
     return internal_error("model runner returned " + std::to_string(output.samples.size()) + " tokens for " +
                           std::to_string(n_sampling) + " sampling sequences");
@@ -253,43 +306,80 @@ Status Engine::forward(const StepInput& input, StepOutput& output) {
 
 void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& result,
                          std::vector<RequestOutput>& outputs) {
-  scheduler_.on_step_done(scheduled);
+  scheduler_.on_step_done(scheduled);  // the known tokens of each sequence are computed now
   size_t next_sample = 0;
   for (size_t i = 0; i < scheduled.seqs.size(); ++i) {
-    if (!scheduled.seqs[i].samples) continue;
-    Request* req = scheduled.seqs[i].req;
-    const SampleResult& sample = result.samples[next_sample++];
-    const int32_t token = sample.token;
-    req->sampler.accept(token);
-    if (req->constraint && !req->constraint->accept(token))
-      MR_LOG(WARNING) << "request " << req->group_id << ": sampled token " << token << " outside its constraint";
-    req->output_ids.push_back(token);
-    ++totals_.generation_tokens_total;
+    const ScheduledSeq& s = scheduled.seqs[i];
+    if (!s.samples) continue;
+    Request* req = s.req;
+    const size_t first_sample = next_sample;
+    next_sample += 1 + static_cast<size_t>(s.n_draft);
 
-    // vLLM's order: the length cap first, then eos, then stop tokens, then stop strings.
+    // Row j is the model's token after draft j - 1: it is kept, and while it equals draft j
+    // (accepted: its cache rows are right) the next row is read too. Greedy rows make this
+    // exact; a sampled row against a draft that is one token for sure is rejection sampling
+    // (accept with probability p(draft), else a draw from p without it), what each row's own
+    // draw already is.
     FinishReason reason = FinishReason::kNone;
-    bool stopped_by_token = false;
-    if (req->num_output_tokens() >= req->max_output_tokens || req->num_tokens() >= config_.max_model_len) {
-      reason = FinishReason::kLength;
-    } else if ((!req->params.ignore_eos && is_eos(token)) ||
-               std::find(req->params.stop_token_ids.begin(), req->params.stop_token_ids.end(), token) !=
-                   req->params.stop_token_ids.end()) {
-      reason = FinishReason::kStop;
-      stopped_by_token = true;
+    int accepted = 0;
+    RequestOutput out;
+    for (int j = 0; j <= s.n_draft; ++j) {
+      const SampleResult& sample = result.samples[first_sample + j];
+      const int32_t token = sample.token;
+      req->sampler.accept(token);
+      if (req->constraint && !req->constraint->accept(token))
+        MR_LOG(WARNING) << "request " << req->group_id << ": sampled token " << token << " outside its constraint";
+      req->output_ids.push_back(token);
+      ++totals_.generation_tokens_total;
+      out.new_token_ids.push_back(token);
+      if (req->params.logprobs >= 0) out.logprobs.push_back(sample);
+
+      // vLLM's order: the length cap first, then eos, then stop tokens, then stop strings.
+      bool stopped_by_token = false;
+      if (req->num_output_tokens() >= req->max_output_tokens || req->num_tokens() >= config_.max_model_len) {
+        reason = FinishReason::kLength;
+      } else if ((!req->params.ignore_eos && is_eos(token)) ||
+                 std::find(req->params.stop_token_ids.begin(), req->params.stop_token_ids.end(), token) !=
+                     req->params.stop_token_ids.end()) {
+        reason = FinishReason::kStop;
+        stopped_by_token = true;
+      }
+      // A stop token ends the text without being part of it; so does a skipped special.
+      const bool skipped = req->params.skip_special_tokens && config_.is_special_token &&
+                           config_.is_special_token(token);
+      if (!stopped_by_token && !skipped && req->text.append(token)) {
+        reason = FinishReason::kStop;
+        req->stop_reason = req->text.matched_stop();
+      }
+      if (reason != FinishReason::kNone || j == s.n_draft || token != req->draft_ids[j]) break;
+      ++accepted;
     }
-    // A stop token ends the text without being part of it; so does a skipped special.
-    const bool skipped = req->params.skip_special_tokens && config_.is_special_token &&
-                         config_.is_special_token(token);
-    if (!stopped_by_token && !skipped && req->text.append(token)) {
-      reason = FinishReason::kStop;
-      req->stop_reason = req->text.matched_stop();
+    if (s.n_draft > 0) {
+      req->num_spec_steps += 1;
+      req->num_draft_tokens += s.n_draft;
+      req->num_accepted_draft_tokens += accepted;
+      totals_.spec_num_drafts_total += 1;
+      totals_.spec_draft_tokens_total += s.n_draft;
+      totals_.spec_accepted_tokens_total += accepted;
+      if (totals_.spec_accepted_per_position.size() < static_cast<size_t>(s.n_draft))
+        totals_.spec_accepted_per_position.resize(s.n_draft, 0);
+      for (int p = 0; p < accepted; ++p) ++totals_.spec_accepted_per_position[p];
+      // The accepted drafts' cache rows are right; the rejected ones' rows lie past the
+      // computed length (overwritten later), and their trace in the recurrent state is
+      // undone at the start of the next step: the state goes back to where this step began
+      // and advances over the accepted tokens only.
+      req->num_computed_tokens += accepted;
+      if (reason == FinishReason::kNone && accepted < s.n_draft && cache_.verify_slot(req->seq_id) >= 0)
+        req->pending_replay = {spec_first_row_[i], s.n_new_tokens - s.n_draft + accepted};
     }
 
     std::string delta = req->text.take_delta(reason != FinishReason::kNone);
-    RequestOutput out;
+    std::vector<int32_t> new_ids = std::move(out.new_token_ids);
+    std::vector<SampleResult> logprobs = std::move(out.logprobs);
     if (reason != FinishReason::kNone) {
       out = finish(req, reason, std::move(delta));
     } else {
+      out = RequestOutput{};
       out.request_id = req->group_id;
       out.index = req->index;
       out.text_delta = std::move(delta);
@@ -297,9 +387,12 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
       out.num_output_tokens = req->num_output_tokens();
       out.num_cached_tokens = req->num_cached_tokens;
     }
-    out.new_token_ids.push_back(token);
+    out.new_token_ids = std::move(new_ids);
+    out.logprobs = std::move(logprobs);
     out.first_scheduled_time = req->first_scheduled_time;
-    if (req->params.logprobs >= 0) out.logprobs.push_back(sample);
+    out.num_spec_steps = req->num_spec_steps;
+    out.num_draft_tokens = req->num_draft_tokens;
+    out.num_accepted_draft_tokens = req->num_accepted_draft_tokens;
     outputs.push_back(std::move(out));
 
     if (req->finished()) {
@@ -313,6 +406,7 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
 }
 
 Status Engine::step(std::vector<RequestOutput>& outputs) {
+  propose_drafts();
   const SchedulerOutput scheduled = schedule();
   if (scheduled.empty()) {
     // Work is waiting but nothing could be scheduled: with max_model_len <= pool size and an

@@ -19,6 +19,7 @@
 
 #include "cache/cache_manager.h"
 #include "common/status.h"
+#include "engine/draft_source.h"
 #include "engine/output_text.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -35,6 +36,9 @@ struct EngineConfig {
   // Which ids are special tokens: with params.skip_special_tokens they add no text (they
   // stay in the ids). Empty: none is. E.g. [tok](int32_t id) { return tok->is_special(id); }.
   std::function<bool(int32_t)> is_special_token;
+  // Speculative decoding (off by default). The cache needs verify slots when the model keeps
+  // a recurrent state (CacheConfig::num_verify_slots).
+  SpeculativeConfig speculative;
 };
 
 // What a client's request produced since the last output (one per sequence per step, only
@@ -52,6 +56,10 @@ struct RequestOutput {
   int num_prompt_tokens = 0;           // usage, cumulative
   int num_output_tokens = 0;
   int num_cached_tokens = 0;           // prompt tokens served from the prefix cache
+  // Speculative decoding, cumulative: steps that verified drafts, drafts, accepted drafts.
+  int num_spec_steps = 0;
+  int num_draft_tokens = 0;
+  int num_accepted_draft_tokens = 0;
   // When the sequence first ran a step (its queue time ends, its prefill starts); the
   // server's queue/prefill/decode time metrics. Default-constructed if it never ran.
   std::chrono::steady_clock::time_point first_scheduled_time{};
@@ -66,6 +74,12 @@ struct EngineStats {
   int64_t preemptions_total = 0;
   int64_t requests_finished_total = 0;
   int64_t steps_total = 0;
+  // Speculative decoding (vLLM's spec_decode metrics): verifications (one per sequence and
+  // step that brought drafts), draft tokens, accepted ones, and accepted ones by position.
+  int64_t spec_num_drafts_total = 0;
+  int64_t spec_draft_tokens_total = 0;
+  int64_t spec_accepted_tokens_total = 0;
+  std::vector<int64_t> spec_accepted_per_position;
 };
 
 // The configuration errors a user can make (--context-length larger than the KV pool, ...),
@@ -103,10 +117,12 @@ class Engine {
   const Scheduler& scheduler() const { return scheduler_; }
 
  private:
+  // Drafts for the sequences that decode next step (speculative decoding).
+  void propose_drafts();
   SchedulerOutput schedule();
   void prepare_inputs(const SchedulerOutput& scheduled, StepInput& input);
   // The request's sampling row: its params, min_tokens bans, structured-output mask.
-  void add_sampling_row(Request& req, SamplingBatch& sampling);
+  void add_sampling_row(Request& req, SamplingBatch& sampling, int ahead = 0);
   Status forward(const StepInput& input, StepOutput& output);
   void postprocess(const SchedulerOutput& scheduled, const StepOutput& result, std::vector<RequestOutput>& outputs);
 
@@ -118,6 +134,7 @@ class Engine {
   StepRunner& runner_;
   DetokenizeFn detokenize_;
   Scheduler scheduler_;
+  std::unique_ptr<DraftSource> drafts_;  // null: no speculation
   std::mt19937_64 seed_gen_;
   int64_t next_seq_id_ = 0;
   std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;  // by seq_id
@@ -127,6 +144,7 @@ class Engine {
   std::vector<uint32_t> mask_;                     // a constraint's allowed tokens, per row
   std::vector<std::vector<int32_t>> step_tokens_;  // each scheduled sequence's new tokens this step
   std::vector<std::vector<int32_t>> step_given_;   // each one's image rows among them (StepSeq::given_at)
+  std::vector<int> spec_first_row_;                // each one's first saved row when it verifies drafts, else -1
 };
 
 }  // namespace moonrun

@@ -51,6 +51,18 @@ struct Request {
   // When a step first computed any of its tokens: the end of its queue time (metrics).
   std::chrono::steady_clock::time_point first_scheduled_time{};
 
+  // Speculative decoding: the draft tokens proposed for the next step (they follow the last
+  // known token, which is not computed yet), and the rollback the next step must run
+  // because this one rejected some of them (StateReplay; n_tokens 0: none).
+  std::vector<int32_t> draft_ids;
+  struct PendingReplay {
+    int first_row = 0;
+    int n_tokens = 0;
+  } pending_replay;
+  int num_spec_steps = 0;            // steps that verified drafts
+  int num_draft_tokens = 0;          // drafts verified
+  int num_accepted_draft_tokens = 0; // of which accepted
+
   SequenceSampler sampler;
   OutputText text;
   std::unique_ptr<TokenConstraint> constraint;  // params.make_constraint(), or none

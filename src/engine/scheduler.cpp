@@ -40,6 +40,8 @@ void Scheduler::preempt(Request* victim) {
   cache_.free(victim->seq_id);
   victim->state = RequestState::kWaiting;
   victim->num_computed_tokens = 0;
+  victim->draft_ids.clear();
+  victim->pending_replay = {};  // its state is gone: nothing to roll back
   ++victim->num_preemptions;
   ++num_preemptions_;
   waiting_.push_front(victim);
@@ -58,12 +60,24 @@ SchedulerOutput Scheduler::schedule() {
   order.reserve(running_.size());
   for (Request* r : running_)
     if (r->num_tokens() - r->num_computed_tokens == 1) order.push_back(r);
+  int decodes_left = static_cast<int>(order.size());
   for (Request* r : running_)
     if (r->num_tokens() - r->num_computed_tokens != 1) order.push_back(r);
   for (Request* req : order) {
     if (budget <= 0) break;
     if (req->state != RequestState::kRunning) continue;  // preempted for an older request this step
-    const int n_new = chunk(req, std::min(req->num_tokens() - req->num_computed_tokens, budget));
+    const bool decode = req->num_tokens() - req->num_computed_tokens == 1;
+    if (decode) --decodes_left;
+    // Speculative decoding: a decode brings its drafts when the budget keeps a token for
+    // every decode after it and the cache has the rows without preempting anyone.
+    int n_draft = 0;
+    if (decode && !req->draft_ids.empty()) {
+      n_draft = std::clamp(budget - 1 - decodes_left, 0, static_cast<int>(req->draft_ids.size()));
+      if (n_draft > 0 && !cache_.allocate(req->seq_id, req->num_computed_tokens + 1 + n_draft)) n_draft = 0;
+    }
+    req->draft_ids.resize(n_draft);
+    const int n_new =
+        n_draft > 0 ? 1 + n_draft : chunk(req, std::min(req->num_tokens() - req->num_computed_tokens, budget));
     MR_CHECK(n_new > 0) << "running request " << req->seq_id << " has nothing to compute";
     bool fits = false;
     while (true) {
@@ -85,9 +99,9 @@ SchedulerOutput Scheduler::schedule() {
       if (victim == req) break;
     }
     if (!fits) continue;  // req itself was the newest; older ones later in the order may still fit
-    plan_snapshot(req, n_new);
-    const bool samples = req->num_computed_tokens + n_new == req->num_tokens();
-    out.seqs.push_back({req, n_new, samples});
+    plan_snapshot(req, n_new - n_draft);
+    const bool samples = req->num_computed_tokens + n_new - n_draft == req->num_tokens();
+    out.seqs.push_back({req, n_new, samples, n_draft});
     out.n_tokens += n_new;
     budget -= n_new;
   }
@@ -132,7 +146,7 @@ void Scheduler::plan_snapshot(const Request* req, int n_new) {
 
 void Scheduler::on_step_done(const SchedulerOutput& out) {
   for (const ScheduledSeq& s : out.seqs) {
-    s.req->num_computed_tokens += s.n_new_tokens;
+    s.req->num_computed_tokens += s.n_new_tokens - s.n_draft;  // accepted drafts: Engine::postprocess
     MR_CHECK_LE(s.req->num_computed_tokens, s.req->num_tokens());
   }
 }

@@ -39,6 +39,7 @@ struct ScheduledSeq {
   Request* req = nullptr;
   int n_new_tokens = 0;  // tokens [num_computed, num_computed + n_new) are computed
   bool samples = false;  // the step reaches the request's last known token: sample one more
+  int n_draft = 0;       // of the n_new tokens, the last n_draft are the request's draft_ids
 };
 
 struct SchedulerOutput {

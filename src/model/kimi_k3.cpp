@@ -192,6 +192,29 @@ int64_t KimiK3::scratch_bytes(int tokens_per_step) const {
   return std::max(text, vision_.scratch_bytes(max_image_patches(tokens_per_step)));
 }
 
+int64_t KimiK3::replay_floats_per_token() const {
+  return static_cast<int64_t>(cfg_.num_kda_layers) * kda_replay_floats_per_token(kda_shape_);
+}
+
+void KimiK3::replay_state(Ops& ops, const BatchView& batch, const CachePools& pools,
+                          std::span<const int32_t> saved_rows) {
+  if (pools.replay.empty() || pools.state.empty() || saved_rows.empty()) return;
+  ScratchScope scope(ops);
+  const int64_t n = static_cast<int64_t>(saved_rows.size());
+  MR_CHECK(n == batch.n_tokens()) << n << " saved rows for " << batch.n_tokens() << " tokens";
+  Tensor index = ops.scratch(n, 1, DType::I32);  // [n] the replayed tokens' saved rows
+  ops.upload(index, 0, saved_rows.data(), saved_rows.size() * sizeof(int32_t));
+  const int64_t kda_floats = kda_state_floats(kda_shape_);
+  const int64_t per_layer = pools.replay.rows * kda_replay_floats_per_token(kda_shape_);
+  for (int i = 0; i < cfg_.num_hidden_layers; ++i) {
+    const LayerSpec& spec = cfg_.layers[i];
+    if (spec.attn != LayerKind::kda) continue;
+    const StateLayer state{pools.state.as<float>() + spec.kda_index * kda_floats, pools.state.cols};
+    const KdaSavedInputs from{index, pools.replay.as<float>() + spec.kda_index * per_layer, pools.replay.rows};
+    kda_replay(ops, w_.layers[i].kda, kda_shape_, batch, state, kda_mode_, from);
+  }
+}
+
 void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
   ScratchScope scope(ops);
   const int64_t T = batch.n_tokens(), H = cfg_.hidden_size;
@@ -224,6 +247,27 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     for (int64_t i = 0; i < n; ++i) ops.copy(given.rows_view(i, 1), h.rows_view(host.embed_rows[i], 1));
   }
 
+  // Speculative decoding: the verified rows' recurrent inputs, per KDA layer (replay_state).
+  // A step that saves every row in order (a verify step, the shape a graph captures) copies
+  // them; another uploads the rows' index (never inside a graph).
+  Tensor save_index;
+  bool save_all = false, saving = false;
+  if (!host.save_rows.empty() && !pools.replay.empty() && cfg_.num_kda_layers > 0) {
+    const int64_t n = static_cast<int64_t>(host.save_rows.size());
+    MR_CHECK(n <= pools.replay.rows) << n << " rows to save, room for " << pools.replay.rows;
+    saving = true;
+    save_all = n == T;
+    for (int64_t i = 0; i < n && save_all; ++i) save_all = host.save_rows[i] == i;
+    if (!save_all) {
+      save_index = ops.scratch(n, 1, DType::I32);  // [n] batch token rows
+      ops.upload(save_index, 0, host.save_rows.data(), host.save_rows.size() * sizeof(int32_t));
+    }
+  }
+  const int64_t replay_per_layer = pools.replay.rows * kda_replay_floats_per_token(kda_shape_);
+  auto saved_of = [&](const LayerSpec& spec) {
+    return KdaSavedInputs{save_index, pools.replay.as<float>() + spec.kda_index * replay_per_layer, pools.replay.rows};
+  };
+
   // Attention Residuals: the completed block summaries, block i at rows [i*T, (i+1)*T).
   const int max_blocks = B > 0 ? (cfg_.num_hidden_layers + B - 1) / B : 0;
   Tensor blocks = max_blocks ? ops.scratch(max_blocks * T, H, DType::F32) : Tensor{};
@@ -250,8 +294,10 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
 
     // 2. Attention: KDA (linear) or MLA (full), through the sequences' caches.
     ops.rmsnorm(attn_in, lw.input_layernorm, eps, xa);
-    if (spec.attn == LayerKind::kda) kda_forward(ops, lw.kda, kda_shape_, xa, batch, state_of(spec), kda_mode_, a);
-    else mla_forward(ops, lw.mla, mla_dims_, xa, batch, kv_of(spec), mla_mode_, a);
+    if (spec.attn == LayerKind::kda) {
+      const KdaSavedInputs save = saved_of(spec);
+      kda_forward(ops, lw.kda, kda_shape_, xa, batch, state_of(spec), kda_mode_, a, saving ? &save : nullptr);
+    } else mla_forward(ops, lw.mla, mla_dims_, xa, batch, kv_of(spec), mla_mode_, a);
 
     // 3. The running sum: restarts at each block start under AttnRes (plain residual without).
     if (block_start) ops.copy(a, prefix);

@@ -56,6 +56,9 @@ class KimiK3 final : public Model {
   const ModelConfig& config() const override { return cfg_; }
   CacheSpec cache_spec() const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
+  int64_t replay_floats_per_token() const override;
+  void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools,
+                    std::span<const int32_t> saved_rows) override;
   size_t weight_bytes() const override { return weight_bytes_; }
   bool has_vision() const override { return vision_.enabled(); }
   std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) override {

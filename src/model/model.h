@@ -32,6 +32,9 @@ struct CacheSpec {
 struct CachePools {
   Tensor state;  // [num_slots, state_floats_per_slot] F32
   Tensor kv;     // [kv_layers * num_pages * page_size_tokens, kv_row_width]
+  // Speculative decoding: what a verifying step saved of its draft rows for a state rollback,
+  // [capacity rows, Model::replay_floats_per_token()] F32; empty when nothing is saved.
+  Tensor replay;
   int num_slots = 0;
   int num_pages = 0;
   int page_size_tokens = 0;
@@ -67,6 +70,18 @@ class Model {
   virtual std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) {
     throw BackendError("this model has no vision tower");
   }
+  // Speculative decoding rolls a sequence's recurrent state back to a snapshot and advances
+  // it over the accepted prefix of the tokens it verified, from what the verifying forward
+  // saved (the rows listed in ForwardBatch::save_rows, into pools.replay): replaying the
+  // accepted inputs costs a few small ops per layer, where a snapshot per draft position
+  // would copy the whole state k times a step. Floats saved per token over all layers; 0:
+  // the model keeps no recurrent state (its caches roll back by length alone).
+  virtual int64_t replay_floats_per_token() const { return 0; }
+  // Advances the state slots of `batch`'s sequences (already restored to their snapshots)
+  // over their tokens, token i taking what saved row saved_rows[i] of pools.replay holds.
+  // Only the recurrent state is written (no cache rows, no logits).
+  virtual void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools,
+                            std::span<const int32_t> saved_rows) {}
   // Bytes of weights this rank holds on the backend.
   virtual size_t weight_bytes() const = 0;
   // Step temporaries a backend with a fixed arena must set aside: the scratch of a step of

@@ -95,7 +95,7 @@ json cache_to_json(const CacheConfig& c) {
   return {{"kv_bytes_per_token", c.layout.kv_bytes_per_token}, {"state_bytes_per_slot", c.layout.state_bytes_per_slot},
           {"page_size_tokens", c.page_size_tokens},            {"num_pages", c.num_pages},
           {"num_state_slots", c.num_state_slots},              {"num_snapshot_slots", c.num_snapshot_slots},
-          {"prefix_block_tokens", c.prefix_block_tokens},
+          {"prefix_block_tokens", c.prefix_block_tokens},  {"num_verify_slots", c.num_verify_slots},
           {"kv_dtype", c.layout.kv_dtype ? dtype_name(*c.layout.kv_dtype) : ""}};
 }
 
@@ -108,6 +108,7 @@ CacheConfig cache_from_json(const json& j) {
   c.num_state_slots = j.at("num_state_slots").get<int>();
   c.num_snapshot_slots = j.at("num_snapshot_slots").get<int>();
   c.prefix_block_tokens = j.at("prefix_block_tokens").get<int>();
+  c.num_verify_slots = j.value("num_verify_slots", 0);
   if (auto kv = dtype_from_name(j.value("kv_dtype", "")); kv.is_ok()) c.layout.kv_dtype = *kv;  // "": unset
   return c;
 }

@@ -24,7 +24,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::unique_ptr<Ops> op
   const CacheSpec spec = model->cache_spec();
   // One more slot and page than the cache manager hands out: padding sequences of a
   // captured decode batch read and write them.
-  const int slots = cache.total_slots() + 1, pages = cache.num_pages + 1;
+  const int slots = cache.all_slots() + 1, pages = cache.num_pages + 1;
   r->pad_slot_ = slots - 1;
   r->pad_page_ = pages - 1;
   try {
@@ -33,6 +33,12 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::unique_ptr<Ops> op
     if (spec.kv_layers > 0)
       r->pools_.kv = ops->alloc(static_cast<int64_t>(spec.kv_layers) * pages * cache.page_size_tokens,
                                 spec.kv_row_width, cache.layout.kv_dtype.value_or(ops->act_dtype()), "KV pages");
+    // Speculative decoding: every verified row of a step, saved for the next one's rollbacks.
+    const int64_t replay_floats = model->replay_floats_per_token();
+    if (options.num_speculative_tokens > 0 && replay_floats > 0 && spec.state_floats_per_slot > 0) {
+      r->replay_capacity_rows_ = options.max_seqs_per_step * (1 + options.num_speculative_tokens);
+      r->pools_.replay = ops->alloc(r->replay_capacity_rows_, replay_floats, DType::F32, "speculative replay rows");
+    }
     ops->synchronize();
   } catch (const BackendError& e) {
     return resource_exhausted(std::string("allocating the cache pools failed: ") + e.what());
@@ -81,7 +87,7 @@ Status ModelRunner::check(const StepInput& input) const {
         if (seq.pages[p] < 0 || seq.pages[p] >= cache_.num_pages)
           return invalid_argument(where + "KV page " + std::to_string(seq.pages[p]) + " is not in the pool");
     }
-    if (seq.sample) ++n_sampling;
+    if (seq.sample) n_sampling += 1 + static_cast<size_t>(std::max(seq.n_draft, 0));
     if (!seq.given_at.empty()) {
       if (seq.given_rows.size() != seq.given_at.size() * static_cast<size_t>(cfg.hidden_size))
         return invalid_argument(where + std::to_string(seq.given_at.size()) + " given rows but " +
@@ -93,18 +99,37 @@ Status ModelRunner::check(const StepInput& input) const {
     }
   }
   if (n_sampling != input.sampling.rows.size())
-    return invalid_argument(std::to_string(n_sampling) + " sequences sample but the step has " +
+    return invalid_argument("the sequences sample " + std::to_string(n_sampling) + " rows but the step has " +
                             std::to_string(input.sampling.rows.size()) + " sampling rows");
   for (const StateCopy& c : input.before)
-    if (c.dst < 0 || c.dst >= cache_.total_slots() || c.src >= cache_.total_slots())
+    if (c.dst < 0 || c.dst >= cache_.all_slots() || c.src >= cache_.all_slots())
       return invalid_argument("state copy into slot " + std::to_string(c.dst) + " is outside the pool");
   for (const StateCopy& c : input.after)
-    if (c.dst < 0 || c.dst >= cache_.total_slots() || c.src < 0 || c.src >= cache_.total_slots())
+    if (c.dst < 0 || c.dst >= cache_.all_slots() || c.src < 0 || c.src >= cache_.all_slots())
       return invalid_argument("state snapshot into slot " + std::to_string(c.dst) + " is outside the pool");
+  int saved = 0;
+  for (const StepSeq& seq : input.seqs) {
+    if (seq.n_draft < 0 || seq.n_draft >= static_cast<int>(seq.new_token_ids.size()))
+      return invalid_argument(std::to_string(seq.n_draft) + " drafts among " + std::to_string(seq.new_token_ids.size()) +
+                              " new tokens");
+    if (seq.n_draft > 0) saved += static_cast<int>(seq.new_token_ids.size());
+  }
+  if (saved > 0 && !pools_.replay.empty() && saved > replay_capacity_rows_)
+    return invalid_argument("the step verifies " + std::to_string(saved) + " rows; the replay buffer holds " +
+                            std::to_string(replay_capacity_rows_));
+  for (const StateReplay& r : input.replays) {
+    if (pools_.state.empty()) continue;
+    if (pools_.replay.empty()) return invalid_argument("state rollback without a replay buffer (speculation off)");
+    if (r.slot < 0 || r.slot >= cache_.all_slots() || r.snapshot < 0 || r.snapshot >= cache_.all_slots() ||
+        r.n_tokens < 1 || r.first_row < 0 || r.first_row + r.n_tokens > last_saved_rows_)
+      return invalid_argument("state rollback of slot " + std::to_string(r.slot) + " over saved rows [" +
+                              std::to_string(r.first_row) + ", " + std::to_string(r.first_row + r.n_tokens) +
+                              ") of " + std::to_string(last_saved_rows_));
+  }
   return Status::ok();
 }
 
-void ModelRunner::build_batch(const StepInput& input, int padded_seqs) {
+void ModelRunner::build_batch(const StepInput& input, int padded_seqs, int pad_tokens) {
   batch_.token_ids.clear();
   batch_.positions.clear();
   batch_.token_seq.clear();
@@ -113,17 +138,45 @@ void ModelRunner::build_batch(const StepInput& input, int padded_seqs) {
   batch_.logit_rows.clear();
   batch_.embed_rows.clear();
   batch_.embed_values.clear();
+  batch_.save_rows.clear();
   for (const StepSeq& s : input.seqs) {
+    // A verifying sequence: logits for every new token, and its rows saved (when the model
+    // keeps a recurrent state) for a rollback to any prefix of them.
+    if (s.n_draft > 0 && !pools_.replay.empty())
+      for (int t = 0; t < static_cast<int>(s.new_token_ids.size()); ++t) batch_.save_rows.push_back(batch_.n_tokens() + t);
     for (int32_t at : s.given_at) batch_.embed_rows.push_back(batch_.n_tokens() + at);
     batch_.embed_values.insert(batch_.embed_values.end(), s.given_rows.begin(), s.given_rows.end());
     const int n_new = static_cast<int>(s.new_token_ids.size());
     const int n_pages = static_cast<int>(
         std::min<int64_t>(s.pages.size(), (s.n_past + n_new + cache_.page_size_tokens - 1) / cache_.page_size_tokens));
-    batch_.add_seq(s.new_token_ids.data(), n_new, s.n_past, s.state_slot, s.pages.data(), n_pages, s.all_logits);
+    batch_.add_seq(s.new_token_ids.data(), n_new, s.n_past, s.state_slot, s.pages.data(), n_pages,
+                   s.all_logits || s.n_draft > 0);
   }
-  const int32_t pad_token = 0;
-  for (int s = static_cast<int>(input.seqs.size()); s < padded_seqs; ++s)
-    batch_.add_seq(&pad_token, 1, 0, pad_slot_, &pad_page_, 1);
+  // Padding sequences (a captured graph's spare rows) bring as many tokens as the others, and
+  // are verified and saved alike when they are: the step's shape is the graph's.
+  static const std::vector<int32_t> kPadTokens(kShortSeqMaxNewTokens, 0);
+  for (int s = static_cast<int>(input.seqs.size()); s < padded_seqs; ++s) {
+    if (pad_tokens > 1 && !pools_.replay.empty())
+      for (int t = 0; t < pad_tokens; ++t) batch_.save_rows.push_back(batch_.n_tokens() + t);
+    batch_.add_seq(kPadTokens.data(), pad_tokens, 0, pad_slot_, &pad_page_, 1, pad_tokens > 1);
+  }
+}
+
+void ModelRunner::run_replays(Ops& ops, const std::vector<StateReplay>& replays) {
+  if (replays.empty() || pools_.state.empty()) return;
+  replay_batch_ = ForwardBatch{};
+  replay_rows_.clear();
+  static const std::vector<int32_t> kNoTokens(1024, 0);  // replay reads no token ids
+  for (const StateReplay& r : replays) {
+    ops.copy(pools_.state.rows_view(r.snapshot, 1), pools_.state.rows_view(r.slot, 1));
+    MR_CHECK(r.n_tokens <= static_cast<int>(kNoTokens.size())) << "replay of " << r.n_tokens << " tokens";
+    replay_batch_.add_seq(kNoTokens.data(), r.n_tokens, 0, r.slot, &pad_page_, 1);
+    for (int t = 0; t < r.n_tokens; ++t) replay_rows_.push_back(r.first_row + t);
+  }
+  const BatchView view = ops.upload_batch(replay_batch_);
+  model_->replay_state(ops, view, pools_, replay_rows_);
+  // The step's own batch reuses the upload's staging memory.
+  ops.synchronize();
 }
 
 void ModelRunner::run_state_copies(const std::vector<StateCopy>& copies) {
@@ -177,23 +230,31 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
   if (profile_) profiled.emplace(*ops_, *profile_);
   Ops& ops = profiled ? static_cast<Ops&>(*profiled) : *ops_;
   const int n_seqs = static_cast<int>(input.seqs.size());
-  bool decode_only = true;
-  // A step with given rows uploads them inside the forward: never a replayed graph.
-  for (const StepSeq& s : input.seqs) decode_only = decode_only && s.new_token_ids.size() == 1 && s.given_at.empty();
-  const bool graph = options_.cuda_graphs && ops.captures() && decode_only && n_seqs <= options_.max_seqs_per_step;
+  // A graph replays steps whose sequences all bring the same short run of tokens: decode
+  // steps (one each) and speculative verify steps (the last token and n - 1 drafts each,
+  // every row saved). A step with given rows uploads them inside the forward: never a graph.
+  const int tokens_each = static_cast<int>(input.seqs.front().new_token_ids.size());
+  bool uniform = tokens_each <= kShortSeqMaxNewTokens && tokens_each <= cache_.page_size_tokens;
+  for (const StepSeq& s : input.seqs)
+    uniform = uniform && static_cast<int>(s.new_token_ids.size()) == tokens_each && s.given_at.empty() &&
+              (tokens_each == 1 || s.n_draft == tokens_each - 1);
+  const bool graph = options_.cuda_graphs && ops.captures() && uniform && n_seqs <= options_.max_seqs_per_step;
   const int padded = graph ? decode_bucket(n_seqs, options_.max_seqs_per_step) : n_seqs;
   try {
     ops.reset_scratch();
+    run_replays(ops, input.replays);
+    ops.reset_scratch();
     run_state_copies(input.before);
     if (padded > n_seqs && !pools_.state.empty()) ops.zero(pools_.state.rows_view(pad_slot_, 1));
-    build_batch(input, padded);
+    build_batch(input, padded, tokens_each);
     for (const StepSeq& s : input.seqs) tokens_computed_ += static_cast<int64_t>(s.new_token_ids.size());
+    last_saved_rows_ = static_cast<int>(batch_.save_rows.size());
     const BatchView view = ops.upload_batch(batch_);
     const int V = vocab();
     const Tensor logits = ops.scratch(view.n_logit_rows(), V, DType::F32);  // [rows, vocab]
     const auto body = [&] { model_->forward(ops, view, pools_, logits); };
     if (graph) {
-      ops.run_captured(static_cast<uint64_t>(padded), body);
+      ops.run_captured(static_cast<uint64_t>(padded) | static_cast<uint64_t>(tokens_each) << 32, body);
       ++graph_replays_;
     } else {
       body();
@@ -209,16 +270,19 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     // The logits as the model made them (a backend's sampler may edit its rows in place).
     if (input.return_logits) {
       int n_rows = 0;
-      for (const StepSeq& s : input.seqs) n_rows += s.all_logits ? static_cast<int>(s.new_token_ids.size()) : 1;
+      for (const StepSeq& s : input.seqs)
+        n_rows += s.all_logits || s.n_draft > 0 ? static_cast<int>(s.new_token_ids.size()) : 1;
       output.logits.resize(static_cast<size_t>(n_rows) * V);
       ops.download(logits.rows_view(0, n_rows), output.logits.data());
     }
-    // Each sampling sequence samples from its last logits row.
+    // Each sampling sequence samples from its last logits row; a verifying one from the
+    // rows of its last known token and of each draft.
     std::vector<int32_t> rows;
     int row = 0;
     for (const StepSeq& s : input.seqs) {
-      row += s.all_logits ? static_cast<int>(s.new_token_ids.size()) : 1;
-      if (s.sample) rows.push_back(row - 1);
+      row += s.all_logits || s.n_draft > 0 ? static_cast<int>(s.new_token_ids.size()) : 1;
+      if (s.sample)
+        for (int j = s.n_draft; j >= 0; --j) rows.push_back(row - 1 - j);
     }
     if (!rows.empty()) {
       Tensor to_sample = logits.rows_view(0, static_cast<int64_t>(rows.size()));

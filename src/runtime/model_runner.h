@@ -34,21 +34,37 @@ struct StepSeq {
   std::span<const int32_t> pages;  // covers n_past + n tokens
   bool sample = false;             // pick a token after the last new one (its row in StepInput::sampling)
   bool all_logits = false;         // logits for every new token (StepInput::return_logits)
+  // Speculative decoding: the last n_draft new tokens are draft tokens to verify. With
+  // `sample`, the step samples a row after each of the last n_draft + 1 new tokens (rows
+  // n_draft + 1 of StepInput::sampling, in order), and saves what a rollback of the
+  // recurrent state to any prefix of its new tokens needs (StateReplay, next step).
+  int n_draft = 0;
   // Input rows given instead of embedding lookups (an image's rows from the vision tower):
   // new token given_at[i] takes row i of given_rows, [given_at.size(), hidden] F32.
   std::span<const int32_t> given_at;
   std::span<const float> given_rows;
 };
 
+// Speculative decoding's rollback, run before the step's state copies: restore `slot` from
+// `snapshot` (the state before the last step verified drafts), then advance it over
+// n_tokens of the rows that step saved, from saved row first_row on (the tokens accepted).
+struct StateReplay {
+  int slot = -1;
+  int snapshot = -1;
+  int first_row = 0;
+  int n_tokens = 0;
+};
+
 struct StepInput {
   std::vector<StepSeq> seqs;
-  SamplingBatch sampling;  // one row per seq with sample, in order
+  SamplingBatch sampling;  // one row per seq with sample (1 + n_draft for a verifying one), in order
+  std::vector<StateReplay> replays;  // before everything else
   std::vector<StateCopy> before, after;
   bool return_logits = false;  // copy the logits rows to StepOutput::logits
 };
 
 struct StepOutput {
-  std::vector<SampleResult> samples;  // one per sampling seq, in order
+  std::vector<SampleResult> samples;  // one per sampling row (1 + n_draft per sampling seq), in order
   std::vector<float> logits;          // [rows, vocab] when asked: each seq's logit rows, in order
 };
 
@@ -83,6 +99,9 @@ struct RunnerOptions {
   int max_tokens_per_step = 2048;
   bool cuda_graphs = true;        // decode steps as captured graphs where the backend can
   int64_t fail_after_steps = -1;  // >= 0: the backend "fails" after this many steps (tests)
+  // Speculative decoding: draft tokens a sequence may bring per step (0: none); sizes the
+  // buffer of saved rows for state rollbacks (max_seqs_per_step * (1 + this) rows).
+  int num_speculative_tokens = 0;
   // This runner's rank in a tensor-parallel group: every rank runs the forward, rank 0
   // alone samples and returns tokens (and logits when asked).
   int rank = 0;
@@ -113,8 +132,10 @@ class ModelRunner final : public StepRunner {
  private:
   ModelRunner() = default;
   Status check(const StepInput& input) const;
-  void build_batch(const StepInput& input, int padded_seqs);
+  // padded_seqs: with padding sequences of pad_tokens tokens each up to that count (a graph).
+  void build_batch(const StepInput& input, int padded_seqs, int pad_tokens);
   void run_state_copies(const std::vector<StateCopy>& copies);
+  void run_replays(Ops& ops, const std::vector<StateReplay>& replays);
 
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<Model> model_;
@@ -123,6 +144,10 @@ class ModelRunner final : public StepRunner {
   RunnerOptions options_;
   int pad_slot_ = -1, pad_page_ = -1;  // what padding sequences read and write
   ForwardBatch batch_;                 // rebuilt each step (capacity kept)
+  ForwardBatch replay_batch_;          // the rollbacks' batch (StateReplay)
+  std::vector<int32_t> replay_rows_;   // its tokens' saved rows
+  int replay_capacity_rows_ = 0;       // rows pools_.replay holds
+  int last_saved_rows_ = 0;            // rows the last forward saved there
   int64_t steps_ = 0;
   int64_t graph_replays_ = 0;
   int64_t tokens_computed_ = 0;

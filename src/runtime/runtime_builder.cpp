@@ -255,7 +255,8 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     // every running sequence at the full context would use, and at least one full context.
     // The ranks in this process share the RAM: each gets its part.
     const double fraction = o.mem_fraction_static > 0 ? o.mem_fraction_static : defaults::kCpuMemFractionStatic;
-    const int64_t slots_bytes = lr.layout.state_bytes_per_slot * (running + snapshots);
+    const int64_t slots_bytes =
+        lr.layout.state_bytes_per_slot * (running + snapshots + (o.num_speculative_tokens > 0 ? running : 0));
     const int64_t full = lr.layout.kv_bytes_per_token * context_len * running + slots_bytes;
     const int64_t ps = o.page_size_tokens;
     const int64_t least =
@@ -265,7 +266,11 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   } else {
     // What the device arena has left once the scratch of the largest step is set aside.
     const int64_t scratch = model.scratch_bytes(o.max_tokens_per_step);
-    lr.budget_bytes = ops0.free_bytes() - scratch;
+    // Speculative decoding's saved rows (ModelRunner: one step's verified rows).
+    const int64_t replay = o.num_speculative_tokens > 0 && spec.state_floats_per_slot > 0
+                               ? int64_t{4} * model.replay_floats_per_token() * running * (1 + o.num_speculative_tokens)
+                               : 0;
+    lr.budget_bytes = ops0.free_bytes() - scratch - replay;
   }
   return lr;
 }
@@ -274,7 +279,8 @@ Result<CacheConfig> size_cache(const LoadedRanks& lr, int64_t budget_bytes, cons
   const int running = o.max_running_requests;
   const int snapshots = o.prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
   CacheConfig cache = MR_TRY(
-      size_cache_from_budget(lr.layout, budget_bytes, o.page_size_tokens, running, snapshots, o.max_total_tokens));
+      size_cache_from_budget(lr.layout, budget_bytes, o.page_size_tokens, running, snapshots, o.max_total_tokens,
+                             o.num_speculative_tokens > 0 && lr.layout.state_bytes_per_slot > 0 ? running : 0));
   cache.prefix_block_tokens = o.prefix_cache ? o.prefix_block_tokens : 0;
   return cache;
 }
@@ -285,6 +291,7 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   ro.max_tokens_per_step = o.max_tokens_per_step;
   ro.cuda_graphs = o.cuda_graphs;
   ro.fail_after_steps = o.fail_after_steps;
+  ro.num_speculative_tokens = o.num_speculative_tokens;
   const int local = static_cast<int>(lr.ops.size());
   std::unique_ptr<StepRunner> runner;
   if (o.tp_size == 1) {

@@ -47,6 +47,9 @@ struct RuntimeOptions {
   int prefix_block_tokens = defaults::kPrefixBlockTokens;
   int prefix_snapshot_slots = -1;  // -1: as many as max_running_requests
   bool cuda_graphs = true;
+  // Speculative decoding: drafts a sequence may bring per step (0: off). Adds a verify slot
+  // per running request to the cache (models with a recurrent state) and the replay rows.
+  int num_speculative_tokens = 0;
   int64_t fail_after_steps = -1;   // tests: the backend fails after this many steps
   bool log = true;                 // the startup log lines
 };

@@ -54,4 +54,10 @@ void SequenceSampler::accept(int32_t token) {
   if (params_.has_penalties()) ++output_counts_[token];
 }
 
+void SequenceSampler::unaccept(int32_t token) {
+  if (!params_.has_penalties()) return;
+  auto it = output_counts_.find(token);
+  if (it != output_counts_.end() && --it->second <= 0) output_counts_.erase(it);
+}
+
 }  // namespace moonrun

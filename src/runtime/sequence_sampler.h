@@ -39,6 +39,9 @@ class SequenceSampler {
                std::span<const uint32_t> allowed_bits = {});
   // The token picked from that row: counted for the penalties.
   void accept(int32_t token);
+  // Takes back an accept() (speculative decoding counts each draft while it adds the rows
+  // that follow it, then takes the drafts back: the verdict decides what is accepted).
+  void unaccept(int32_t token);
 
   const SamplingParams& params() const { return params_; }
 

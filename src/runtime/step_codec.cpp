@@ -47,6 +47,7 @@ std::string encode_step(const StepInput& input) {
     put_u32(out, static_cast<uint32_t>(s.n_past));
     put_u32(out, static_cast<uint32_t>(s.state_slot));
     put_u32(out, s.all_logits ? 1u : 0u);
+    put_u32(out, static_cast<uint32_t>(s.n_draft));
   }
   for (const auto* copies : {&input.before, &input.after}) {
     put_u32(out, static_cast<uint32_t>(copies->size()));
@@ -55,6 +56,9 @@ std::string encode_step(const StepInput& input) {
       put_u32(out, static_cast<uint32_t>(c.dst));
     }
   }
+  put_u32(out, static_cast<uint32_t>(input.replays.size()));
+  for (const StateReplay& r : input.replays)
+    for (int v : {r.slot, r.snapshot, r.first_row, r.n_tokens}) put_u32(out, static_cast<uint32_t>(v));
   return out;
 }
 
@@ -74,6 +78,7 @@ Result<DecodedStep> decode_step(const std::string& bytes) {
     s.n_past = static_cast<int>(r.u32());
     s.state_slot = static_cast<int>(r.u32());
     s.all_logits = r.u32() != 0;
+    s.n_draft = static_cast<int>(r.u32());
     s.sample = false;  // node 0 samples
     s.new_token_ids = d.tokens[i];
     s.pages = d.pages[i];
@@ -86,6 +91,16 @@ Result<DecodedStep> decode_step(const std::string& bytes) {
       const int dst = static_cast<int>(r.u32());
       copies->push_back({src, dst});
     }
+  }
+  const uint32_t n_replays = r.u32();
+  if (!r.ok || n_replays > (1u << 24)) return data_loss("step message: bad replay count");
+  for (uint32_t i = 0; i < n_replays; ++i) {
+    StateReplay rp;
+    rp.slot = static_cast<int>(r.u32());
+    rp.snapshot = static_cast<int>(r.u32());
+    rp.first_row = static_cast<int>(r.u32());
+    rp.n_tokens = static_cast<int>(r.u32());
+    d.input.replays.push_back(rp);
   }
   if (!r.ok || r.at != bytes.size()) return data_loss("step message: truncated or trailing bytes");
   return d;

@@ -94,6 +94,12 @@ void Generation::account(const RequestOutput& out) {
   usage_.cached_tokens = std::max(usage_.cached_tokens, out.num_cached_tokens);
   if (out.finished) {
     usage_.completion_tokens += out.num_output_tokens;
+    if (record_ && out.num_spec_steps > 0) {
+      std::lock_guard<std::mutex> lock(record_->mu);
+      record_->spec_steps += out.num_spec_steps;
+      record_->spec_draft_tokens += out.num_draft_tokens;
+      record_->spec_accepted_tokens += out.num_accepted_draft_tokens;
+    }
     metrics_->request_finished(finish_reason_name(out.finish_reason));
   }
   if (stream_->done() && !finished_all_) {

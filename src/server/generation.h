@@ -28,6 +28,8 @@ struct RequestRecord {
   int prompt_tokens = -1;      // -1: not a generation
   int completion_tokens = -1;
   double queue_s = -1, ttft_s = -1;
+  // Speculative decoding over the request's sequences: verify steps, drafts, accepted drafts.
+  int spec_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
   std::vector<Generation*> live;
   bool cut = false;  // the shutdown deadline passed: generations end as "server shutting down"
   void cut_all();

@@ -329,6 +329,13 @@ struct HttpServer::Impl : ConnectionOwner {
     if (rec.completion_tokens >= 0) f.push_back({"completion_tokens", std::to_string(rec.completion_tokens), false});
     if (rec.queue_s >= 0) f.push_back({"queue_s", fmt_s(rec.queue_s), false});
     if (rec.ttft_s >= 0) f.push_back({"ttft_s", fmt_s(rec.ttft_s), false});
+    if (rec.spec_steps > 0) {
+      // vLLM's mean acceptance length: tokens a verify step yields, the model's own one included.
+      char len[32];
+      std::snprintf(len, sizeof len, "%.2f", 1.0 + static_cast<double>(rec.spec_accepted_tokens) / rec.spec_steps);
+      f.push_back({"spec_accept_len", len, false});
+      f.push_back({"spec_accepted", std::to_string(rec.spec_accepted_tokens) + "/" + std::to_string(rec.spec_draft_tokens), false});
+    }
     f.push_back({"total_s", fmt_s(std::chrono::duration<double>(Clock::now() - rec.arrival).count()), false});
     f.push_back({"client", req.remote_addr + ":" + std::to_string(req.remote_port), true});
     if (!written) f.push_back({"note", "client gone before the answer was written", true});

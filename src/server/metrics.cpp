@@ -136,6 +136,20 @@ std::string Metrics::render() const {
   counter("vllm:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", cached_prompt_tokens_.load());
   {
     std::lock_guard<std::mutex> lock(mu_);
+    header(out, "vllm:spec_decode_num_drafts_total", "counter", "Verify steps of a sequence that brought drafts.");
+    out += "vllm:spec_decode_num_drafts_total" + lb + " " + std::to_string(spec_num_drafts_) + "\n";
+    header(out, "vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.");
+    out += "vllm:spec_decode_num_draft_tokens_total" + lb + " " + std::to_string(spec_draft_tokens_) + "\n";
+    header(out, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
+    out += "vllm:spec_decode_num_accepted_tokens_total" + lb + " " + std::to_string(spec_accepted_tokens_) + "\n";
+    header(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+           "Draft tokens accepted, by position in the draft (0: the first).");
+    for (size_t p = 0; p < spec_accepted_per_pos_.size(); ++p)
+      out += "vllm:spec_decode_num_accepted_tokens_per_pos_total{" + l + ",position=\"" + std::to_string(p) + "\"} " +
+             std::to_string(spec_accepted_per_pos_[p]) + "\n";
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     header(out, "vllm:request_success_total", "counter", "Finished requests by finish reason.");
     for (const auto& [reason, n] : finished_)
       out += "vllm:request_success_total{" + l + ",finished_reason=\"" + reason + "\"} " + std::to_string(n) + "\n";

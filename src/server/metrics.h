@@ -45,6 +45,16 @@ class Metrics {
   void set_prompt_tokens_total(uint64_t n) { prompt_tokens_ = n; }
   void set_generation_tokens_total(uint64_t n) { generation_tokens_ = n; }
   void set_preemptions_total(uint64_t n) { preemptions_ = n; }
+  // Speculative decoding (vLLM's spec_decode counters): verifications, drafts, accepted
+  // drafts, and accepted drafts by position (0 = the first draft).
+  void set_spec_decode(uint64_t num_drafts, uint64_t draft_tokens, uint64_t accepted_tokens,
+                       std::vector<uint64_t> accepted_per_position) {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec_num_drafts_ = num_drafts;
+    spec_draft_tokens_ = draft_tokens;
+    spec_accepted_tokens_ = accepted_tokens;
+    spec_accepted_per_pos_ = std::move(accepted_per_position);
+  }
   void add_cached_prompt_tokens(uint64_t n) { cached_prompt_tokens_ += n; }
   void request_finished(const std::string& reason);  // stop | length | tool_calls | abort | error
   void request_done(const RequestTimes& t);           // once per request, all samples finished
@@ -73,6 +83,8 @@ class Metrics {
   mutable std::mutex mu_;
   std::string model_name_;
   std::map<std::string, uint64_t> finished_;  // by finish reason
+  uint64_t spec_num_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;  // under mu_
+  std::vector<uint64_t> spec_accepted_per_pos_;
   std::map<int, uint64_t> responses_;         // by HTTP status
   Histogram ttft_, itl_, e2e_, queue_, prefill_, decode_, inference_, prompt_len_, generation_len_;
 };

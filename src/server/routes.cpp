@@ -205,6 +205,11 @@ void metrics(const ServingContext& ctx, HttpResponse& res) {
     ctx.metrics->set_prompt_tokens_total(static_cast<uint64_t>(s.prompt_tokens_total));
     ctx.metrics->set_generation_tokens_total(static_cast<uint64_t>(s.generation_tokens_total));
     ctx.metrics->set_preemptions_total(static_cast<uint64_t>(s.preemptions_total));
+    ctx.metrics->set_spec_decode(static_cast<uint64_t>(s.spec_num_drafts_total),
+                                 static_cast<uint64_t>(s.spec_draft_tokens_total),
+                                 static_cast<uint64_t>(s.spec_accepted_tokens_total),
+                                 std::vector<uint64_t>(s.spec_accepted_per_position.begin(),
+                                                       s.spec_accepted_per_position.end()));
   }
   res.set_content(ctx.metrics ? ctx.metrics->render() : "", "text/plain; version=0.0.4");
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/draft_source.h"
 #include "runtime/defaults.h"
 
 namespace moonrun::server {
@@ -50,6 +51,9 @@ struct ServeOptions {
   int page_size_tokens = defaults::kPageSizeTokens;  // --page-size: tokens per MLA KV page
   std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bf16|bfloat16|float32|fp8|fp8_e4m3
   bool disable_radix_cache = false;     // --disable-radix-cache / --no-enable-prefix-caching
+  // Speculative decoding (--speculative-config, or SGLang's --speculative-algorithm NGRAM and
+  // --speculative-num-draft-tokens): off unless asked.
+  SpeculativeConfig speculative;
   bool disable_cuda_graph = false;      // --disable-cuda-graph / --enforce-eager: eager decode steps
   // Images (image_url content parts; docs/api.md "Images").
   bool allow_image_urls = false;            // --allow-image-urls: http(s) image URLs are considered (else 400)

@@ -292,15 +292,15 @@ class CudaOps final : public Ops {
                       Tensor o) override {
     const int64_t D = static_cast<int64_t>(num_heads) * head_dim;
     check(q.cols == D && beta.cols == num_heads, "kda_recurrence: q " + shape(q) + ", beta " + shape(beta));
-    // Single-token sequences (every one of a decode step) in one launch; longer ones chunked,
-    // one sequence at a time.
+    // Short sequences (every one of a decode or speculative verify step) in one launch, token
+    // by token; longer ones chunked, one sequence at a time.
     if (mode != KdaMode::kChunked)
       kda_recurrent(q.as<float>(), k.as<float>(), v.as<float>(), g.as<float>(), beta.as<float>(), batch.seqs,
                     batch.n_seqs(), num_heads, head_dim, state.base, state.slot_stride_floats,
-                    /*only_single_token=*/mode == KdaMode::kAuto, o.as<float>(), stream_);
+                    /*only_short_seqs=*/mode == KdaMode::kAuto, o.as<float>(), stream_);
     if (mode == KdaMode::kRecurrent) return;
     for (const BatchSeq& s : batch.host->seqs) {
-      if (mode == KdaMode::kAuto && s.n_new == 1) continue;
+      if (mode == KdaMode::kAuto && s.n_new <= kShortSeqMaxNewTokens) continue;
       ScratchScope scope(*this);
       const int64_t off = static_cast<int64_t>(s.token_start) * D;
       if (!float32_ && kda_chunked_mma_supported(head_dim)) {  // bf16 mode: the tensor cores
@@ -341,11 +341,11 @@ class CudaOps final : public Ops {
     check(q.cols == q_width && o.cols == o_width, "mla_attention: q " + shape(q) + ", o " + shape(o));
     check(kv_b.out == H * (shp.nope + shp.v_dim) && kv_b.in == shp.kv_lora && !kv_b.mxfp4(), "mla_attention: kv_b");
     const KvB kvb{kv_b.w.data, kv_b.w.dtype == DType::BF16};
-    // Absorbed: every token (kAbsorbed), or the single-token sequences (kAuto; all of them
-    // in a decode step, which a graph captures).
-    bool any_single = false;
-    for (const BatchSeq& s : batch.host->seqs) any_single = any_single || s.n_new == 1;
-    if (mode == MlaMode::kAbsorbed || (mode == MlaMode::kAuto && any_single)) {
+    // Absorbed: every token (kAbsorbed), or the short sequences (kAuto; all of them in a
+    // decode or verify step, which a graph captures).
+    bool any_short = false;
+    for (const BatchSeq& s : batch.host->seqs) any_short = any_short || s.n_new <= kShortSeqMaxNewTokens;
+    if (mode == MlaMode::kAbsorbed || (mode == MlaMode::kAuto && any_short)) {
       ScratchScope scope(*this);
       const bool only_single = mode == MlaMode::kAuto;
       Tensor q_abs = scratch(T, static_cast<int64_t>(H) * shp.row_width(), DType::F32);
@@ -361,7 +361,7 @@ class CudaOps final : public Ops {
     // the chunk's own keys), each block's kv_b expansion made, used and dropped in turn.
     const bool tensor_cores = !float32_ && wgmma_ && mla_wgmma_prefill_supported(shp);
     for (const BatchSeq& s : batch.host->seqs) {
-      if (mode == MlaMode::kAuto && s.n_new == 1) continue;
+      if (mode == MlaMode::kAuto && s.n_new <= kShortSeqMaxNewTokens) continue;
       ScratchScope scope(*this);
       const int32_t* pages = batch.page_table + s.page_start;
       const float* qs = q.as<float>() + s.token_start * q_width;

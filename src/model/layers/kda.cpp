@@ -16,12 +16,30 @@ int64_t kda_state_floats(const KdaShape& shape) {
   return kda_s_offset(shape) + static_cast<int64_t>(shape.num_heads) * shape.head_dim * shape.head_dim;
 }
 
+int64_t kda_replay_floats_per_token(const KdaShape& shape) {
+  return 4 * static_cast<int64_t>(shape.proj_dim()) + shape.num_heads;
+}
+
+namespace {
+// A layer's saved rows are five blocks of `capacity` rows: the q, k and v projections before
+// the conv, g ([capacity, H*d] each), then beta ([capacity, H]).
+Tensor saved_block(const KdaSavedInputs& s, const KdaShape& shape, int block, int64_t rows) {
+  const int64_t D = shape.proj_dim();
+  return Tensor{s.saved + block * s.capacity * D, DType::F32, rows, block == 4 ? shape.num_heads : D};
+}
+}  // namespace
+
 void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Tensor& x, const BatchView& batch,
-                 StateLayer state, KdaMode mode, Tensor out) {
+                 StateLayer state, KdaMode mode, Tensor out, const KdaSavedInputs* save) {
   ScratchScope scope(ops);
   const int64_t T = x.rows, D = shape.proj_dim(), H = shape.num_heads, d = shape.head_dim;
   const int64_t window = kda_conv_window_floats(shape);
   auto part = [&](int64_t offset) { return StateLayer{state.base + offset, state.slot_stride_floats}; };
+  auto keep = [&](const Tensor& src, int block) {
+    if (!save) return;
+    if (save->rows.empty()) ops.copy(src, saved_block(*save, shape, block, src.rows));  // every row, in order
+    else ops.gather_rows(src, save->rows.as<int32_t>(), saved_block(*save, shape, block, save->rows.rows));
+  };
 
   // q, k, v: projection, then the short conv, each with its own window. A decode-size batch
   // projects q, k, v and K3's full-rank output gate in one call (four [H*d, hidden] matrices
@@ -34,15 +52,25 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
     const Matrix* ws[] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.g_proj};
     const Tensor ys[] = {proj(0), proj(1), proj(2), proj(3)};
     ops.linear_shared_input(x, ws, ys);
+    for (int i = 0; i < 3; ++i) keep(proj(i), i);
   }
   Tensor q = ops.scratch(T, D, DType::F32);  // [T, H*d]
   Tensor k = ops.scratch(T, D, DType::F32);
   Tensor v = ops.scratch(T, D, DType::F32);
-  if (!together) ops.linear(x, w.q_proj, proj(0));
+  if (!together) {
+    ops.linear(x, w.q_proj, proj(0));
+    keep(proj(0), 0);
+  }
   ops.short_conv(proj(0), w.q_conv, batch, part(0), /*silu=*/true, q);
-  if (!together) ops.linear(x, w.k_proj, proj(1));
+  if (!together) {
+    ops.linear(x, w.k_proj, proj(1));
+    keep(proj(1), 1);
+  }
   ops.short_conv(proj(1), w.k_conv, batch, part(window), true, k);
-  if (!together) ops.linear(x, w.v_proj, proj(2));
+  if (!together) {
+    ops.linear(x, w.v_proj, proj(2));
+    keep(proj(2), 2);
+  }
   ops.short_conv(proj(2), w.v_conv, batch, part(2 * window), true, v);
 
   // L2 norm per head (the reference does it inside the kernel), q scaled by d^-1/2.
@@ -55,9 +83,11 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   ops.linear(x, w.f_a_proj, low);
   ops.linear(low, w.f_b_proj, g);
   ops.kda_gate(g, w.A_log, w.dt_bias, static_cast<int>(d), shape.gate_lower_bound);
+  keep(g, 3);
   Tensor beta = ops.scratch(T, H, DType::F32);  // [T, H]
   ops.linear(x, w.b_proj, beta);
   ops.sigmoid(beta);
+  keep(beta, 4);
 
   Tensor o = ops.scratch(T, D, DType::F32);  // [T, H*d]
   ops.kda_recurrence(q, k, v, g, beta, batch, part(kda_s_offset(shape)), static_cast<int>(H), static_cast<int>(d),
@@ -77,6 +107,32 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   ops.gated_rmsnorm(o.reshaped(d), gate.reshaped(d), w.o_norm, shape.norm_eps, gated.reshaped(d));
   ops.linear(gated, w.o_proj, out);
   ops.all_reduce_sum(out);  // o_proj is row-parallel: each rank's heads contribute
+}
+
+void kda_replay(Ops& ops, const KdaWeights& w, const KdaShape& shape, const BatchView& batch, StateLayer state,
+                KdaMode mode, const KdaSavedInputs& from) {
+  ScratchScope scope(ops);
+  const int64_t T = batch.n_tokens(), D = shape.proj_dim(), H = shape.num_heads, d = shape.head_dim;
+  const int64_t window = kda_conv_window_floats(shape);
+  auto part = [&](int64_t offset) { return StateLayer{state.base + offset, state.slot_stride_floats}; };
+  auto load = [&](int block) {  // the saved rows of the replayed tokens, [T, cols]
+    const Tensor all = saved_block(from, shape, block, from.capacity);
+    Tensor t = ops.scratch(T, all.cols, DType::F32);
+    ops.gather_rows(all, from.rows.as<int32_t>(), t);
+    return t;
+  };
+  // The same ops on the same rows as kda_forward: the windows and S end bit for bit where a
+  // forward over these tokens alone would leave them.
+  Tensor q = ops.scratch(T, D, DType::F32), k = ops.scratch(T, D, DType::F32), v = ops.scratch(T, D, DType::F32);
+  ops.short_conv(load(0), w.q_conv, batch, part(0), true, q);
+  ops.short_conv(load(1), w.k_conv, batch, part(window), true, k);
+  ops.short_conv(load(2), w.v_conv, batch, part(2 * window), true, v);
+  ops.l2norm_rows(q.reshaped(d), 1.0f / std::sqrt(static_cast<float>(d)));
+  ops.l2norm_rows(k.reshaped(d), 1.0f);
+  const Tensor g = load(3), beta = load(4);
+  Tensor o = ops.scratch(T, D, DType::F32);  // not needed: the step's outputs were the verify's
+  ops.kda_recurrence(q, k, v, g, beta, batch, part(kda_s_offset(shape)), static_cast<int>(H), static_cast<int>(d),
+                     mode, o);
 }
 
 }  // namespace moonrun

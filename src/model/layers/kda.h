@@ -46,7 +46,24 @@ inline int64_t kda_s_offset(const KdaShape& shape) { return 3 * kda_conv_window_
 
 // x [T, hidden] act dtype (input_layernorm'ed) -> out [T, hidden] F32. state: this layer's
 // region of the slots (kda_state_floats each). Appends the tokens to each sequence's state.
+//
+// save (speculative decoding): when given, the inputs the state takes from the token rows
+// save->rows lists are kept in save->saved for kda_replay: the three projections before the
+// short conv (the windows advance over those), the decay gate g and beta.
+struct KdaSavedInputs {
+  // [n, 1] I32: batch token rows to save (forward; empty: every row, in order) or saved
+  // rows to read (replay).
+  Tensor rows;
+  float* saved = nullptr;  // this layer's region: kda_replay_floats_per_token floats per saved row
+  int64_t capacity = 0;    // saved rows the region holds
+};
+int64_t kda_replay_floats_per_token(const KdaShape& shape);  // 4 * H*d + H
 void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Tensor& x, const BatchView& batch,
-                 StateLayer state, KdaMode mode, Tensor out);
+                 StateLayer state, KdaMode mode, Tensor out, const KdaSavedInputs* save = nullptr);
+// Advances each sequence of `batch` (its state slot restored to a snapshot) over its tokens,
+// token i from saved row from.rows[i]: the windows over the saved projections, S over the
+// conv outputs with the saved g and beta, exactly as kda_forward would have advanced it.
+void kda_replay(Ops& ops, const KdaWeights& w, const KdaShape& shape, const BatchView& batch, StateLayer state,
+                KdaMode mode, const KdaSavedInputs& from);
 
 }  // namespace moonrun

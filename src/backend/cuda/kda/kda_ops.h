@@ -34,11 +34,11 @@ void gated_rmsnorm(const float* o, const float* gate, const float* w, int64_t n_
 
 // The recurrence token by token (cpu::kda_recurrent) for every sequence of the batch in
 // one launch: sequence s's tokens [token_start, token_start + n_new), state S at
-// S_base + slot * slot_stride. only_single_token: sequences with more than one new token
+// S_base + slot * slot_stride. only_short_seqs: sequences with more than kShortSeqMaxNewTokens new tokens
 // are left to kda_chunked. q, k, v, g, o [n_tokens, H, d]; beta [n_tokens, H].
 void kda_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                    const BatchSeq* seqs, int n_seqs, int num_heads, int head_dim, float* S_base, int64_t slot_stride,
-                   bool only_single_token, float* o, cudaStream_t stream);
+                   bool only_short_seqs, float* o, cudaStream_t stream);
 
 // The chunked WY form (cpu::kda_chunked) for one sequence's rows, on a caller-provided
 // workspace of kda_chunked_workspace_floats(...) floats. chunk_size in [1, 64]; head_dim

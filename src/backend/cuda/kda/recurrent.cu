@@ -28,11 +28,11 @@ using kda_detail::kRowWarps;
 __global__ void __launch_bounds__(kColsPerBlock* kRowWarps)
     kda_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                          const float* __restrict__ g, const float* __restrict__ beta, const BatchSeq* __restrict__ seqs,
-                         int H, int d, float* __restrict__ S_base, int64_t slot_stride, bool only_single_token,
+                         int H, int d, float* __restrict__ S_base, int64_t slot_stride, bool only_short_seqs,
                          float* __restrict__ o) {
   __shared__ float partial[kRowWarps][kColsPerBlock + 1];
   const BatchSeq seq = seqs[blockIdx.z];
-  if (only_single_token && seq.n_new != 1) return;  // the whole block leaves together
+  if (only_short_seqs && seq.n_new > kShortSeqMaxNewTokens) return;  // the whole block leaves together
   const int h = blockIdx.x, lane = threadIdx.x, w = threadIdx.y;
   const int j = blockIdx.y * kColsPerBlock + lane;  // this thread's v-column
   const bool col_ok = j < d;
@@ -103,12 +103,12 @@ __global__ void __launch_bounds__(256, 2)
     kda_recurrent_head_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                               const float* __restrict__ g, const float* __restrict__ beta,
                               const BatchSeq* __restrict__ seqs, int H, float* __restrict__ S_base,
-                              int64_t slot_stride, bool only_single_token, float* __restrict__ o) {
+                              int64_t slot_stride, bool only_short_seqs, float* __restrict__ o) {
   constexpr int kThreads = 256, kParts = kThreads / D, kRows = D / kParts;
   __shared__ float eg_s[D], k_s[D], q_s[D];
   __shared__ float part_ks[kParts][D], part_o[kParts][D];
   const BatchSeq seq = seqs[blockIdx.y];
-  if (only_single_token && seq.n_new != 1) return;  // the whole block leaves together
+  if (only_short_seqs && seq.n_new > kShortSeqMaxNewTokens) return;  // the whole block leaves together
   const int h = blockIdx.x, tid = threadIdx.x, j = tid % D, p = tid / D;
   float* Sh = S_base + seq.state_slot * slot_stride + static_cast<int64_t>(h) * D * D + static_cast<int64_t>(p) * kRows * D + j;
   float s[kRows];
@@ -162,24 +162,24 @@ __global__ void __launch_bounds__(256, 2)
 
 void kda_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                    const BatchSeq* seqs, int n_seqs, int num_heads, int head_dim, float* S_base, int64_t slot_stride,
-                   bool only_single_token, float* o, cudaStream_t stream) {
+                   bool only_short_seqs, float* o, cudaStream_t stream) {
   if (n_seqs <= 0 || num_heads <= 0) return;
   kda_detail::check_head_dim(head_dim, "kda_recurrent");
   const dim3 head_grid(num_heads, n_seqs);
   switch (head_dim) {
     case 32:
       kda_recurrent_head_kernel<32><<<head_grid, 256, 0, stream>>>(q, k, v, g, beta, seqs, num_heads, S_base,
-                                                                   slot_stride, only_single_token, o);
+                                                                   slot_stride, only_short_seqs, o);
       CUDA_CHECK_LAUNCH();
       return;
     case 64:
       kda_recurrent_head_kernel<64><<<head_grid, 256, 0, stream>>>(q, k, v, g, beta, seqs, num_heads, S_base,
-                                                                   slot_stride, only_single_token, o);
+                                                                   slot_stride, only_short_seqs, o);
       CUDA_CHECK_LAUNCH();
       return;
     case 128:
       kda_recurrent_head_kernel<128><<<head_grid, 256, 0, stream>>>(q, k, v, g, beta, seqs, num_heads, S_base,
-                                                                    slot_stride, only_single_token, o);
+                                                                    slot_stride, only_short_seqs, o);
       CUDA_CHECK_LAUNCH();
       return;
     default: break;
@@ -187,7 +187,7 @@ void kda_recurrent(const float* q, const float* k, const float* v, const float* 
   const dim3 grid(num_heads, (head_dim + kColsPerBlock - 1) / kColsPerBlock, n_seqs);
   const dim3 block(kColsPerBlock, kRowWarps);
   kda_recurrent_kernel<<<grid, block, 0, stream>>>(q, k, v, g, beta, seqs, num_heads, head_dim, S_base, slot_stride,
-                                                   only_single_token, o);
+                                                   only_short_seqs, o);
   CUDA_CHECK_LAUNCH();
 }
 

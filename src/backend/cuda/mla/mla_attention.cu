@@ -66,12 +66,12 @@ template <typename Cache>
 struct AbsorbedSource {
   PagedRows<Cache> cache;
   BatchTables batch;
-  bool only_single_token;
+  bool only_short_seqs;
   int kv_lora;
   const int32_t* pages = nullptr;  // set by bind
   __device__ int begin() const { return 0; }
   __device__ int bind(int t) {
-    if (!computes(batch, t, only_single_token)) return 0;
+    if (!computes(batch, t, only_short_seqs)) return 0;
     pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
     return batch.positions[t] + 1;
   }
@@ -229,10 +229,10 @@ void launch_attend(const float* q, const Source& src, int n_tokens, int num_head
 // Block (t, h) of a query-absorption kernel: its query row qt and output row dst, q_nope
 // staged in shared memory; false (the block leaves) for a token this call does not compute.
 __device__ __forceinline__ bool stage_query(const float* q, float* q_abs, int kv_lora, int nope, int rope,
-                                            const BatchTables& batch, bool only_single_token, float* q_nope,
+                                            const BatchTables& batch, bool only_short_seqs, float* q_nope,
                                             const float*& qt, float*& dst) {
   const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
-  if (!computes(batch, t, only_single_token)) return false;  // uniform over the block
+  if (!computes(batch, t, only_short_seqs)) return false;  // uniform over the block
   qt = q + (static_cast<int64_t>(t) * num_heads + h) * (nope + rope);
   dst = q_abs + (static_cast<int64_t>(t) * num_heads + h) * (kv_lora + rope);
   for (int n = threadIdx.x; n < nope; n += kThreads) q_nope[n] = qt[n];
@@ -244,13 +244,13 @@ __device__ __forceinline__ bool stage_query(const float* q, float* q_abs, int kv
 // q_abs[t, h, l] = sum_n q_nope[t, h, n] * W_uk_h[n, l];  q_abs[t, h, kv_lora + d] = q_pe[t, h, d].
 template <typename W>
 __global__ void absorb_query_kernel(const float* __restrict__ q, const W* __restrict__ kv_b, int kv_lora, int nope,
-                                    int rope, int v_dim, BatchTables batch, bool only_single_token,
+                                    int rope, int v_dim, BatchTables batch, bool only_short_seqs,
                                     float* __restrict__ q_abs) {
   extern __shared__ float q_nope[];  // [nope]
   const int h = blockIdx.y;
   const float* qt;
   float* dst;
-  if (!stage_query(q, q_abs, kv_lora, nope, rope, batch, only_single_token, q_nope, qt, dst)) return;
+  if (!stage_query(q, q_abs, kv_lora, nope, rope, batch, only_short_seqs, q_nope, qt, dst)) return;
   const W* W_uk = kv_b + static_cast<int64_t>(h) * (nope + v_dim) * kv_lora;  // [nope, kv_lora]
   for (int l = threadIdx.x; l < kv_lora; l += kThreads) {
     float s = 0;
@@ -263,11 +263,11 @@ __global__ void absorb_query_kernel(const float* __restrict__ q, const W* __rest
 // grid (n_tokens, H); dynamic shared memory kv_lora floats. o[t, h, j] = W_uv_h[j, :] . o_lat[t, h, :].
 template <typename W>
 __global__ void expand_output_kernel(const float* __restrict__ o_lat, const W* __restrict__ kv_b, int kv_lora,
-                                     int nope, int v_dim, BatchTables batch, bool only_single_token,
+                                     int nope, int v_dim, BatchTables batch, bool only_short_seqs,
                                      float* __restrict__ o) {
   extern __shared__ float lat[];  // [kv_lora]
   const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
-  if (!computes(batch, t, only_single_token)) return;
+  if (!computes(batch, t, only_short_seqs)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* src = o_lat + (static_cast<int64_t>(t) * num_heads + h) * kv_lora;
   for (int i = threadIdx.x; i < kv_lora; i += kThreads) lat[i] = src[i];
@@ -300,7 +300,7 @@ __device__ __forceinline__ void fma_bf16x8(uint4 w, float s, float acc[8]) {
 }
 
 __global__ void absorb_query_vec_kernel(const float* __restrict__ q, const bf16* __restrict__ kv_b, int kv_lora,
-                                        int nope, int rope, int v_dim, BatchTables batch, bool only_single_token,
+                                        int nope, int rope, int v_dim, BatchTables batch, bool only_short_seqs,
                                         float* __restrict__ q_abs) {
   extern __shared__ float absorb_smem[];  // q_nope [nope], then partial sums [groups][kv_lora]
   float* q_nope = absorb_smem;
@@ -308,7 +308,7 @@ __global__ void absorb_query_vec_kernel(const float* __restrict__ q, const bf16*
   const int h = blockIdx.y;
   const float* qt;
   float* dst;
-  if (!stage_query(q, q_abs, kv_lora, nope, rope, batch, only_single_token, q_nope, qt, dst)) return;
+  if (!stage_query(q, q_abs, kv_lora, nope, rope, batch, only_short_seqs, q_nope, qt, dst)) return;
   const int cols = kv_lora / 8, groups = kThreads / cols, c = threadIdx.x % cols, g = threadIdx.x / cols;
   const uint4* W_uk = reinterpret_cast<const uint4*>(kv_b + static_cast<int64_t>(h) * (nope + v_dim) * kv_lora);
   float acc[8] = {};
@@ -328,11 +328,11 @@ __global__ void absorb_query_vec_kernel(const float* __restrict__ q, const bf16*
 // expand: warp w takes output rows w, w + kWarps, ..., four at a time; lane l the 8-wide
 // column chunks l, l + 32, ... of each.
 __global__ void expand_output_vec_kernel(const float* __restrict__ o_lat, const bf16* __restrict__ kv_b, int kv_lora,
-                                         int nope, int v_dim, BatchTables batch, bool only_single_token,
+                                         int nope, int v_dim, BatchTables batch, bool only_short_seqs,
                                          float* __restrict__ o) {
   extern __shared__ float lat[];  // [kv_lora]
   const int t = blockIdx.x, h = blockIdx.y, num_heads = gridDim.y;
-  if (!computes(batch, t, only_single_token)) return;
+  if (!computes(batch, t, only_short_seqs)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, cols = kv_lora / 8;
   const float* src = o_lat + (static_cast<int64_t>(t) * num_heads + h) * kv_lora;
   for (int i = threadIdx.x; i < kv_lora; i += kThreads) lat[i] = src[i];
@@ -828,14 +828,14 @@ void mla_merge_blocks(float* o, float* lse, const float* o_blk, const float* lse
 }
 
 void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                      bool only_single_token, float* q_abs, cudaStream_t stream) {
+                      bool only_short_seqs, float* q_abs, cudaStream_t stream) {
   if (n_tokens <= 0) return;
   const dim3 grid(n_tokens, shape.num_heads);
   if (vec_kv_b_applies(kv_b, shape)) {
     const size_t smem = (shape.nope + static_cast<size_t>(kThreads) * 8) * sizeof(float);
     absorb_query_vec_kernel<<<grid, kThreads, smem, stream>>>(q, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
                                                               shape.nope, shape.rope, shape.v_dim, batch,
-                                                              only_single_token, q_abs);
+                                                              only_short_seqs, q_abs);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -843,19 +843,19 @@ void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaSh
   if (kv_b.bf16)
     absorb_query_kernel<<<grid, kThreads, smem, stream>>>(q, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
                                                           shape.nope, shape.rope, shape.v_dim, batch,
-                                                          only_single_token, q_abs);
+                                                          only_short_seqs, q_abs);
   else
     absorb_query_kernel<<<grid, kThreads, smem, stream>>>(q, static_cast<const float*>(kv_b.w), shape.kv_lora,
                                                           shape.nope, shape.rope, shape.v_dim, batch,
-                                                          only_single_token, q_abs);
+                                                          only_short_seqs, q_abs);
   CUDA_CHECK_LAUNCH();
 }
 
 void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                         const KvLayer& cache, bool only_single_token, bool bf16_math, float* o_lat,
+                         const KvLayer& cache, bool only_short_seqs, bool bf16_math, float* o_lat,
                          float* partials, cudaStream_t stream) {
   if (mla_decode_heads_applies(shape, cache.dtype)) {
-    mla_decode_heads(q_abs, n_tokens, shape, batch, cache, only_single_token, o_lat, partials, stream);
+    mla_decode_heads(q_abs, n_tokens, shape, batch, cache, only_short_seqs, o_lat, partials, stream);
     return;
   }
   const int H = shape.num_heads, n_splits = absorbed_splits(n_tokens, H);
@@ -865,7 +865,7 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
   // when the positions are split. Otherwise one block per (token, head).
   with_cache_type(cache.dtype, [&](auto tag) {
     using Cache = typename decltype(tag)::type;
-    const AbsorbedSource<Cache> src{paged_rows<Cache>(cache), batch, only_single_token, shape.kv_lora};
+    const AbsorbedSource<Cache> src{paged_rows<Cache>(cache), batch, only_short_seqs, shape.kv_lora};
     bool grouped = false;
     if constexpr (!std::is_same_v<Cache, float>) {
       const bool mma = (std::is_same_v<Cache, bf16> || bf16_math) && group_mma_applies<Cache>(H, shape.kv_lora, shape.rope);
@@ -904,22 +904,22 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
 }
 
 void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const MlaShape& shape,
-                       const BatchTables& batch, bool only_single_token, float* o, cudaStream_t stream) {
+                       const BatchTables& batch, bool only_short_seqs, float* o, cudaStream_t stream) {
   if (n_tokens <= 0) return;
   const dim3 grid(n_tokens, shape.num_heads);
   const size_t smem = shape.kv_lora * sizeof(float);
   if (vec_kv_b_applies(kv_b, shape)) {
     expand_output_vec_kernel<<<grid, kThreads, smem, stream>>>(o_lat, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
-                                                               shape.nope, shape.v_dim, batch, only_single_token, o);
+                                                               shape.nope, shape.v_dim, batch, only_short_seqs, o);
     CUDA_CHECK_LAUNCH();
     return;
   }
   if (kv_b.bf16)
     expand_output_kernel<<<grid, kThreads, smem, stream>>>(o_lat, static_cast<const bf16*>(kv_b.w), shape.kv_lora,
-                                                           shape.nope, shape.v_dim, batch, only_single_token, o);
+                                                           shape.nope, shape.v_dim, batch, only_short_seqs, o);
   else
     expand_output_kernel<<<grid, kThreads, smem, stream>>>(o_lat, static_cast<const float*>(kv_b.w), shape.kv_lora,
-                                                           shape.nope, shape.v_dim, batch, only_single_token, o);
+                                                           shape.nope, shape.v_dim, batch, only_short_seqs, o);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -62,7 +62,7 @@ struct HeadsArgs {
   const float* q_abs;  // [n_tokens, H, 576] fp32
   PagedRows<bf16> cache;
   BatchTables batch;
-  bool only_single_token;
+  bool only_short_seqs;
   int num_heads, heads_per_block, n_splits;
   float scale_log2;  // softmax scale * log2(e): the softmax runs in base 2 (m in that domain)
   float* o_lat;     // [n_tokens, H, 512] when n_splits == 1
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kHeadsThreads, 1) decode_heads_kernel(const He
   float* l_s = f_s + NH;
 
   const int t = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * a.heads_per_block;
-  if (!computes(a.batch, t, a.only_single_token)) return;  // uniform over the block
+  if (!computes(a.batch, t, a.only_short_seqs)) return;  // uniform over the block
   const int heads_here = min(a.heads_per_block, a.num_heads - h0);
   const int32_t* pages = a.batch.page_table + a.batch.seqs[a.batch.token_seq[t]].page_start;
   const int visible = a.batch.positions[t] + 1;
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kHeadsThreads, 1) decode_heads_kernel(const He
 __global__ void combine_kernel(const HeadsArgs a) {
   __shared__ float weight[kMaxSplitsHeads];
   const int t = blockIdx.x;
-  if (!computes(a.batch, t, a.only_single_token)) return;
+  if (!computes(a.batch, t, a.only_short_seqs)) return;
   const int64_t th = static_cast<int64_t>(t) * a.num_heads + blockIdx.y;
   const float* ml = a.part_ml + th * a.n_splits * 2;
   float M = -INFINITY;
@@ -351,14 +351,14 @@ int mla_decode_heads_splits(int n_tokens, int num_heads) {
 }
 
 void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                      const KvLayer& cache, bool only_single_token, float* o_lat, float* partials,
+                      const KvLayer& cache, bool only_short_seqs, float* o_lat, float* partials,
                       cudaStream_t stream) {
   if (n_tokens <= 0) return;
   HeadsArgs a{};
   a.q_abs = q_abs;
   a.cache = paged_rows<bf16>(cache);
   a.batch = batch;
-  a.only_single_token = only_single_token;
+  a.only_short_seqs = only_short_seqs;
   a.num_heads = shape.num_heads;
   a.heads_per_block = heads_per_block(shape.num_heads);
   a.n_splits = mla_decode_heads_splits(n_tokens, shape.num_heads);

@@ -89,8 +89,8 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 }
 
 // Whether token t is one the batched (absorbed) kernels compute.
-__device__ __forceinline__ bool computes(const BatchTables& b, int t, bool only_single_token) {
-  return !only_single_token || b.seqs[b.token_seq[t]].n_new == 1;
+__device__ __forceinline__ bool computes(const BatchTables& b, int t, bool only_short_seqs) {
+  return !only_short_seqs || b.seqs[b.token_seq[t]].n_new <= kShortSeqMaxNewTokens;
 }
 
 }  // namespace moonrun::cuda::mla_detail

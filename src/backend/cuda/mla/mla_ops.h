@@ -10,7 +10,7 @@
 //             output, multi-query attention straight over the 576-wide rows. Every
 //             per-token value (position, sequence, page table) comes from the batch's
 //             device tables, so a decode step can be captured as a CUDA graph; with
-//             only_single_token, tokens of sequences with several new tokens are skipped
+//             only_short_seqs, tokens of sequences with more than kShortSeqMaxNewTokens new tokens are skipped
 //             (the plain path computes them).
 #include <cuda_runtime_api.h>
 
@@ -92,12 +92,12 @@ void mla_wgmma_attend(const void* q_tiles, const void* kv_tiles, int n_tokens, i
 // ---- absorbed: the batch ----------------------------------------------------------------
 // q_abs[t, h] = [W_uk_h^T q_nope[t, h] | q_pe[t, h]]; q_abs [n_tokens, H, kv_lora + rope] fp32.
 void mla_absorb_query(const float* q, const KvB& kv_b, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                      bool only_single_token, float* q_abs, cudaStream_t stream);
+                      bool only_short_seqs, float* q_abs, cudaStream_t stream);
 // o_lat [n_tokens, H, kv_lora] fp32 over each token's positions [0, pos]. bf16_math: the
 // tensor-core kernel (Q and P rounded to bf16) may serve an fp8 cache; false (--dtype
 // float32) keeps every product in fp32. A bf16 cache always takes it where it applies.
 void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                         const KvLayer& cache, bool only_single_token, bool bf16_math, float* o_lat, float* partials,
+                         const KvLayer& cache, bool only_short_seqs, bool bf16_math, float* o_lat, float* partials,
                          cudaStream_t stream);
 // The kernel mla_attend_absorbed takes for bf16 caches of K3's row (kv_lora 512, rope 64):
 // every head of a token in one block (up to 48; mla_decode_heads.cu), so each cached row is
@@ -105,11 +105,11 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
 bool mla_decode_heads_applies(const MlaShape& shape, DType cache_dtype);
 int mla_decode_heads_splits(int n_tokens, int num_heads);
 void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                      const KvLayer& cache, bool only_single_token, float* o_lat, float* partials,
+                      const KvLayer& cache, bool only_short_seqs, float* o_lat, float* partials,
                       cudaStream_t stream);
 // o[t, h] = W_uv_h o_lat[t, h]; o [n_tokens, H, v] fp32.
 void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const MlaShape& shape,
-                       const BatchTables& batch, bool only_single_token, float* o, cudaStream_t stream);
+                       const BatchTables& batch, bool only_short_seqs, float* o, cudaStream_t stream);
 
 // Scratch floats for the split-softmax partials of an attention call over n_queries
 // (token, head) rows of out_dim values: the plain path needs its n_positions, the

@@ -1,0 +1,62 @@
+#pragma once
+// Speculative decoding's draft sources: what guesses the tokens a step verifies. Before each
+// step the engine asks one for the drafts of every sequence that is decoding; the runner
+// verifies them in the step's flat batch (runtime/model_runner.h, StepSeq::n_draft) and the
+// engine keeps the prefix the model agrees with. A source sees only the sequence's tokens,
+// so the engine, scheduler and runner never learn which one runs.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace moonrun {
+
+enum class SpecMethod { kNone, kNgram };
+const char* spec_method_name(SpecMethod method);  // "none", "ngram"
+
+// vLLM's --speculative-config fields (and SGLang's flags, cli/serve_flags.cpp).
+struct SpeculativeConfig {
+  SpecMethod method = SpecMethod::kNone;
+  int num_speculative_tokens = 0;  // k: drafts a sequence brings to a step, at most
+  // n-gram lookup: the longest suffix of the sequence, between these lengths, that occurred
+  // before proposes the tokens that followed it (vLLM's prompt_lookup_min / _max).
+  int prompt_lookup_min = 2;
+  int prompt_lookup_max = 5;
+  // No drafts while this many sequences or more are decoding: a large batch is no longer
+  // bound by the weight reads that speculation shares (vLLM's disable_by_batch_size). 0: never.
+  int disable_by_batch_size = 0;
+  bool enabled() const { return method != SpecMethod::kNone && num_speculative_tokens > 0; }
+};
+
+// One-line errors for impossible settings (k < 0, min > max, ...).
+Status check_speculative_config(const SpeculativeConfig& config);
+
+class DraftSource {
+ public:
+  virtual ~DraftSource() = default;
+  // Appends up to max_tokens drafts to follow the sequence prompt + output (none is fine).
+  virtual void propose(std::span<const int32_t> prompt, std::span<const int32_t> output, int max_tokens,
+                       std::vector<int32_t>& drafts) = 0;
+};
+
+// Prompt lookup (vLLM's "ngram", SGLang's NGRAM): the most recent earlier occurrence of the
+// longest matching suffix n-gram, and the tokens after it. Costs one backward scan over the
+// sequence (bounded by kMaxLookbackTokens) per step.
+class NgramDraftSource final : public DraftSource {
+ public:
+  static constexpr int kMaxLookbackTokens = 1 << 18;
+  NgramDraftSource(int min_n, int max_n) : min_n_(min_n), max_n_(max_n) {}
+  void propose(std::span<const int32_t> prompt, std::span<const int32_t> output, int max_tokens,
+               std::vector<int32_t>& drafts) override;
+
+ private:
+  int min_n_, max_n_;
+};
+
+// The source `config` names; nullptr when speculation is off.
+std::unique_ptr<DraftSource> make_draft_source(const SpeculativeConfig& config);
+
+}  // namespace moonrun

@@ -1,0 +1,349 @@
+// Speculative decoding (engine/draft_source.h, StepSeq::n_draft, StateReplay) on the CPU
+// backend with real checkpoints: the reference fixtures (KDA + MLA, made by the public
+// reference code) and the trained demo model.
+//   - Lossless: greedy tokens with n-gram drafts are the tokens without them, for every
+//     fixture's reference prompts and repetitive prompts that make drafts both accepted and
+//     rejected, several requests at once so verify steps mix with decodes and prefill chunks.
+//   - Rollback exact: a verify step that accepts j of k drafts (every j in 0..k), then its
+//     rollback, leaves every KDA layer's conv windows and recurrent state bit for bit where a
+//     step over the accepted tokens alone leaves them, and the next logits agree.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "../../support/fixture_files.h"
+#include "../../support/runtimes.h"
+#include "engine/draft_source.h"
+#include "engine/engine.h"
+#include "model/kimi_k3.h"
+#include "runtime/model_runner.h"
+
+namespace moonrun {
+namespace {
+
+using testing::make_runtime;
+using testing::test_runtime_options;
+
+struct Case {
+  std::vector<int32_t> prompt;
+  int max_tokens = 0;
+};
+
+std::vector<Case> reference_cases(const std::string& dir) {
+  std::ifstream in(dir + "/expected.json");
+  const auto j = nlohmann::json::parse(in);
+  std::vector<Case> cases;
+  for (const auto& c : j.at("cases")) cases.push_back({c.at("prompt_ids").get<std::vector<int32_t>>(), 24});
+  return cases;
+}
+
+int vocab_of(const std::string& dir) {
+  std::ifstream in(dir + "/config.json");
+  const auto j = nlohmann::json::parse(in);
+  return j.contains("text_config") ? j["text_config"].at("vocab_size").get<int>() : j.at("vocab_size").get<int>();
+}
+
+// Prompts that repeat a pattern: the n-gram lookup proposes its continuation, which the
+// model may or may not follow (drafts accepted and rejected).
+std::vector<Case> repetitive_cases(int vocab, int n) {
+  std::vector<Case> cases;
+  uint64_t x = 12345;
+  auto next = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+  };
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> pattern;
+    for (int t = 0; t < 3 + i % 9; ++t) pattern.push_back(next());
+    Case c;
+    for (int r = 0; r < 2 + i % 4; ++r) c.prompt.insert(c.prompt.end(), pattern.begin(), pattern.end());
+    c.prompt.push_back(pattern[0]);
+    c.max_tokens = 20 + i % 7;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+struct EngineRun {
+  std::vector<std::vector<int32_t>> tokens;
+  EngineStats stats;
+};
+
+EngineRun run_engine(const std::string& dir, const std::vector<Case>& cases, const SpeculativeConfig& spec,
+                     int max_running, int chunk) {
+  EngineRun run;
+  RuntimeOptions ro = test_runtime_options("cpu", 4096, max_running);
+  ro.num_speculative_tokens = spec.enabled() ? spec.num_speculative_tokens : 0;
+  Runtime rt = make_runtime(dir, ro);
+  if (!rt.runner) return run;
+  CacheManager cache(rt.cache);
+  EngineConfig ec;
+  ec.scheduler = {.max_running_requests = max_running, .max_tokens_per_step = chunk};
+  ec.max_model_len = 1024;
+  ec.speculative = spec;  // no EOS: every request runs to max_tokens
+  Engine engine(ec, cache, *rt.runner, nullptr);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = cases[i].max_tokens;
+    EXPECT_TRUE(engine.add_request(i, cases[i].prompt, p).is_ok());
+  }
+  run.tokens.resize(cases.size());
+  std::vector<RequestOutput> outs;
+  while (engine.has_work()) {
+    const Status st = engine.step(outs);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    if (!st.is_ok()) break;
+  }
+  for (const RequestOutput& o : outs)
+    run.tokens[o.request_id].insert(run.tokens[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  run.stats = engine.stats();
+  EXPECT_EQ(engine.stats().cache.free_slots, max_running);
+  return run;
+}
+
+std::vector<std::string> model_dirs() {
+  std::vector<std::string> dirs;
+  for (const std::string& name : fixtures::fixture_names()) dirs.push_back(fixtures::fixtures_dir() + "/" + name);
+  dirs.push_back(fixtures::source_dir() + "/models/moonrun-demo");
+  return dirs;
+}
+
+TEST(Speculative, NgramDraftsChangeNoGreedyTokenOnAnyReferenceModel) {
+  int64_t drafts = 0, accepted = 0;
+  for (const std::string& dir : model_dirs()) {
+    std::vector<Case> cases = reference_cases(dir);
+    const std::vector<Case> more = repetitive_cases(vocab_of(dir), 12);
+    cases.insert(cases.end(), more.begin(), more.end());
+    const EngineRun plain = run_engine(dir, cases, {}, 4, 64);
+    for (int k : {1, 4}) {
+      SpeculativeConfig spec;
+      spec.method = SpecMethod::kNgram;
+      spec.num_speculative_tokens = k;
+      spec.prompt_lookup_min = 1;  // drafts at nearly every step: many verdicts
+      spec.prompt_lookup_max = 4;
+      const EngineRun fast = run_engine(dir, cases, spec, 4, 64);
+      ASSERT_EQ(fast.tokens.size(), plain.tokens.size());
+      for (size_t i = 0; i < cases.size(); ++i)
+        EXPECT_EQ(fast.tokens[i], plain.tokens[i]) << dir << ", prompt " << i << ", k = " << k;
+      EXPECT_GT(fast.stats.spec_num_drafts_total, 0) << dir;
+      EXPECT_LT(fast.stats.steps_total, plain.stats.steps_total + 1) << dir;
+      drafts += fast.stats.spec_draft_tokens_total;
+      accepted += fast.stats.spec_accepted_tokens_total;
+      std::printf("%s k=%d: %lld steps (plain %lld), drafts %lld, accepted %lld\n", dir.c_str(), k,
+                  static_cast<long long>(fast.stats.steps_total), static_cast<long long>(plain.stats.steps_total),
+                  static_cast<long long>(fast.stats.spec_draft_tokens_total),
+                  static_cast<long long>(fast.stats.spec_accepted_tokens_total));
+    }
+  }
+  // Both verdicts happened, many times: the comparison covered rollbacks and kept drafts.
+  EXPECT_GT(accepted, 20);
+  EXPECT_GT(drafts - accepted, 20);
+}
+
+// Sampled rows against n-gram drafts: a draft is one token for sure, so a row's own draw is
+// rejection sampling already (accept with probability p(draft), else a draw from p without
+// it). The joint distribution of three tokens over 800 seeds, with and without drafts,
+// passes a two-sample chi-square test (p = 0.001), while drafts are accepted and rejected.
+TEST(Speculative, SampledOutputKeepsTheModelsDistribution) {
+  const std::string dir = fixtures::fixtures_dir() + "/k3-tiny-a";
+  const int vocab = vocab_of(dir), n_requests = 800, n_tokens = 3;
+  // Three tokens get +30 on their logits: the samples are nearly always one of them, and the
+  // prompt, a random string of the three, holds every n-gram the lookup needs (a draft at
+  // every step, accepted about a third of the time).
+  const int32_t abc[3] = {7 % vocab, 101 % vocab, 230 % vocab};
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 40; ++t) prompt.push_back(abc[(t * 7 + t / 3) % 3]);
+  auto run = [&](bool speculate) {
+    RuntimeOptions ro = test_runtime_options("cpu", 8192, 16);
+    ro.num_speculative_tokens = speculate ? 3 : 0;
+    Runtime rt = make_runtime(dir, ro);
+    CacheManager cache(rt.cache);
+    EngineConfig ec;
+    ec.scheduler = {.max_running_requests = 16, .max_tokens_per_step = 512};
+    ec.max_model_len = 256;
+    if (speculate) ec.speculative = {SpecMethod::kNgram, 3, 1, 4, 0};
+    Engine engine(ec, cache, *rt.runner, nullptr);
+    for (int i = 0; i < n_requests; ++i) {
+      SamplingParams p;
+      p.temperature = 1.0f;
+      for (int32_t t : abc) p.logit_bias.emplace_back(t, 30.0f);
+      p.max_tokens = n_tokens;
+      p.seed = 1000 + i;
+      EXPECT_TRUE(engine.add_request(i, prompt, p).is_ok());
+    }
+    std::vector<std::vector<int32_t>> out(n_requests);
+    std::vector<RequestOutput> outs;
+    while (engine.has_work()) EXPECT_TRUE(engine.step(outs).is_ok());
+    for (const RequestOutput& o : outs) out[o.request_id].insert(out[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    std::map<std::vector<int32_t>, int> counts;
+    for (const auto& seq : out) ++counts[seq];
+    return std::make_pair(counts, engine.stats());
+  };
+  const auto [plain, plain_stats] = run(false);
+  const auto [spec, spec_stats] = run(true);
+  EXPECT_GT(spec_stats.spec_accepted_tokens_total, 20);
+  EXPECT_GT(spec_stats.spec_draft_tokens_total - spec_stats.spec_accepted_tokens_total, n_requests / 4);
+  // Two-sample chi-square over the cells either run saw (equal sample sizes), cells with
+  // fewer than 10 expected together in one.
+  std::map<std::vector<int32_t>, std::pair<int, int>> cells;
+  for (const auto& [k, n] : plain) cells[k].first = n;
+  for (const auto& [k, n] : spec) cells[k].second = n;
+  double chi2 = 0;
+  int df = -1, small_a = 0, small_b = 0;
+  for (const auto& [k, ab] : cells) {
+    if (ab.first + ab.second < 20) {
+      small_a += ab.first;
+      small_b += ab.second;
+      continue;
+    }
+    chi2 += std::pow(ab.first - ab.second, 2.0) / (ab.first + ab.second);
+    ++df;
+  }
+  if (small_a + small_b > 0) {
+    chi2 += std::pow(small_a - small_b, 2.0) / (small_a + small_b);
+    ++df;
+  }
+  ASSERT_GE(df, 3) << "too few outcomes to test";
+  // The chi-square quantile at 0.999 by Wilson-Hilferty.
+  const double z = 3.0902, h = 2.0 / (9.0 * df);
+  const double critical = df * std::pow(1 - h + z * std::sqrt(h), 3.0);
+  std::printf("chi2 = %.1f over %d degrees of freedom (critical %.1f); accepted %lld of %lld drafts\n", chi2, df, critical,
+              static_cast<long long>(spec_stats.spec_accepted_tokens_total),
+              static_cast<long long>(spec_stats.spec_draft_tokens_total));
+  EXPECT_LT(chi2, critical);
+}
+
+// ---- the rollback, op by op --------------------------------------------------------------
+
+struct RunnerHarness {
+  Runtime rt;
+  ModelRunner* runner = nullptr;
+  std::vector<std::vector<int32_t>> pages;  // per slot: a page table long enough for anything here
+
+  explicit RunnerHarness(const std::string& dir, int k) {
+    RuntimeOptions ro = test_runtime_options("cpu", 1024, 2);
+    ro.num_speculative_tokens = k;
+    rt = make_runtime(dir, ro);
+    runner = dynamic_cast<ModelRunner*>(rt.runner.get());
+    // Slot s owns pages [s * n, (s + 1) * n): the two sequences never share a row.
+    const int n = rt.cache.num_pages / 2;
+    for (int s = 0; s < 2; ++s) {
+      pages.emplace_back();
+      for (int p = 0; p < n; ++p) pages.back().push_back(s * n + p);
+    }
+  }
+  StepSeq seq(std::span<const int32_t> tokens, int n_past, int slot) const {
+    StepSeq s;
+    s.new_token_ids = tokens;
+    s.n_past = n_past;
+    s.state_slot = slot;
+    s.pages = pages[slot];
+    return s;
+  }
+  std::vector<float> state(int slot) const {
+    const Tensor row = runner->pools().state.rows_view(slot, 1);
+    return std::vector<float>(row.as<float>(), row.as<float>() + row.cols);
+  }
+  // A step over `tokens` of slot `slot` from n_past, with the logits of its last token.
+  std::vector<float> step(StepInput in) {
+    in.return_logits = true;
+    StepOutput out;
+    const Status st = runner->step(in, out);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    return out.logits;
+  }
+};
+
+TEST(Speculative, RollbackAtEveryDraftPositionLeavesTheStateOfARunWithoutTheRejectedTokens) {
+  const int k = 5;
+  for (const std::string& name : {"k3-tiny-a", "k3-tiny-b", "kimi-linear-tiny"}) {
+    const std::string dir = fixtures::fixtures_dir() + "/" + name;
+    RunnerHarness h(dir, k);
+    ASSERT_TRUE(h.runner);
+    // One kernel choice for every step: a reference step of 1 token would otherwise take the
+    // decode path (the KDA recurrence token by token, MLA in absorbed order) where the verify
+    // step of 1 + k tokens takes the chunked KDA form and plain MLA, and its first token's
+    // outputs (the next layers' inputs) would be a rounding apart. The rollback itself is
+    // exact whatever the choice: it reruns the verify step's own inputs.
+    auto* model = dynamic_cast<KimiK3*>(&h.runner->model());
+    ASSERT_TRUE(model);
+    model->set_attention_modes(KdaMode::kChunked, MlaMode::kPlain);
+    ASSERT_EQ(h.rt.cache.num_verify_slots, h.rt.cache.num_state_slots) << name;
+    const int verify_slot = h.rt.cache.total_slots();  // live slot 0's
+    const int vocab = vocab_of(dir);
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 70; ++i) prompt.push_back((i * 37 + 11) % vocab);  // past one KDA chunk of 64
+    const int n_prompt = static_cast<int>(prompt.size());
+    std::vector<int32_t> verify = {5};  // the last known token, then k drafts
+    for (int j = 0; j < k; ++j) verify.push_back((j * 101 + 7) % vocab);
+    const int32_t other = 3;
+
+    for (int accepted = 0; accepted <= k; ++accepted) {
+      // A: prefill, a verify step of 1 + k tokens, then the rollback to 1 + accepted of them
+      // (run at the start of the next step, here one for another slot's sequence).
+      StepInput pre;
+      pre.seqs.push_back(h.seq(prompt, 0, 0));
+      pre.before.push_back({-1, 0});
+      h.step(pre);
+      StepInput ver;
+      ver.seqs.push_back(h.seq(verify, n_prompt, 0));
+      ver.seqs.back().n_draft = k;
+      ver.before.push_back({0, verify_slot});
+      h.step(ver);
+      StepInput next;
+      next.replays.push_back({0, verify_slot, 0, 1 + accepted});
+      next.seqs.push_back(h.seq(std::span<const int32_t>(&other, 1), 0, 1));
+      next.before.push_back({-1, 1});
+      h.step(next);
+      const std::vector<float> rolled_back = h.state(0);
+      const int32_t after = 9;
+      StepInput cont;
+      cont.seqs.push_back(h.seq(std::span<const int32_t>(&after, 1), n_prompt + 1 + accepted, 0));
+      const std::vector<float> logits_a = h.step(cont);
+
+      // B: the same prompt, then a step over the accepted tokens alone.
+      h.step(pre);
+      StepInput alone;
+      alone.seqs.push_back(h.seq(std::span<const int32_t>(verify).first(1 + accepted), n_prompt, 0));
+      h.step(alone);
+      const std::vector<float> want = h.state(0);
+      const std::vector<float> logits_b = h.step(cont);
+
+      ASSERT_EQ(rolled_back.size(), want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += std::memcmp(&rolled_back[i], &want[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << name << ": " << differ << " of " << want.size()
+                            << " state floats differ after accepting " << accepted << " of " << k;
+      ASSERT_EQ(logits_a.size(), logits_b.size());
+      double worst = 0;
+      for (size_t i = 0; i < logits_a.size(); ++i) worst = std::max(worst, std::fabs(double(logits_a[i]) - logits_b[i]));
+      EXPECT_LE(worst, 1e-5) << name << ", accepted " << accepted;
+    }
+  }
+}
+
+TEST(Speculative, NgramLookupProposesWhatFollowedTheLongestRecentMatch) {
+  NgramDraftSource src(2, 4);
+  std::vector<int32_t> drafts;
+  // "1 2 3 4 5 ... 1 2 3": the 3-gram "1 2 3" matched, "4 5" follows.
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 9, 9, 1, 2, 3};
+  src.propose(prompt, {}, 3, drafts);
+  EXPECT_EQ(drafts, (std::vector<int32_t>{4, 5, 9}));
+  // The output continues the sequence; the most recent occurrence of the longest match wins.
+  drafts.clear();
+  src.propose(std::vector<int32_t>{7, 8, 1, 7, 8, 2}, std::vector<int32_t>{7, 8}, 2, drafts);
+  EXPECT_EQ(drafts, (std::vector<int32_t>{2, 7}));
+  // Shorter than prompt_lookup_min: nothing.
+  drafts.clear();
+  src.propose(std::vector<int32_t>{1, 2, 3, 1}, {}, 3, drafts);
+  EXPECT_TRUE(drafts.empty());
+}
+
+}  // namespace
+}  // namespace moonrun
