@@ -15,10 +15,15 @@
 //              or tool calls came with it (SGLang's strip_template_artifacts);
 //   tool_calls each <|open|>call ... <|close|>call inside the tools channel with a tool
 //              name; typed argument values JSON-decoded as Python's json.loads does (raw
-//              text when that fails), the object re-encoded as json.dumps does; a
-//              <|open|>json ...<|close|>json block is the arguments verbatim; calls that
-//              never close are dropped, and so is call syntax outside a tools channel
-//              (with what follows it: SGLang cuts the reply there).
+//              text when that fails), the object re-encoded as json.dumps does. The
+//              arguments are the call's argument tags and nothing else, as vLLM's kimi_k3
+//              tool parser reads them: a <|open|>json ...<|close|>json block is no
+//              argument (a call with only that block has arguments {}), and argument tags
+//              inside it still count. Calls that never close are dropped, and so is call
+//              syntax outside a tools channel (with what follows it: SGLang cuts the reply
+//              there). With no tools declared or tool_choice "none" no call is returned
+//              and none of the tools channel's markup shows (vLLM's KimiK3Parser for
+//              tool_choice none, SGLang's kimik3 detector for no tools).
 // No marker ever reaches reasoning or content: a marker that is not a tag where it stands
 // is dropped with the channel name and attributes it carries, and the rest of its text
 // stays (k3::header_leftover); a half-written one at the end of a cut-off stream leaves
@@ -65,7 +70,7 @@ class K3Parser final : public MarkerDrivenParser {
   }
 
  private:
-  enum class State { kReasoning, kTop, kResponse, kHiddenThink, kTools, kCall, kArgument, kJson, kDone };
+  enum class State { kReasoning, kTop, kResponse, kHiddenThink, kTools, kCall, kArgument, kDone };
 
   // ---- pieces -> text / tags / end ----
   void on_piece(const MarkerPiece& p) override {
@@ -105,7 +110,6 @@ class K3Parser final : public MarkerDrivenParser {
     const std::string header = std::move(tag_header_);
     tag_header_.clear();
     if (state_ == State::kArgument) { arg_value_ += (tag_is_open_ ? "<|open|>" : "<|close|>") + header; return; }
-    if (state_ == State::kJson) { json_block_ += (tag_is_open_ ? "<|open|>" : "<|close|>") + header; return; }
     note_reply_markup();
     if (tag_is_open_ && k3::starts_call_syntax(header) && (state_ == State::kTop || state_ == State::kResponse))
       return start_unparsed_tools();
@@ -165,10 +169,9 @@ class K3Parser final : public MarkerDrivenParser {
       case State::kResponse: return emit_content(s);
       case State::kTop: top_text_ += s; return;
       case State::kArgument: arg_value_ += s; return;
-      case State::kJson: json_block_ += s; return;
       case State::kHiddenThink:  // a think channel inside the reply: not the reply
       case State::kTools:        // layout or junk between calls: dropped, as vLLM's regexes do
-      case State::kCall:         // text between arguments: dropped likewise
+      case State::kCall:         // text between arguments (a JSON block's body too): dropped likewise
       case State::kDone:         // after the message: not part of it
         return;
     }
@@ -177,7 +180,6 @@ class K3Parser final : public MarkerDrivenParser {
   // A <|sep|> outside any tag: part of a raw value inside a call, else dropped.
   void on_stray_marker(const std::string& marker) {
     if (state_ == State::kArgument) return void(arg_value_ += marker);
-    if (state_ == State::kJson) return void(json_block_ += marker);
     note_reply_markup();
   }
 
@@ -299,12 +301,6 @@ class K3Parser final : public MarkerDrivenParser {
           state_ = State::kArgument;
           return;
         }
-        if (t.open && t.name == "json") {
-          has_json_block_ = true;
-          json_block_.clear();
-          state_ = State::kJson;
-          return;
-        }
         if (t.is(false, "call")) return close_call();
         if (t.open && t.name == "call") return start_call(t);  // the previous never closed: dropped
         if (t.is(false, "tools") || t.is(false, "message")) {  // the call never closed: dropped
@@ -321,14 +317,6 @@ class K3Parser final : public MarkerDrivenParser {
         if (t.is(false, "call")) return close_call();  // an argument without its close: dropped
         arg_value_ += t.raw;  // values are raw text: other tags are part of them
         return;
-      case State::kJson:
-        if (t.is(false, "json")) {
-          state_ = State::kCall;
-          return;
-        }
-        if (t.is(false, "call")) return close_call();
-        json_block_ += t.raw;
-        return;
       case State::kDone:
         return;
     }
@@ -339,8 +327,6 @@ class K3Parser final : public MarkerDrivenParser {
     state_ = State::kCall;
     call_name_ = attr(t.attrs, "tool", "");
     call_args_ = PyJson{PyJson::Kind::kObject};
-    json_block_.clear();
-    has_json_block_ = false;
   }
 
   void commit_argument() {
@@ -360,10 +346,7 @@ class K3Parser final : public MarkerDrivenParser {
     ParsedToolCall call;
     call.id = ids_.next();
     call.name = call_name_;
-    // A <json> block carries arguments that were not a JSON object when rendered: verbatim.
-    call.arguments = has_json_block_ && call_args_.members.empty()
-                         ? json_block_
-                         : py_json_dumps(call_args_, JsonSeparators::kPythonDefault);
+    call.arguments = py_json_dumps(call_args_, JsonSeparators::kPythonDefault);
     out_->tool_calls.push_back(std::move(call));
     ++num_calls_;
   }
@@ -389,8 +372,6 @@ class K3Parser final : public MarkerDrivenParser {
 
   std::string call_name_;
   PyJson call_args_{PyJson::Kind::kObject};
-  std::string json_block_;
-  bool has_json_block_ = false;
   std::string arg_key_, arg_type_, arg_value_;
   size_t num_calls_ = 0;
 };
