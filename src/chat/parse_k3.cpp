@@ -9,9 +9,12 @@
 //              open marker); it ends at <|close|>think, or at any channel tag;
 //   content    the response channel's body; without any response channel, the text after
 //              the think channel (and before tools); other text outside channels is
-//              dropped, and so is a think channel inside the reply (reasoning is never
-//              folded into the reply). Content that is only white space is kept when the
-//              reply had no markup, and is no content when markup was stripped around it
+//              dropped, and so is a think channel inside the reply that closes
+//              (<|close|>think) before the reply ends (SGLang: reasoning is never folded
+//              into the reply). A think opener in the reply that never closes was a
+//              quoted marker: the text after it stays content, as vLLM keeps the
+//              response channel's body (the marker itself goes, as below). Content that
+//              is only white space is kept when the reply had no markup, and is no content when markup was stripped around it
 //              or tool calls came with it (SGLang's strip_template_artifacts);
 //   tool_calls each <|open|>call ... <|close|>call inside the tools channel with a tool
 //              name; typed argument values JSON-decoded as Python's json.loads does (raw
@@ -111,8 +114,11 @@ class K3Parser final : public MarkerDrivenParser {
     tag_header_.clear();
     if (state_ == State::kArgument) { arg_value_ += (tag_is_open_ ? "<|open|>" : "<|close|>") + header; return; }
     note_reply_markup();
-    if (tag_is_open_ && k3::starts_call_syntax(header) && (state_ == State::kTop || state_ == State::kResponse))
+    if (tag_is_open_ && k3::starts_call_syntax(header) &&
+        (state_ == State::kTop || state_ == State::kResponse || state_ == State::kHiddenThink)) {
+      if (state_ == State::kHiddenThink) release_quoted_think();  // the reply ends here
       return start_unparsed_tools();
+    }
     on_text(k3::header_leftover(header, /*complete=*/false));
   }
 
@@ -169,7 +175,7 @@ class K3Parser final : public MarkerDrivenParser {
       case State::kResponse: return emit_content(s);
       case State::kTop: top_text_ += s; return;
       case State::kArgument: arg_value_ += s; return;
-      case State::kHiddenThink:  // a think channel inside the reply: not the reply
+      case State::kHiddenThink: hidden_text_ += s; return;  // the reply's only if it never closes
       case State::kTools:        // layout or junk between calls: dropped, as vLLM's regexes do
       case State::kCall:         // text between arguments (a JSON block's body too): dropped likewise
       case State::kDone:         // after the message: not part of it
@@ -194,8 +200,10 @@ class K3Parser final : public MarkerDrivenParser {
 
   // <|open|>think in the reply. Before any reply text, and when no think channel came
   // before, it is the reasoning (thinking off, the model thinking anyway: SGLang's in-band
-  // open marker); the markup and white space before it were layout. Later it is a think
-  // channel quoted inside the reply: dropped up to its close.
+  // open marker); the markup and white space before it were layout. Later it is either a
+  // think channel inside the reply, dropped if it closes (SGLang), or a marker the reply
+  // quotes, if the reply ends first (vLLM keeps the reply's text): what follows it is held
+  // until one of the two is known.
   void open_think_in_reply() {
     if (!reasoning_done_ && !content_seen_) {
       held_content_.clear();
@@ -206,7 +214,17 @@ class K3Parser final : public MarkerDrivenParser {
       return;
     }
     hidden_return_ = state_;
+    hidden_text_.clear();
     state_ = State::kHiddenThink;
+  }
+
+  // The reply ended before the think opener closed: the opener was quoted, and the text
+  // held after it is the reply's.
+  void release_quoted_think() {
+    state_ = hidden_return_;
+    std::string held = std::move(hidden_text_);
+    hidden_text_.clear();
+    on_text(held);
   }
 
   // Call syntax outside a tools channel: no call (neither peer parses one there) and no
@@ -218,6 +236,7 @@ class K3Parser final : public MarkerDrivenParser {
   }
 
   void end_message() {
+    if (state_ == State::kHiddenThink) release_quoted_think();
     if (state_ == State::kReasoning) end_reasoning();
     if (state_ == State::kTop) release_top_text();
     if (state_ != State::kDone) flush_held_content();
@@ -274,16 +293,18 @@ class K3Parser final : public MarkerDrivenParser {
         }
         return leftover(t);  // the prompt's openers repeated, or any other tag
       case State::kHiddenThink:
-        if (t.is(false, "think")) {
+        if (t.is(false, "think")) {  // a think channel inside the reply: not the reply
+          hidden_text_.clear();
           state_ = hidden_return_;
           return;
         }
-        // A tools channel or the message's end ends the quoted think channel too.
-        if (t.is(true, "tools") || t.is(false, "message")) {
-          state_ = hidden_return_;
+        // The reply ends first (its close, a tools channel, call syntax, the message's
+        // end): the opener was quoted.
+        if (t.is(false, "response") || t.is(true, "tools") || t.is(true, "call") || t.is(false, "message")) {
+          release_quoted_think();
           return on_tag(t);
         }
-        return;
+        return leftover(t);
       case State::kTools:
         if (t.open && t.name == "call") return start_call(t);
         if (t.is(true, "tools")) {  // the tools channel proper, after call syntax outside one
@@ -368,6 +389,7 @@ class K3Parser final : public MarkerDrivenParser {
   State hidden_return_ = State::kResponse;
   std::string held_content_;
   std::string held_space_;
+  std::string hidden_text_;  // the text after a think opener in the reply, until it closes or the reply ends
   std::string top_text_;
 
   std::string call_name_;

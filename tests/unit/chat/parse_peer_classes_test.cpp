@@ -5,6 +5,8 @@
 //     declared (SGLang's kimik3 detector): no call, and none of its XTML in the content.
 //   - A call whose arguments are a JSON block: as vLLM's kimi_k3 tool parser reads a call,
 //     from its argument tags only.
+//   - Quoted markers: a think opener the reply quotes keeps the reply's text after it
+//     (vLLM); a think channel that closes inside the reply is dropped (SGLang).
 #include <gtest/gtest.h>
 
 #include "chat/chat_request.h"
@@ -189,6 +191,50 @@ TEST(ParseJsonBlockArguments, AsVllmsKimiK3ToolParserReadsThem) {
   m = parse(kTools + call("get_time", "<|open|>json type=\"object\"<|sep|>{\"tz\": \"UTC\"}") + kToolsEnd, o);
   ASSERT_EQ(m.tool_calls.size(), 1u);
   EXPECT_EQ(m.tool_calls[0].arguments, "{}");
+}
+
+TEST(ParseQuotedMarkers, AThinkOpenerTheReplyQuotesKeepsTheTextAfterIt) {
+  // vLLM's kimi_k3 parsers give the response channel's body up to <|close|>response<|sep|>
+  // (or, without one, the text before the tools channel), so prose that quotes another
+  // channel's marker keeps its text. The rule that tells the quoted opener from a real one:
+  // a think opener before any reply text is the reasoning (SGLang's in-band marker); after
+  // reply text it is a think channel only if <|close|>think comes before the reply ends
+  // (SGLang drops such a channel); if the reply ends first (its close, a tools channel, the
+  // message's end, the end of the stream) the opener was quoted. The marker spelling
+  // itself still goes (no control marker reaches content), where vLLM keeps it verbatim.
+  const std::string quote = "see <|open|>think<|sep|> and the rest";
+  for (bool thinking : {true, false}) {
+    SCOPED_TRACE(thinking ? "thinking" : "no thinking");
+    const std::string head = thinking ? "r" + kThinkEnd : "";
+    ParsedMessage m = parse(head + kResp + quote + kRespEnd + kMsgEnd, auto_choice(thinking));
+    EXPECT_EQ(m.content, "see  and the rest");
+    EXPECT_EQ(m.reasoning, thinking ? "r" : "");
+    // The reply's own close taken by the generation prompt's opener (thinking off).
+    if (!thinking) EXPECT_EQ(parse(quote + kRespEnd + kMsgEnd, auto_choice(false)).content, "see  and the rest");
+    // A tools channel ends the reply: the text is kept, and the calls are still parsed.
+    m = parse(head + kResp + quote + kTools + call("get_time", "") + kToolsEnd + kMsgEnd, auto_choice(thinking));
+    EXPECT_EQ(m.content, "see  and the rest");
+    EXPECT_EQ(m.tool_calls.size(), 1u);
+    // Cut off by max_tokens mid-reply: the text is kept.
+    EXPECT_EQ(parse(head + kResp + quote, auto_choice(thinking)).content, "see  and the rest");
+    // Quoted markers of other channels in the same prose: their text stays too.
+    m = parse(head + kResp + "open with <|open|>response<|sep|>, then " + quote + kRespEnd + kMsgEnd, auto_choice(thinking));
+    EXPECT_EQ(m.content, "open with , then see  and the rest");
+  }
+  // Call syntax after the quoted opener ends the reply there, as anywhere in the reply
+  // (SGLang's _CALL_OPEN_RE), and is no call.
+  ParsedMessage cut = parse(kResp + quote + " " + call("get_time", arg("tz", "string", "UTC")) + " tail" + kMsgEnd, auto_choice(false));
+  EXPECT_EQ(cut.content, "see  and the rest ");
+  EXPECT_TRUE(cut.tool_calls.empty());
+  // A think channel that closes inside the reply is not the reply (SGLang's kimik3
+  // reasoning detector never folds reasoning into it).
+  ParsedMessage m = parse("r" + kThinkEnd + kResp + "a<|open|>think<|sep|>hidden" + kThinkEnd + "b" + kRespEnd + kMsgEnd,
+                          auto_choice(true));
+  EXPECT_EQ(m.content, "ab");
+  // Before any reply text, the opener is the reasoning (SGLang's in-band open marker).
+  m = parse("<|open|>think<|sep|>why" + kThinkEnd + kResp + "so" + kRespEnd + kMsgEnd, auto_choice(false));
+  EXPECT_EQ(m.reasoning, "why");
+  EXPECT_EQ(m.content, "so");
 }
 
 }  // namespace
