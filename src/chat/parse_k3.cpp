@@ -9,16 +9,24 @@
 //              open marker); it ends at <|close|>think, or at any channel tag;
 //   content    the response channel's body; without any response channel, the text after
 //              the think channel (and before tools); other text outside channels is
-//              dropped, and so is a think channel inside the reply (reasoning is never
-//              folded into the reply). Content that is only white space is kept when the
-//              reply had no markup, and is no content when markup was stripped around it
+//              dropped, and so is a think channel inside the reply that closes
+//              (<|close|>think) before the reply ends (SGLang: reasoning is never folded
+//              into the reply). A think opener in the reply that never closes was a
+//              quoted marker: the text after it stays content, as vLLM keeps the
+//              response channel's body (the marker itself goes, as below). Content that
+//              is only white space is kept when the reply had no markup, and is no content when markup was stripped around it
 //              or tool calls came with it (SGLang's strip_template_artifacts);
 //   tool_calls each <|open|>call ... <|close|>call inside the tools channel with a tool
 //              name; typed argument values JSON-decoded as Python's json.loads does (raw
-//              text when that fails), the object re-encoded as json.dumps does; a
-//              <|open|>json ...<|close|>json block is the arguments verbatim; calls that
-//              never close are dropped, and so is call syntax outside a tools channel
-//              (with what follows it: SGLang cuts the reply there).
+//              text when that fails), the object re-encoded as json.dumps does. The
+//              arguments are the call's argument tags and nothing else, as vLLM's kimi_k3
+//              tool parser reads them: a <|open|>json ...<|close|>json block is no
+//              argument (a call with only that block has arguments {}), and argument tags
+//              inside it still count. Calls that never close are dropped, and so is call
+//              syntax outside a tools channel (with what follows it: SGLang cuts the reply
+//              there). With no tools declared or tool_choice "none" no call is returned
+//              and none of the tools channel's markup shows (vLLM's KimiK3Parser for
+//              tool_choice none, SGLang's kimik3 detector for no tools).
 // No marker ever reaches reasoning or content: a marker that is not a tag where it stands
 // is dropped with the channel name and attributes it carries, and the rest of its text
 // stays (k3::header_leftover); a half-written one at the end of a cut-off stream leaves
@@ -65,7 +73,7 @@ class K3Parser final : public MarkerDrivenParser {
   }
 
  private:
-  enum class State { kReasoning, kTop, kResponse, kHiddenThink, kTools, kCall, kArgument, kJson, kDone };
+  enum class State { kReasoning, kTop, kResponse, kHiddenThink, kTools, kCall, kArgument, kDone };
 
   // ---- pieces -> text / tags / end ----
   void on_piece(const MarkerPiece& p) override {
@@ -105,10 +113,12 @@ class K3Parser final : public MarkerDrivenParser {
     const std::string header = std::move(tag_header_);
     tag_header_.clear();
     if (state_ == State::kArgument) { arg_value_ += (tag_is_open_ ? "<|open|>" : "<|close|>") + header; return; }
-    if (state_ == State::kJson) { json_block_ += (tag_is_open_ ? "<|open|>" : "<|close|>") + header; return; }
     note_reply_markup();
-    if (tag_is_open_ && k3::starts_call_syntax(header) && (state_ == State::kTop || state_ == State::kResponse))
+    if (tag_is_open_ && k3::starts_call_syntax(header) &&
+        (state_ == State::kTop || state_ == State::kResponse || state_ == State::kHiddenThink)) {
+      if (state_ == State::kHiddenThink) release_quoted_think();  // the reply ends here
       return start_unparsed_tools();
+    }
     on_text(k3::header_leftover(header, /*complete=*/false));
   }
 
@@ -165,10 +175,9 @@ class K3Parser final : public MarkerDrivenParser {
       case State::kResponse: return emit_content(s);
       case State::kTop: top_text_ += s; return;
       case State::kArgument: arg_value_ += s; return;
-      case State::kJson: json_block_ += s; return;
-      case State::kHiddenThink:  // a think channel inside the reply: not the reply
+      case State::kHiddenThink: hidden_text_ += s; return;  // the reply's only if it never closes
       case State::kTools:        // layout or junk between calls: dropped, as vLLM's regexes do
-      case State::kCall:         // text between arguments: dropped likewise
+      case State::kCall:         // text between arguments (a JSON block's body too): dropped likewise
       case State::kDone:         // after the message: not part of it
         return;
     }
@@ -177,7 +186,6 @@ class K3Parser final : public MarkerDrivenParser {
   // A <|sep|> outside any tag: part of a raw value inside a call, else dropped.
   void on_stray_marker(const std::string& marker) {
     if (state_ == State::kArgument) return void(arg_value_ += marker);
-    if (state_ == State::kJson) return void(json_block_ += marker);
     note_reply_markup();
   }
 
@@ -192,8 +200,10 @@ class K3Parser final : public MarkerDrivenParser {
 
   // <|open|>think in the reply. Before any reply text, and when no think channel came
   // before, it is the reasoning (thinking off, the model thinking anyway: SGLang's in-band
-  // open marker); the markup and white space before it were layout. Later it is a think
-  // channel quoted inside the reply: dropped up to its close.
+  // open marker); the markup and white space before it were layout. Later it is either a
+  // think channel inside the reply, dropped if it closes (SGLang), or a marker the reply
+  // quotes, if the reply ends first (vLLM keeps the reply's text): what follows it is held
+  // until one of the two is known.
   void open_think_in_reply() {
     if (!reasoning_done_ && !content_seen_) {
       held_content_.clear();
@@ -204,7 +214,17 @@ class K3Parser final : public MarkerDrivenParser {
       return;
     }
     hidden_return_ = state_;
+    hidden_text_.clear();
     state_ = State::kHiddenThink;
+  }
+
+  // The reply ended before the think opener closed: the opener was quoted, and the text
+  // held after it is the reply's.
+  void release_quoted_think() {
+    state_ = hidden_return_;
+    std::string held = std::move(hidden_text_);
+    hidden_text_.clear();
+    on_text(held);
   }
 
   // Call syntax outside a tools channel: no call (neither peer parses one there) and no
@@ -216,6 +236,7 @@ class K3Parser final : public MarkerDrivenParser {
   }
 
   void end_message() {
+    if (state_ == State::kHiddenThink) release_quoted_think();
     if (state_ == State::kReasoning) end_reasoning();
     if (state_ == State::kTop) release_top_text();
     if (state_ != State::kDone) flush_held_content();
@@ -272,16 +293,18 @@ class K3Parser final : public MarkerDrivenParser {
         }
         return leftover(t);  // the prompt's openers repeated, or any other tag
       case State::kHiddenThink:
-        if (t.is(false, "think")) {
+        if (t.is(false, "think")) {  // a think channel inside the reply: not the reply
+          hidden_text_.clear();
           state_ = hidden_return_;
           return;
         }
-        // A tools channel or the message's end ends the quoted think channel too.
-        if (t.is(true, "tools") || t.is(false, "message")) {
-          state_ = hidden_return_;
+        // The reply ends first (its close, a tools channel, call syntax, the message's
+        // end): the opener was quoted.
+        if (t.is(false, "response") || t.is(true, "tools") || t.is(true, "call") || t.is(false, "message")) {
+          release_quoted_think();
           return on_tag(t);
         }
-        return;
+        return leftover(t);
       case State::kTools:
         if (t.open && t.name == "call") return start_call(t);
         if (t.is(true, "tools")) {  // the tools channel proper, after call syntax outside one
@@ -297,12 +320,6 @@ class K3Parser final : public MarkerDrivenParser {
           arg_type_ = attr(t.attrs, "type", "string");
           arg_value_.clear();
           state_ = State::kArgument;
-          return;
-        }
-        if (t.open && t.name == "json") {
-          has_json_block_ = true;
-          json_block_.clear();
-          state_ = State::kJson;
           return;
         }
         if (t.is(false, "call")) return close_call();
@@ -321,14 +338,6 @@ class K3Parser final : public MarkerDrivenParser {
         if (t.is(false, "call")) return close_call();  // an argument without its close: dropped
         arg_value_ += t.raw;  // values are raw text: other tags are part of them
         return;
-      case State::kJson:
-        if (t.is(false, "json")) {
-          state_ = State::kCall;
-          return;
-        }
-        if (t.is(false, "call")) return close_call();
-        json_block_ += t.raw;
-        return;
       case State::kDone:
         return;
     }
@@ -339,8 +348,6 @@ class K3Parser final : public MarkerDrivenParser {
     state_ = State::kCall;
     call_name_ = attr(t.attrs, "tool", "");
     call_args_ = PyJson{PyJson::Kind::kObject};
-    json_block_.clear();
-    has_json_block_ = false;
   }
 
   void commit_argument() {
@@ -360,10 +367,7 @@ class K3Parser final : public MarkerDrivenParser {
     ParsedToolCall call;
     call.id = ids_.next();
     call.name = call_name_;
-    // A <json> block carries arguments that were not a JSON object when rendered: verbatim.
-    call.arguments = has_json_block_ && call_args_.members.empty()
-                         ? json_block_
-                         : py_json_dumps(call_args_, JsonSeparators::kPythonDefault);
+    call.arguments = py_json_dumps(call_args_, JsonSeparators::kPythonDefault);
     out_->tool_calls.push_back(std::move(call));
     ++num_calls_;
   }
@@ -385,12 +389,11 @@ class K3Parser final : public MarkerDrivenParser {
   State hidden_return_ = State::kResponse;
   std::string held_content_;
   std::string held_space_;
+  std::string hidden_text_;  // the text after a think opener in the reply, until it closes or the reply ends
   std::string top_text_;
 
   std::string call_name_;
   PyJson call_args_{PyJson::Kind::kObject};
-  std::string json_block_;
-  bool has_json_block_ = false;
   std::string arg_key_, arg_type_, arg_value_;
   size_t num_calls_ = 0;
 };

@@ -226,7 +226,9 @@ TEST(ParseK3Malformed, CallSyntaxOutsideTheToolsChannel) {
 }
 
 // The think channel: before any reply text it is the reasoning, thinking on or off
-// (SGLang's in-band open marker); inside the reply it is dropped, closed or not.
+// (SGLang's in-band open marker); inside the reply it is dropped when it closes (SGLang),
+// and when the reply ends first its opener was a quoted marker: the text after it is the
+// reply's (vLLM keeps the reply's body).
 TEST(ParseK3Malformed, ThinkChannelInBandOrQuoted) {
   auto m = k3("\n<|open|>think<|sep|>why" + kThinkEnd + "\n" + kResp + "so" + kRespEnd + kMsgEnd, /*thinking=*/false);
   EXPECT_EQ(m.reasoning, "why");
@@ -238,10 +240,10 @@ TEST(ParseK3Malformed, ThinkChannelInBandOrQuoted) {
   EXPECT_EQ(m.content, "ab");
   m = k3("a<|open|>think<|sep|>cut off", /*thinking=*/false);
   EXPECT_EQ(m.reasoning, "");
-  EXPECT_EQ(m.content, "a");
-  // A tools channel ends a quoted think channel that never closed.
+  EXPECT_EQ(m.content, "acut off");
+  // A tools channel ends the reply before the opener closed: it was quoted.
   m = k3("r" + kThinkEnd + kResp + "a<|open|>think<|sep|>x" + kTools + call("f", "") + kToolsEnd + kMsgEnd);
-  EXPECT_EQ(m.content, "a");
+  EXPECT_EQ(m.content, "ax");
   EXPECT_EQ(m.tool_calls.size(), 1u);
 }
 
