@@ -55,7 +55,10 @@ void add_bench_model_command(CLI::App& app) {
   cmd->add_option("--kernel-peers", c->kernel_peers_json,
                   "JSON from bench/peers/torch_expert_gemm.py, measured in the same run");
   cmd->add_option("--json-out", *json_out, "also write the figures as JSON here");
-  cmd->callback([c, batches, json_out, no_graphs, no_profile] {
+  auto drafts = std::make_shared<std::string>();
+  cmd->add_option("--draft-tokens", *drafts,
+                  "also time speculative verify steps of 1 + k tokens a sequence, for each k (comma-separated)");
+  cmd->callback([c, batches, json_out, no_graphs, no_profile, drafts] {
     tools::ModelBenchConfig config = *c;
     config.profile = !*no_profile;
     config.commit = kMoonrunCommit;
@@ -67,6 +70,15 @@ void add_bench_model_command(CLI::App& app) {
         config.batches.push_back(std::stoi(item));
       } catch (...) {
         std::fprintf(stderr, "moonrun bench-model: --batch: \"%s\" is not a number\n", item.c_str());
+        throw CLI::RuntimeError(2);
+      }
+    }
+    std::stringstream ds(*drafts);
+    for (std::string item; std::getline(ds, item, ',');) {
+      try {
+        config.draft_tokens.push_back(std::stoi(item));
+      } catch (...) {
+        std::fprintf(stderr, "moonrun bench-model: --draft-tokens: \"%s\" is not a number\n", item.c_str());
         throw CLI::RuntimeError(2);
       }
     }

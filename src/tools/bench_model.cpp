@@ -135,8 +135,15 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   if (c.context_tokens < 1 || c.decode_steps < 1 || c.warmup_steps < 0 || c.profile_steps < 1)
     return invalid_argument("--context, --steps and --profile-steps must be >= 1, --warmup >= 0");
   const int max_batch = *std::max_element(c.batches.begin(), c.batches.end());
-  const int per_seq = c.context_tokens + c.warmup_steps + c.decode_steps + c.profile_steps + 1;
+  int max_drafts = 0;
+  for (int k : c.draft_tokens) {
+    if (k < 1 || k >= kShortSeqMaxNewTokens)
+      return invalid_argument("--draft-tokens: each k in [1, " + std::to_string(kShortSeqMaxNewTokens - 1) + "]");
+    max_drafts = std::max(max_drafts, k);
+  }
+  const int per_seq = c.context_tokens + c.warmup_steps + c.decode_steps + c.profile_steps + 1 + max_drafts;
   RuntimeOptions ro = c.runtime;
+  ro.num_speculative_tokens = max_drafts;
   ro.max_running_requests = max_batch;
   ro.prefix_cache = false;
   ro.page_size_tokens = ro.page_size_tokens > 0 ? ro.page_size_tokens : 16;
@@ -214,7 +221,9 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   StepOutput out;
   OpProfile profile;
 
-  for (int b : c.batches) {
+  // One batch size's steps: decode (k = 0) or verify steps of 1 + k tokens a sequence whose
+  // drafts are all rejected (each step starts with the rollback of the one before).
+  const auto run_batch = [&](int b, int k) -> Result<DecodeFigure> {
     // Fresh sequences: slot i, pages [i * pages_per_seq, (i + 1) * pages_per_seq).
     std::vector<Seq> seqs(b);
     for (int i = 0; i < b; ++i) {
@@ -238,28 +247,36 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
       StepInput in;
       if (step == 0 && !prefill_fill)
         for (int i = 0; i < b; ++i) in.before.push_back({-1, i});  // a clean state; the KV rows stay zero
-      std::vector<int32_t> last(b);
+      std::vector<std::vector<int32_t>> tokens(b);
       for (int i = 0; i < b; ++i) {
-        last[i] = seqs[i].last;
+        tokens[i] = {seqs[i].last};
+        for (int j = 0; j < k; ++j) tokens[i].push_back((seqs[i].last + 1 + j) % vocab);
         StepSeq s;
-        s.new_token_ids = std::span<const int32_t>(&last[i], 1);
+        s.new_token_ids = tokens[i];
         s.n_past = seqs[i].n_past;
         s.state_slot = i;
         s.pages = seqs[i].pages;
         s.sample = true;
+        s.n_draft = k;
         in.seqs.push_back(s);
-        SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
+        for (int j = 0; j <= k; ++j) SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
+        if (k > 0) {
+          const int verify_slot = rt.cache.total_slots() + i;
+          if (step > 0) in.replays.push_back({i, verify_slot, i * (1 + k), 1});
+          in.before.push_back({i, verify_slot});
+        }
       }
       const auto t0 = std::chrono::steady_clock::now();
       MR_RETURN_IF_ERROR(runner.step(in, out));
       if (step >= c.warmup_steps && !profiling) timed_s += seconds_since(t0);
       for (int i = 0; i < b; ++i) {
         seqs[i].n_past += 1;
-        seqs[i].last = out.samples[i].token;
+        seqs[i].last = out.samples[static_cast<size_t>(i) * (1 + k)].token;
       }
     }
     DecodeFigure f;
     f.batch = b;
+    f.draft_tokens = k;
     f.step_ms = 1e3 * timed_s / c.decode_steps;
     f.tok_s = b * c.decode_steps / timed_s;
     if (ro.tp_size == 1)  // one device's bytes (rt.weight_bytes is one rank's)
@@ -274,8 +291,11 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
       f.ops = op_figures(profile, c.profile_steps);
       f.profiled_step_ms = 1e3 * profile.total_seconds() / c.profile_steps;
     }
-    report.decode.push_back(f);
-  }
+    return f;
+  };
+  for (int b : c.batches) report.decode.push_back(MR_TRY(run_batch(b, 0)));
+  for (int k : c.draft_tokens)
+    for (int b : c.batches) report.verify.push_back(MR_TRY(run_batch(b, k)));
   double tok_s_b1 = 0;
   for (const DecodeFigure& f : report.decode)
     if (f.batch == 1) tok_s_b1 = f.tok_s;
@@ -435,6 +455,33 @@ std::string format_model_bench(const ModelBenchReport& r) {
   }
   if (peer) s += "peer: " + r.peer->source + "\n";
   if (!r.kernels.empty()) s += format_kernel_bench(r.kernels, r.copy_gb_s);
+  if (!r.verify.empty()) {
+    // What a verify step costs against the decode step it replaces, and what one stream gets
+    // at the peers' published acceptance lengths on K3 (vLLM's DSpark blog, 2026-07-27:
+    // 2.61 tokens a step on creative writing, 4.73 on code), with the rollback every step.
+    s += "\nspeculative verify steps (last token + k drafts a sequence, all rejected: a rollback every step):\n";
+    s += "| k | batch | verify step (ms) | decode step (ms) | verify / decode | tok/s at 2.61 | tok/s at 4.73 | "
+         "vs decode at 2.61 | vs decode at 4.73 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const DecodeFigure& v : r.verify) {
+      double decode_ms = 0;
+      for (const DecodeFigure& d : r.decode)
+        if (d.batch == v.batch) decode_ms = d.step_ms;
+      const double lo = std::min(2.61, 1.0 + v.draft_tokens), hi = std::min(4.73, 1.0 + v.draft_tokens);
+      const double tok_lo = v.batch * lo / (v.step_ms * 1e-3), tok_hi = v.batch * hi / (v.step_ms * 1e-3);
+      const double base = decode_ms > 0 ? v.batch / (decode_ms * 1e-3) : 0;
+      std::snprintf(line, sizeof line, "| %d | %d | %.3f | %.3f | %.2f | %.1f | %.1f | %.2f | %.2f |\n", v.draft_tokens,
+                    v.batch, v.step_ms, decode_ms, decode_ms > 0 ? v.step_ms / decode_ms : 0, tok_lo, tok_hi,
+                    base > 0 ? tok_lo / base : 0, base > 0 ? tok_hi / base : 0);
+      s += line;
+    }
+  }
+  for (const DecodeFigure& f : r.verify) {
+    if (f.ops.empty()) continue;
+    std::snprintf(line, sizeof line, "\nper-op, verify step k %d, batch %d (profiled step %.3f ms):\n", f.draft_tokens,
+                  f.batch, f.profiled_step_ms);
+    s += line;
+    s += ops_table(f.ops, f.step_ms, r.copy_gb_s, r.bf16_tflops);
+  }
   for (const DecodeFigure& f : r.decode) {
     if (f.ops.empty()) continue;
     std::snprintf(line, sizeof line, "\nper-op, decode batch %d (profiled step %.3f ms):\n", f.batch, f.profiled_step_ms);
@@ -486,6 +533,13 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
                       {"tp_size", r.tp_size},
                       {"ep_size", r.ep_size}};
   if (r.collectives) j["collectives"] = collective_bench_to_json(*r.collectives);
+  j["verify"] = nlohmann::json::array();
+  for (const DecodeFigure& f : r.verify) {
+    nlohmann::json v = {{"draft_tokens", f.draft_tokens}, {"batch", f.batch}, {"step_ms", f.step_ms},
+                        {"profiled_step_ms", f.profiled_step_ms}};
+    if (!f.ops.empty()) v["ops"] = ops_json(f.ops, r.copy_gb_s, r.bf16_tflops);
+    j["verify"].push_back(v);
+  }
   j["decode"] = nlohmann::json::array();
   for (const DecodeFigure& f : r.decode) {
     nlohmann::json d = {{"batch", f.batch},

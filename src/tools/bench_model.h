@@ -34,6 +34,10 @@ struct ModelBenchConfig {
   uint64_t seed = 1;
   bool kernels = false;             // also the K3-width kernel comparisons (tools/bench_kernels.h), GPU only
   std::string kernel_peers_json;    // bench/peers/torch_expert_gemm.py's output from this run, if any
+  // Speculative decoding: also time verify steps where each sequence brings its last token
+  // and k drafts, for each k here (> 0), every draft rejected (a rollback each step: the
+  // dearest case).
+  std::vector<int> draft_tokens;
 };
 
 // One op's share of a profiled step (backend/op_profile.h), per step.
@@ -53,6 +57,7 @@ struct StepBytes {
 
 struct DecodeFigure {
   int batch = 0;
+  int draft_tokens = 0;      // > 0: a speculative verify step (1 + k tokens a sequence)
   double step_ms = 0;        // mean wall time of one decode step (forward + sampling)
   double tok_s = 0;          // batch / step time
   double speedup_vs_b1 = 0;  // tok_s / tok_s at batch 1 (0 when batch 1 was not run)
@@ -83,6 +88,7 @@ struct ModelBenchReport {
   int tp_size = 1, ep_size = 1;  // > 1: a group in this process (one GPU a rank); no floor
   std::optional<CollectiveBench> collectives;  // tp_size > 1: the group's all-reduces, timed alone
   std::vector<DecodeFigure> decode;
+  std::vector<DecodeFigure> verify;  // ModelBenchConfig::draft_tokens
   int prefill_tokens = 0;
   int prefill_chunk_tokens = 0;   // the prompt went through in steps of this many tokens
   int mla_layers = 0;

@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "model/kimi_k3.h"
 #include "runtime/model_runner.h"
+#include "tools/bench_model.h"
 
 namespace moonrun {
 namespace {
@@ -326,6 +327,28 @@ TEST(Speculative, RollbackAtEveryDraftPositionLeavesTheStateOfARunWithoutTheReje
       EXPECT_LE(worst, 1e-5) << name << ", accepted " << accepted;
     }
   }
+}
+
+// bench-model --draft-tokens runs verify steps with a rollback every step (on the GPU it
+// times them against decode steps); here, that the path runs through the real runner.
+TEST(Speculative, BenchModelTimesVerifyStepsWithRollbacks) {
+  tools::ModelBenchConfig c;
+  c.model = fixtures::fixtures_dir() + "/k3-tiny-a";
+  c.runtime.device = "cpu";
+  c.runtime.log = false;
+  c.batches = {1, 3};
+  c.context_tokens = 20;
+  c.warmup_steps = 1;
+  c.decode_steps = 3;
+  c.profile = false;
+  c.draft_tokens = {1, 4};
+  auto report = tools::run_model_bench(c);
+  ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+  ASSERT_EQ(report->verify.size(), 4u);
+  for (const tools::DecodeFigure& f : report->verify) EXPECT_GT(f.step_ms, 0) << f.draft_tokens << " " << f.batch;
+  EXPECT_NE(tools::format_model_bench(*report).find("speculative verify steps"), std::string::npos);
+  c.draft_tokens = {16};
+  EXPECT_FALSE(tools::run_model_bench(c).is_ok());
 }
 
 TEST(Speculative, NgramLookupProposesWhatFollowedTheLongestRecentMatch) {
