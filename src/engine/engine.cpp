@@ -322,7 +322,8 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
     // draw already is.
     FinishReason reason = FinishReason::kNone;
     int accepted = 0;
-    RequestOutput out;
+    std::vector<int32_t> new_ids;
+    std::vector<SampleResult> logprobs;
     for (int j = 0; j <= s.n_draft; ++j) {
       const SampleResult& sample = result.samples[first_sample + j];
       const int32_t token = sample.token;
@@ -331,8 +332,8 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
         MR_LOG(WARNING) << "request " << req->group_id << ": sampled token " << token << " outside its constraint";
       req->output_ids.push_back(token);
       ++totals_.generation_tokens_total;
-      out.new_token_ids.push_back(token);
-      if (req->params.logprobs >= 0) out.logprobs.push_back(sample);
+      new_ids.push_back(token);
+      if (req->params.logprobs >= 0) logprobs.push_back(sample);
 
       // vLLM's order: the length cap first, then eos, then stop tokens, then stop strings.
       bool stopped_by_token = false;
@@ -374,12 +375,10 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
     }
 
     std::string delta = req->text.take_delta(reason != FinishReason::kNone);
-    std::vector<int32_t> new_ids = std::move(out.new_token_ids);
-    std::vector<SampleResult> logprobs = std::move(out.logprobs);
+    RequestOutput out;
     if (reason != FinishReason::kNone) {
       out = finish(req, reason, std::move(delta));
     } else {
-      out = RequestOutput{};
       out.request_id = req->group_id;
       out.index = req->index;
       out.text_delta = std::move(delta);
