@@ -4,7 +4,8 @@
 // resident memory (VmRSS of /proc/PID/status) flat within +-5 MB. They run four at a time
 // (--max-running-requests 4), as a server sees them, so they land in different malloc
 // arenas and different HTTP worker threads; the last two are streamed.
-// Runtime: ~3 min on an idle 2-core box (48,000 tokens of the demo model).
+// Runtime: 48,000 tokens of the demo model; 15 min on a 2-core box shared with builds (load
+// average 12), 2026-12-05.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer, post, sleep } from './harness.mjs';
