@@ -73,7 +73,8 @@ export function renderMarkdown(text, doc = document) {
 }
 
 // Inline spans: `code` first (nothing inside it is markup), then links, bold, italic.
-const INLINE = /`([^`]+)`|\[([^\]]+)\]\(([^)\s]+)\)|\*\*([^*]+)\*\*|__([^_]+)__|\*([^*\s][^*]*)\*/g;
+// No __bold__: in code-like prose (__init__, __pwned) it matches across words.
+const INLINE = /`([^`]+)`|\[([^\]]+)\]\(([^)\s]+)\)|\*\*([^*]+)\*\*|\*([^*\s][^*]*)\*/g;
 
 export function appendInline(parent, text, doc = document) {
   let last = 0;
@@ -95,8 +96,8 @@ export function appendInline(parent, text, doc = document) {
         node = doc.createTextNode(m[0]);  // javascript:, data: and the like stay text
       }
     } else {
-      node = doc.createElement(m[4] !== undefined || m[5] !== undefined ? 'strong' : 'em');
-      appendInline(node, m[4] ?? m[5] ?? m[6], doc);
+      node = doc.createElement(m[4] !== undefined ? 'strong' : 'em');
+      appendInline(node, m[4] ?? m[5], doc);
     }
     parent.appendChild(node);
   }
