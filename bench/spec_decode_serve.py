@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Speculative decoding through `moonrun serve` (issue #37): one stream, then 32.
 
-For each configuration (no speculation, then n-gram drafts with each --k) starts the server,
+For each configuration (no speculation, then each draft source of --methods with each --k) starts the server,
 runs the seed's tool loop (both turns) and chat prompts one at a time, greedy and streamed,
 and times each answer from its first token to its last (decode tokens per second: the figure
 speculation changes); then the same prompts 32 at a time (aggregate tokens per second). The
 acceptance length (tokens a verify step yields) comes from the server's /metrics. Prints a
 table ending in ratios against no speculation, measured in the same run, and writes --json-out.
 
-    python3 bench/spec_decode_serve.py --exe build/moonrun --device cuda --k 4 8 --json-out spec.json
+    python3 bench/spec_decode_serve.py --exe build/moonrun --device cuda --methods ngram suffix --k 4 8 --json-out spec.json
 
 Standard library only (runs on the GPU machine as it is).
 """
@@ -166,13 +166,14 @@ def main():
     ap.add_argument("--exe", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--k", type=int, nargs="+", default=[4])
+    ap.add_argument("--methods", nargs="+", default=["ngram", "suffix"], help="draft sources, each run with every --k")
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json-out")
     a = ap.parse_args()
     ps = prompts()
-    configs = [("off", [])] + [("ngram k=%d" % k, ["--speculative-config",
-                                json.dumps({"method": "ngram", "num_speculative_tokens": k})]) for k in a.k]
+    configs = [("off", [])] + [("%s k=%d" % (m, k), ["--speculative-config",
+                                json.dumps({"method": m, "num_speculative_tokens": k})]) for m in a.methods for k in a.k]
     rows = []
     for name, extra in configs:
         rows.append(run_config(a.exe, a.device, name, extra, ps, a.max_tokens, a.repeats))

@@ -424,6 +424,8 @@ int run_serve(server::ServeOptions opt) {
   });
   MR_LOG(INFO) << "Serving " << ctx.served_model_name << " on http://" << opt.host << ":" << http.port()
                << " (OpenAI-compatible: /v1/chat/completions, /v1/completions, /v1/models)";
+  if (!opt.disable_web_ui)
+    MR_LOG(INFO) << "Chat page: http://" << opt.host << ":" << http.port() << "/ (--disable-web-ui turns it off)";
   MR_LOG(INFO) << "The server is fired up and ready to roll!";
   http.serve();
   served = true;
@@ -440,6 +442,9 @@ void add_serve_command(CLI::App& app) {
   auto flags = std::make_shared<ServeFlags>();
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   add_serve_flags(cmd, flags);
+  // Here rather than in serve_flags.cpp: moonrun's own flag, not one of SGLang's or vLLM's.
+  cmd->add_flag("--disable-web-ui", flags->options.disable_web_ui,
+                "Do not serve the built-in chat page at / and /chat (docs/chat-page.md)");
   cmd->callback([flags] {
     Status st = finish_serve_flags(*flags, process_arguments());
     if (!st.is_ok()) {

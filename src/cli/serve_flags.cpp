@@ -121,8 +121,12 @@ Status resolve_speculative_flags(const ServeFlags& flags, SpeculativeConfig& sc)
       m = SpecMethod::kNgram;
       return Status::ok();
     }
+    if (name == "suffix") {
+      m = SpecMethod::kSuffix;
+      return Status::ok();
+    }
     return invalid_argument("speculative decoding method '" + name +
-                            "' is not available; moonrun has: ngram (suffix and DSpark drafts are not built yet)");
+                            "' is not available; moonrun has: ngram, suffix (DSpark drafts are not built yet)");
   };
   if (!flags.speculative_config.empty()) {
     const auto j = nlohmann::json::parse(flags.speculative_config, nullptr, false);
@@ -144,15 +148,29 @@ Status resolve_speculative_flags(const ServeFlags& flags, SpeculativeConfig& sc)
         MR_RETURN_IF_ERROR(int_of(sc.prompt_lookup_max));
       } else if (key == "disable_by_batch_size") {
         MR_RETURN_IF_ERROR(int_of(sc.disable_by_batch_size));
+      } else if (key == "suffix_decoding_max_tree_depth") {
+        MR_RETURN_IF_ERROR(int_of(sc.suffix_max_tree_depth));
+      } else if (key == "suffix_decoding_max_cached_requests") {
+        MR_RETURN_IF_ERROR(int_of(sc.suffix_max_cached_requests));
+      } else if (key == "suffix_decoding_max_spec_factor" || key == "suffix_decoding_min_token_prob") {
+        if (!value.is_number()) return invalid_argument("--speculative-config: " + key + " must be a number");
+        (key == "suffix_decoding_max_spec_factor" ? sc.suffix_max_spec_factor : sc.suffix_min_token_prob) =
+            value.get<double>();
       } else if (key == "model") {
         if (!value.is_null()) return invalid_argument("--speculative-config: a draft model is not supported yet (ngram needs none)");
       } else {
         return invalid_argument("--speculative-config: unknown field '" + key +
                                 "' (known: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, "
-                                "disable_by_batch_size)");
+                                "disable_by_batch_size, suffix_decoding_max_tree_depth, "
+                                "suffix_decoding_max_cached_requests, suffix_decoding_max_spec_factor, "
+                                "suffix_decoding_min_token_prob)");
       }
     }
     if (sc.method == SpecMethod::kNone) return invalid_argument("--speculative-config: method is missing");
+    // vLLM: suffix decoding sizes its drafts itself; num_speculative_tokens, when not given, is
+    // the tree depth (a bound, not a count).
+    if (sc.method == SpecMethod::kSuffix && !j.contains("num_speculative_tokens"))
+      sc.num_speculative_tokens = std::min(sc.suffix_max_tree_depth, 32);
     // vLLM: prompt_lookup_min defaults to prompt_lookup_max when only that is given.
     if (j.contains("prompt_lookup_max") && !j.contains("prompt_lookup_min"))
       sc.prompt_lookup_min = std::min(sc.prompt_lookup_min, sc.prompt_lookup_max);
@@ -257,7 +275,9 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
   cmd->add_flag("--enable-auto-tool-choice", always_on, "Tool calls are always parsed (accepted for vLLM lines)");
   cmd->add_option("--speculative-config", flags->speculative_config,
                   "vLLM's speculative decoding JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
-                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5, \"disable_by_batch_size\": N}");
+                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5, \"disable_by_batch_size\": N}, or "
+                  "{\"method\": \"suffix\"} with suffix_decoding_max_tree_depth (24), _max_cached_requests (10000), "
+                  "_max_spec_factor (1.0), _min_token_prob (0.1)");
   cmd->add_option("--speculative-algorithm", flags->speculative_algorithm, "SGLang: NGRAM (prompt lookup drafts)");
   cmd->add_option("--speculative-num-draft-tokens", flags->speculative_num_draft_tokens,
                   "SGLang: tokens a verify step holds per sequence, the last accepted one included (drafts = this - 1)");

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 
+#include "engine/suffix_draft_source.h"
+
 namespace moonrun {
 
 const char* spec_method_name(SpecMethod method) {
   switch (method) {
     case SpecMethod::kNone: return "none";
     case SpecMethod::kNgram: return "ngram";
+    case SpecMethod::kSuffix: return "suffix";
   }
   return "none";
 }
@@ -24,11 +27,20 @@ Status check_speculative_config(const SpeculativeConfig& c) {
                             std::to_string(c.prompt_lookup_min) + " and " + std::to_string(c.prompt_lookup_max));
   if (c.disable_by_batch_size < 0)
     return invalid_argument("speculative decoding: disable_by_batch_size must be >= 0");
+  if (c.suffix_max_tree_depth < 1 || c.suffix_max_tree_depth > 1024)
+    return invalid_argument("speculative decoding: suffix_decoding_max_tree_depth must be in [1, 1024], got " +
+                            std::to_string(c.suffix_max_tree_depth));
+  if (c.suffix_max_cached_requests < 0)
+    return invalid_argument("speculative decoding: suffix_decoding_max_cached_requests must be >= 0");
+  if (!(c.suffix_max_spec_factor >= 0))
+    return invalid_argument("speculative decoding: suffix_decoding_max_spec_factor must be >= 0");
+  if (!(c.suffix_min_token_prob >= 0 && c.suffix_min_token_prob <= 1))
+    return invalid_argument("speculative decoding: suffix_decoding_min_token_prob must be in [0, 1]");
   return Status::ok();
 }
 
-void NgramDraftSource::propose(std::span<const int32_t> prompt, std::span<const int32_t> output, int max_tokens,
-                               std::vector<int32_t>& drafts) {
+void NgramDraftSource::propose(const DraftRequest& request, int max_tokens, std::vector<int32_t>& drafts) {
+  const std::span<const int32_t> prompt = request.prompt, output = request.output;
   const int P = static_cast<int>(prompt.size()), L = P + static_cast<int>(output.size());
   if (max_tokens <= 0 || L < min_n_ + 1) return;
   auto at = [&](int i) { return i < P ? prompt[i] : output[i - P]; };
@@ -56,6 +68,7 @@ std::unique_ptr<DraftSource> make_draft_source(const SpeculativeConfig& config) 
   if (!config.enabled()) return nullptr;
   switch (config.method) {
     case SpecMethod::kNgram: return std::make_unique<NgramDraftSource>(config.prompt_lookup_min, config.prompt_lookup_max);
+    case SpecMethod::kSuffix: return std::make_unique<SuffixDraftSource>(config);
     case SpecMethod::kNone: break;
   }
   return nullptr;

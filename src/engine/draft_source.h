@@ -14,8 +14,8 @@
 
 namespace moonrun {
 
-enum class SpecMethod { kNone, kNgram };
-const char* spec_method_name(SpecMethod method);  // "none", "ngram"
+enum class SpecMethod { kNone, kNgram, kSuffix };
+const char* spec_method_name(SpecMethod method);  // "none", "ngram", "suffix"
 
 // vLLM's --speculative-config fields (and SGLang's flags, cli/serve_flags.cpp).
 struct SpeculativeConfig {
@@ -28,18 +28,35 @@ struct SpeculativeConfig {
   // No drafts while this many sequences or more are decoding: a large batch is no longer
   // bound by the weight reads that speculation shares (vLLM's disable_by_batch_size). 0: never.
   int disable_by_batch_size = 0;
+  // Suffix decoding (engine/suffix_draft_source.h), vLLM's suffix_decoding_* fields and defaults:
+  // the trees' depth bounds match + draft; earlier answers kept (0: only the request's own
+  // tokens); drafts at most max_spec_factor x the match length; tokens below min_token_prob
+  // (estimated from counts) end the draft.
+  int suffix_max_tree_depth = 24;
+  int suffix_max_cached_requests = 10000;
+  double suffix_max_spec_factor = 1.0;
+  double suffix_min_token_prob = 0.1;
   bool enabled() const { return method != SpecMethod::kNone && num_speculative_tokens > 0; }
 };
 
 // One-line errors for impossible settings (k < 0, min > max, ...).
 Status check_speculative_config(const SpeculativeConfig& config);
 
+// One sequence as a draft source sees it: the engine's sequence id (unique while it lives) and
+// its tokens so far. The output only grows while the id lives.
+struct DraftRequest {
+  int64_t seq_id = 0;
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> output;
+};
+
 class DraftSource {
  public:
   virtual ~DraftSource() = default;
   // Appends up to max_tokens drafts to follow the sequence prompt + output (none is fine).
-  virtual void propose(std::span<const int32_t> prompt, std::span<const int32_t> output, int max_tokens,
-                       std::vector<int32_t>& drafts) = 0;
+  virtual void propose(const DraftRequest& request, int max_tokens, std::vector<int32_t>& drafts) = 0;
+  // The sequence ended (finished, aborted, failed): what a source keeps of it is its own choice.
+  virtual void release(const DraftRequest& request) { (void)request; }
 };
 
 // Prompt lookup (vLLM's "ngram", SGLang's NGRAM): the most recent earlier occurrence of the
@@ -49,8 +66,7 @@ class NgramDraftSource final : public DraftSource {
  public:
   static constexpr int kMaxLookbackTokens = 1 << 18;
   NgramDraftSource(int min_n, int max_n) : min_n_(min_n), max_n_(max_n) {}
-  void propose(std::span<const int32_t> prompt, std::span<const int32_t> output, int max_tokens,
-               std::vector<int32_t>& drafts) override;
+  void propose(const DraftRequest& request, int max_tokens, std::vector<int32_t>& drafts) override;
 
  private:
   int min_n_, max_n_;

@@ -130,6 +130,7 @@ bool Engine::is_eos(int32_t token) const {
 
 RequestOutput Engine::finish(Request* req, FinishReason reason, std::string text_delta) {
   scheduler_.remove(req);  // frees its pages and slot now
+  if (drafts_) drafts_->release({req->seq_id, req->prompt_ids, req->output_ids});
   req->state = RequestState::kFinished;
   req->finish_reason = reason;
   RequestOutput out;
@@ -184,7 +185,7 @@ void Engine::propose_drafts() {
     // Drafts past max_tokens or the context could never all be kept.
     const int room = std::min(r->max_output_tokens - r->num_output_tokens() - 1, config_.max_model_len - r->num_tokens());
     const int k = std::min(sc.num_speculative_tokens, room);
-    if (k > 0) drafts_->propose(r->prompt_ids, r->output_ids, k, r->draft_ids);
+    if (k > 0) drafts_->propose({r->seq_id, r->prompt_ids, r->output_ids}, k, r->draft_ids);
   }
 }
 

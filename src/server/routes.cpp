@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "server/anthropic_error.h"
 #include "server/handlers.h"
+#include "server/web_ui.h"
 
 namespace moonrun::server {
 
@@ -281,6 +282,8 @@ void route_request(const ServingContext& ctx, const HttpRequest& req, HttpRespon
   // The Anthropic routes answer every error in Anthropic's envelope and statuses.
   const bool anthropic = is_anthropic_route(path);
   auto fail = [&](const ApiError& e) { anthropic ? send_anthropic_error(res, e) : send_error(res, e); };
+  // The chat page: static bytes, no key (its API calls carry the key the user types).
+  if (!ctx.options.disable_web_ui && (req.method == "GET" || req.method == "HEAD") && serve_web_ui(path, res)) return;
   const bool open = (path == "/health" || path == "/metrics") && !ctx.options.protect_metrics;
   if (!open && !authorized(ctx, req)) {
     if (!anthropic) return send_error(res, unauthorized());

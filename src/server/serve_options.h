@@ -27,6 +27,9 @@ struct ServeOptions {
   // MOONRUN_API_KEY / VLLM_API_KEY environment variables. Empty: no auth.
   std::vector<std::string> api_keys;
   bool protect_metrics = false;     // --protect-metrics: /metrics and /health need a key too
+  // The built-in chat page at GET / and /chat (docs/chat-page.md); served without a key, it
+  // asks for one and sends it on its API calls.
+  bool disable_web_ui = false;      // --disable-web-ui
   // CORS (vLLM's flags). Default: any origin, as vLLM and SGLang do; credentials never.
   std::vector<std::string> allowed_origins{"*"};  // --allowed-origins '["https://a"]' or a,b
   std::vector<std::string> allowed_methods{"*"};  // --allowed-methods

@@ -1,7 +1,7 @@
 // Speculative decoding through `moonrun serve` (issue #37): a server with n-gram drafts
-// (vLLM's --speculative-config) and one with SGLang's flags answer exactly what a server
-// without speculation answers, greedy, through the official openai client, whole and
-// streamed: 200 demo-model prompts (the seed's tool loop among them, each turn of it),
+// (vLLM's --speculative-config), one with SGLang's flags and one with suffix decoding
+// (vLLM's `suffix`, its defaults) answer exactly what a server without speculation
+// answers, greedy, through the official openai client, whole and streamed: 200 demo-model prompts (the seed's tool loop among them, each turn of it),
 // with the drafts both accepted and rejected; the spec metrics and the request log line
 // report what happened.
 import { test, before, after } from 'node:test';
@@ -17,18 +17,19 @@ const TOOLS = [
     parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } },
 ];
 
-let plain, ngram, sglang;
+let plain, ngram, sglang, suffix;
 const clientOf = (srv) => new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'EMPTY', maxRetries: 0, timeout: 600000 });
 before(async () => {
-  [plain, ngram, sglang] = await Promise.all([
+  [plain, ngram, sglang, suffix] = await Promise.all([
     startServer(['--max-running-requests', '8']),
     startServer(['--max-running-requests', '8', '--speculative-config',
                  '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}']),
     startServer(['--max-running-requests', '8', '--speculative-algorithm', 'NGRAM',
                  '--speculative-num-draft-tokens', '3', '--speculative-ngram-min-match-window-size', '1']),
+    startServer(['--max-running-requests', '8', '--speculative-config', '{"method": "suffix"}']),
   ]);
 });
-after(async () => { await Promise.all([plain?.stop(), ngram?.stop(), sglang?.stop()]); });
+after(async () => { await Promise.all([plain?.stop(), ngram?.stop(), sglang?.stop(), suffix?.stop()]); });
 
 // 200 prompts: the seed's tool task and its drawn variants (with tools), questions, and
 // prompts that ask to repeat or continue text (where lookups find drafts in the prompt).
@@ -105,12 +106,15 @@ async function specCounters(srv) {
            steps: get('vllm:spec_decode_num_drafts_total'), text };
 }
 
-test('n-gram drafts change no greedy answer: 200 prompts, whole and streamed, two flag styles', async () => {
+test('n-gram and suffix drafts change no greedy answer: 200 prompts, whole and streamed', async () => {
   const ps = prompts();
   const want = await all(ps, 8, (p) => answer(clientOf(plain), p, false));
-  for (const [name, srv] of [['--speculative-config', ngram], ['--speculative-algorithm NGRAM', sglang]]) {
-    // Streamed once (the SSE path), whole for both flag styles: the CI box has two cores.
-    for (const stream of name === '--speculative-config' ? [false, true] : [false]) {
+  // Each source whole and streamed (n-gram's two passes through its two flag styles): the CI
+  // box has two cores.
+  const runs = [['ngram, --speculative-config', ngram, [false]], ['ngram, --speculative-algorithm NGRAM', sglang, [true]],
+                ['suffix, --speculative-config', suffix, [false, true]]];
+  for (const [name, srv, streams] of runs) {
+    for (const stream of streams) {
       const got = await all(ps, 8, (p) => answer(clientOf(srv), p, stream));
       for (let i = 0; i < ps.length; i++)
         assert.deepEqual(got[i], want[i], `${name}, ${stream ? 'streamed' : 'whole'}, prompt ${i}: ${JSON.stringify(ps[i].messages.at(-1))}`);
@@ -130,7 +134,9 @@ test('n-gram drafts change no greedy answer: 200 prompts, whole and streamed, tw
 
 test('a method moonrun lacks is refused at startup, naming what exists', async () => {
   await assert.rejects(startServer(['--speculative-config', '{"method": "eagle3", "num_speculative_tokens": 3}'], { timeoutMs: 60000 }),
-    /speculative decoding method 'eagle3' is not available; moonrun has: ngram/);
+    /speculative decoding method 'eagle3' is not available; moonrun has: ngram, suffix/);
+  await assert.rejects(startServer(['--speculative-config', '{"method": "suffix", "suffix_decoding_min_token_prob": 2}'], { timeoutMs: 60000 }),
+    /suffix_decoding_min_token_prob must be in \[0, 1\]/);
   await assert.rejects(startServer(['--speculative-config', '{"method": "ngram", "num_speculative_tokens": 3, "lookahead": 1}'], { timeoutMs: 60000 }),
     /unknown field 'lookahead'/);
 });

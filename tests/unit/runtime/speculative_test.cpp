@@ -73,19 +73,24 @@ std::vector<Case> repetitive_cases(int vocab, int n) {
 struct EngineRun {
   std::vector<std::vector<int32_t>> tokens;
   EngineStats stats;
+  int64_t cached_prompt_tokens = 0;  // served from the prefix cache, all requests
 };
 
+// pool_tokens: the KV pool (small: preemptions); prefix_cache: the runtime's prefix cache.
 EngineRun run_engine(const std::string& dir, const std::vector<Case>& cases, const SpeculativeConfig& spec,
-                     int max_running, int chunk) {
+                     int max_running, int chunk, int64_t pool_tokens = 4096, bool prefix_cache = false) {
   EngineRun run;
-  RuntimeOptions ro = test_runtime_options("cpu", 4096, max_running);
+  RuntimeOptions ro = test_runtime_options("cpu", pool_tokens, max_running);
+  ro.prefix_cache = prefix_cache;
+  ro.prefix_block_tokens = 64;  // snapshots every 64 tokens: the short test prompts hit the cache
+  ro.prefix_snapshot_slots = 32;
   ro.num_speculative_tokens = spec.enabled() ? spec.num_speculative_tokens : 0;
   Runtime rt = make_runtime(dir, ro);
   if (!rt.runner) return run;
   CacheManager cache(rt.cache);
   EngineConfig ec;
   ec.scheduler = {.max_running_requests = max_running, .max_tokens_per_step = chunk};
-  ec.max_model_len = 1024;
+  ec.max_model_len = static_cast<int>(std::min<int64_t>(1024, pool_tokens));
   ec.speculative = spec;  // no EOS: every request runs to max_tokens
   Engine engine(ec, cache, *rt.runner, nullptr);
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -101,8 +106,10 @@ EngineRun run_engine(const std::string& dir, const std::vector<Case>& cases, con
     EXPECT_TRUE(st.is_ok()) << st.to_string();
     if (!st.is_ok()) break;
   }
-  for (const RequestOutput& o : outs)
+  for (const RequestOutput& o : outs) {
     run.tokens[o.request_id].insert(run.tokens[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    if (o.finished) run.cached_prompt_tokens += o.num_cached_tokens;
+  }
   run.stats = engine.stats();
   EXPECT_EQ(engine.stats().cache.free_slots, max_running);
   return run;
@@ -115,36 +122,88 @@ std::vector<std::string> model_dirs() {
   return dirs;
 }
 
-TEST(Speculative, NgramDraftsChangeNoGreedyTokenOnAnyReferenceModel) {
-  int64_t drafts = 0, accepted = 0;
-  for (const std::string& dir : model_dirs()) {
-    std::vector<Case> cases = reference_cases(dir);
-    const std::vector<Case> more = repetitive_cases(vocab_of(dir), 12);
-    cases.insert(cases.end(), more.begin(), more.end());
+// Every draft source: n-gram lookup (drafts at nearly every step) and suffix decoding (the
+// request's own tokens and the answers of the requests beside and before it).
+TEST(Speculative, DraftsChangeNoGreedyTokenOnAnyReferenceModel) {
+  for (SpecMethod method : {SpecMethod::kNgram, SpecMethod::kSuffix}) {
+    int64_t drafts = 0, accepted = 0;
+    for (const std::string& dir : model_dirs()) {
+      std::vector<Case> cases = reference_cases(dir);
+      const std::vector<Case> more = repetitive_cases(vocab_of(dir), 12);
+      cases.insert(cases.end(), more.begin(), more.end());
+      const EngineRun plain = run_engine(dir, cases, {}, 4, 64);
+      for (int k : {1, 4}) {
+        SpeculativeConfig spec;
+        spec.method = method;
+        spec.num_speculative_tokens = k;
+        spec.prompt_lookup_min = 1;  // drafts at nearly every step: many verdicts
+        spec.prompt_lookup_max = 4;
+        const EngineRun fast = run_engine(dir, cases, spec, 4, 64);
+        ASSERT_EQ(fast.tokens.size(), plain.tokens.size());
+        for (size_t i = 0; i < cases.size(); ++i)
+          EXPECT_EQ(fast.tokens[i], plain.tokens[i])
+              << dir << ", " << spec_method_name(method) << ", prompt " << i << ", k = " << k;
+        EXPECT_GT(fast.stats.spec_num_drafts_total, 0) << dir;
+        EXPECT_LT(fast.stats.steps_total, plain.stats.steps_total + 1) << dir;
+        drafts += fast.stats.spec_draft_tokens_total;
+        accepted += fast.stats.spec_accepted_tokens_total;
+        std::printf("%s %s k=%d: %lld steps (plain %lld), drafts %lld, accepted %lld\n", dir.c_str(),
+                    spec_method_name(method), k, static_cast<long long>(fast.stats.steps_total),
+                    static_cast<long long>(plain.stats.steps_total),
+                    static_cast<long long>(fast.stats.spec_draft_tokens_total),
+                    static_cast<long long>(fast.stats.spec_accepted_tokens_total));
+      }
+    }
+    // Both verdicts happened, many times: the comparison covered rollbacks and kept drafts.
+    EXPECT_GT(accepted, 20) << spec_method_name(method);
+    EXPECT_GT(drafts - accepted, 20) << spec_method_name(method);
+  }
+}
+
+// The rollback where the cache moves under it: requests that share long prefixes (served
+// from the prefix cache, whose KDA snapshots a verify step must not disturb) in a pool too
+// small for all of them (preemptions: a sequence with a pending rollback or a verify slot is
+// freed and recomputed), with both draft sources. Greedy tokens equal a plain run's.
+TEST(Speculative, DraftsChangeNothingAcrossThePrefixCacheAndPreemptions) {
+  for (const std::string& name : {"k3-tiny-a", "kimi-linear-tiny"}) {
+    const std::string dir = fixtures::fixtures_dir() + "/" + name;
+    std::vector<Case> cases;
+    const std::vector<Case> rep = repetitive_cases(vocab_of(dir), 6);
+    // Each prompt twice and a third time with another tail: later copies hit the prefix cache.
+    for (int copy = 0; copy < 3; ++copy)
+      for (const Case& c : rep) {
+        Case d = c;
+        while (d.prompt.size() < 150) d.prompt.insert(d.prompt.end(), c.prompt.begin(), c.prompt.end());
+        if (copy == 2) d.prompt.push_back(1);
+        d.max_tokens = 40;
+        cases.push_back(d);
+      }
     const EngineRun plain = run_engine(dir, cases, {}, 4, 64);
-    for (int k : {1, 4}) {
+    for (SpecMethod method : {SpecMethod::kNgram, SpecMethod::kSuffix}) {
       SpeculativeConfig spec;
-      spec.method = SpecMethod::kNgram;
-      spec.num_speculative_tokens = k;
-      spec.prompt_lookup_min = 1;  // drafts at nearly every step: many verdicts
+      spec.method = method;
+      spec.num_speculative_tokens = 4;
+      spec.prompt_lookup_min = 1;
       spec.prompt_lookup_max = 4;
-      const EngineRun fast = run_engine(dir, cases, spec, 4, 64);
-      ASSERT_EQ(fast.tokens.size(), plain.tokens.size());
-      for (size_t i = 0; i < cases.size(); ++i)
-        EXPECT_EQ(fast.tokens[i], plain.tokens[i]) << dir << ", prompt " << i << ", k = " << k;
-      EXPECT_GT(fast.stats.spec_num_drafts_total, 0) << dir;
-      EXPECT_LT(fast.stats.steps_total, plain.stats.steps_total + 1) << dir;
-      drafts += fast.stats.spec_draft_tokens_total;
-      accepted += fast.stats.spec_accepted_tokens_total;
-      std::printf("%s k=%d: %lld steps (plain %lld), drafts %lld, accepted %lld\n", dir.c_str(), k,
-                  static_cast<long long>(fast.stats.steps_total), static_cast<long long>(plain.stats.steps_total),
-                  static_cast<long long>(fast.stats.spec_draft_tokens_total),
-                  static_cast<long long>(fast.stats.spec_accepted_tokens_total));
+      // A pool with room (prefix hits), then 4 sequences of up to ~200 tokens in 640 (preemptions).
+      for (const int64_t pool : {4096, 640}) {
+        const EngineRun fast = run_engine(dir, cases, spec, 4, 64, pool, true);
+        for (size_t i = 0; i < cases.size(); ++i)
+          EXPECT_EQ(fast.tokens[i], plain.tokens[i])
+              << name << ", " << spec_method_name(method) << ", pool " << pool << ", prompt " << i;
+        if (pool == 640) EXPECT_GT(fast.stats.preemptions_total, 0) << name;
+        if (pool == 4096) EXPECT_GT(fast.cached_prompt_tokens, 0) << name;
+        EXPECT_GT(fast.stats.spec_accepted_tokens_total, 0) << name;
+        EXPECT_GT(fast.stats.spec_draft_tokens_total - fast.stats.spec_accepted_tokens_total, 10) << name;
+        std::printf("%s %s pool %lld: %lld preemptions, %lld cached prompt tokens, %lld of %lld drafts accepted\n",
+                    name.c_str(), spec_method_name(method), static_cast<long long>(pool),
+                    static_cast<long long>(fast.stats.preemptions_total),
+                    static_cast<long long>(fast.cached_prompt_tokens),
+                    static_cast<long long>(fast.stats.spec_accepted_tokens_total),
+                    static_cast<long long>(fast.stats.spec_draft_tokens_total));
+      }
     }
   }
-  // Both verdicts happened, many times: the comparison covered rollbacks and kept drafts.
-  EXPECT_GT(accepted, 20);
-  EXPECT_GT(drafts - accepted, 20);
 }
 
 // Sampled rows against n-gram drafts: a draft is one token for sure, so a row's own draw is
@@ -356,15 +415,17 @@ TEST(Speculative, NgramLookupProposesWhatFollowedTheLongestRecentMatch) {
   std::vector<int32_t> drafts;
   // "1 2 3 4 5 ... 1 2 3": the 3-gram "1 2 3" matched, "4 5" follows.
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 9, 9, 1, 2, 3};
-  src.propose(prompt, {}, 3, drafts);
+  src.propose({1, prompt, {}}, 3, drafts);
   EXPECT_EQ(drafts, (std::vector<int32_t>{4, 5, 9}));
   // The output continues the sequence; the most recent occurrence of the longest match wins.
   drafts.clear();
-  src.propose(std::vector<int32_t>{7, 8, 1, 7, 8, 2}, std::vector<int32_t>{7, 8}, 2, drafts);
+  const std::vector<int32_t> p2 = {7, 8, 1, 7, 8, 2}, o2 = {7, 8};
+  src.propose({1, p2, o2}, 2, drafts);
   EXPECT_EQ(drafts, (std::vector<int32_t>{2, 7}));
   // Shorter than prompt_lookup_min: nothing.
   drafts.clear();
-  src.propose(std::vector<int32_t>{1, 2, 3, 1}, {}, 3, drafts);
+  const std::vector<int32_t> p3 = {1, 2, 3, 1};
+  src.propose({1, p3, {}}, 3, drafts);
   EXPECT_TRUE(drafts.empty());
 }
 
