@@ -179,13 +179,20 @@ void Engine::propose_drafts() {
   const bool stand_aside = sc.disable_by_batch_size > 0 && decoding >= sc.disable_by_batch_size;
   for (Request* r : scheduler_.running()) {
     r->draft_ids.clear();
-    // Structured output is not speculated: its mask after each draft would need the
-    // constraint advanced over drafts that may be rejected.
-    if (stand_aside || r->constraint || r->num_tokens() - r->num_computed_tokens != 1) continue;
+    if (stand_aside || r->num_tokens() - r->num_computed_tokens != 1) continue;
+    // Structured output: the drafts the constraint allows, up to the first it refuses (its
+    // mask would make that row's token differ anyway); prepare_inputs masks each row.
+    std::unique_ptr<TokenConstraint> walk = r->constraint ? r->constraint->clone() : nullptr;
+    if (r->constraint && !walk) continue;
     // Drafts past max_tokens or the context could never all be kept.
     const int room = std::min(r->max_output_tokens - r->num_output_tokens() - 1, config_.max_model_len - r->num_tokens());
     const int k = std::min(sc.num_speculative_tokens, room);
     if (k > 0) drafts_->propose({r->seq_id, r->prompt_ids, r->output_ids}, k, r->draft_ids);
+    if (walk) {
+      size_t allowed = 0;
+      while (allowed < r->draft_ids.size() && !walk->finished() && walk->accept(r->draft_ids[allowed])) ++allowed;
+      r->draft_ids.resize(allowed);
+    }
   }
 }
 
@@ -244,11 +251,14 @@ void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) 
     seq.sample = s.samples;
     if (s.samples) {
       // Row j picks the token after draft j - 1, as if the drafts before it were accepted
-      // (the penalties count them, min_tokens sees them); the verdict is postprocess's.
-      add_sampling_row(*req, input.sampling);
+      // (the penalties count them, min_tokens sees them, the output constraint has read
+      // them); the verdict is postprocess's.
+      add_sampling_row(*req, input.sampling, 0, req->constraint.get());
+      std::unique_ptr<TokenConstraint> ahead = s.n_draft > 0 && req->constraint ? req->constraint->clone() : nullptr;
       for (int j = 0; j < s.n_draft; ++j) {
         req->sampler.accept(req->draft_ids[j]);
-        add_sampling_row(*req, input.sampling, j + 1);
+        if (ahead) ahead->accept(req->draft_ids[j]);  // allowed: propose_drafts walked them
+        add_sampling_row(*req, input.sampling, j + 1, ahead.get());
       }
       for (int j = 0; j < s.n_draft; ++j) req->sampler.unaccept(req->draft_ids[j]);
     }
@@ -266,12 +276,12 @@ void Engine::prepare_inputs(const SchedulerOutput& scheduled, StepInput& input) 
   input.before.insert(input.before.end(), keep.begin(), keep.end());
 }
 
-void Engine::add_sampling_row(Request& req, SamplingBatch& sampling, int ahead) {
+void Engine::add_sampling_row(Request& req, SamplingBatch& sampling, int ahead, TokenConstraint* constraint) {
   // EOS and stop tokens may not come before min_tokens.
   banned_.clear();
   if (!req.params.ignore_eos) banned_ = config_.eos_token_ids;
   banned_.insert(banned_.end(), req.params.stop_token_ids.begin(), req.params.stop_token_ids.end());
-  if (!req.constraint) {
+  if (!constraint) {
     req.sampler.add_row(sampling, req.num_output_tokens() + ahead, banned_);
     return;
   }
@@ -279,7 +289,7 @@ void Engine::add_sampling_row(Request& req, SamplingBatch& sampling, int ahead) 
   // bans leave (it is done, or min_tokens hides what it wants), the sequence ends: EOS.
   const int vocab = runner_.vocab();
   mask_.assign(static_cast<size_t>((vocab + 31) / 32), 0u);
-  if (!req.constraint->finished()) req.constraint->fill_allowed(mask_);
+  if (!constraint->finished()) constraint->fill_allowed(mask_);
   bool any = false;
   for (size_t w = 0; w < mask_.size() && !any; ++w) {
     uint32_t bits = mask_[w];
@@ -292,7 +302,7 @@ void Engine::add_sampling_row(Request& req, SamplingBatch& sampling, int ahead) 
     for (int32_t t : config_.eos_token_ids)
       if (t >= 0 && t < vocab) mask_[t / 32] |= 1u << (t % 32);
   }
-  req.sampler.add_row(sampling, req.num_output_tokens(), banned_, mask_);
+  req.sampler.add_row(sampling, req.num_output_tokens() + ahead, banned_, mask_);
 }
 
 Status Engine::forward(const StepInput& input, StepOutput& output) {

@@ -121,8 +121,10 @@ class Engine {
   void propose_drafts();
   SchedulerOutput schedule();
   void prepare_inputs(const SchedulerOutput& scheduled, StepInput& input);
-  // The request's sampling row: its params, min_tokens bans, structured-output mask.
-  void add_sampling_row(Request& req, SamplingBatch& sampling, int ahead = 0);
+  // The request's sampling row `ahead` tokens past its output (a draft's row): its params,
+  // min_tokens bans, and the mask of `constraint` (the request's, or a copy advanced over
+  // the drafts before the row; null: no structured output).
+  void add_sampling_row(Request& req, SamplingBatch& sampling, int ahead, TokenConstraint* constraint);
   Status forward(const StepInput& input, StepOutput& output);
   void postprocess(const SchedulerOutput& scheduled, const StepOutput& result, std::vector<RequestOutput>& outputs);
 

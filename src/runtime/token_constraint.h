@@ -8,6 +8,7 @@
 // puts it in the sequence's sampling row (backend/sampling.h: tokens outside it become -inf
 // on the device where the model runs), and reports the sampled token with accept().
 #include <cstdint>
+#include <memory>
 #include <span>
 
 namespace moonrun {
@@ -22,6 +23,10 @@ class TokenConstraint {
   virtual bool accept(int32_t token) = 0;
   // The automaton has reached its end: nothing more may follow.
   virtual bool finished() const = 0;
+  // A copy at the same position. Speculative decoding masks each draft's row with a copy
+  // advanced over the drafts before it (and cuts drafts the automaton refuses), while this
+  // one advances only over the tokens kept. None: the sequence gets no drafts.
+  virtual std::unique_ptr<TokenConstraint> clone() const { return nullptr; }
 };
 
 }  // namespace moonrun

@@ -17,6 +17,9 @@ class GrammarConstraint final : public TokenConstraint {
   void fill_allowed(std::span<uint32_t> allowed_bits) override { matcher_.fill_allowed(allowed_bits); }
   bool accept(int32_t token) override { return matcher_.accept(token); }
   bool finished() const override { return matcher_.finished(); }
+  std::unique_ptr<TokenConstraint> clone() const override {
+    return std::unique_ptr<TokenConstraint>(new GrammarConstraint(*this));
+  }
 
  private:
   grammar::Matcher matcher_;

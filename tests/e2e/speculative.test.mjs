@@ -31,8 +31,9 @@ before(async () => {
 });
 after(async () => { await Promise.all([plain?.stop(), ngram?.stop(), sglang?.stop(), suffix?.stop()]); });
 
-// 200 prompts: the seed's tool task and its drawn variants (with tools), questions, and
-// prompts that ask to repeat or continue text (where lookups find drafts in the prompt).
+// 200 prompts: the seed's tool task and its drawn variants (with tools), questions,
+// prompts that ask to repeat or continue text (where lookups find drafts in the prompt), and
+// structured output (a JSON schema, tool_choice "required").
 function prompts() {
   const out = [];
   const cities = ['Tokyo', 'London', 'Cairo', 'Paris', 'Oslo', 'Lima', 'Nairobi', 'Seoul', 'Denver'];
@@ -51,7 +52,15 @@ function prompts() {
   while (out.length < 200) {
     const i = out.length, a = 10 + rand(990), b = 2 + rand(98), city = cities[rand(cities.length)];
     const kind = i % 4;
-    if (kind === 0) out.push({ tools: true, messages: [{ role: 'user', content:
+    // Every tenth: structured output (drafts masked by the constraint advanced over them).
+    if (i % 10 === 9) out.push(i % 20 === 9
+      ? { tools: true, extra: { tool_choice: 'required' }, messages: [{ role: 'user', content:
+          `What's the weather in ${city}, and what is ${a} * ${b}?` }] }
+      : { extra: { response_format: { type: 'json_schema', json_schema: { name: 'reading', schema: {
+            type: 'object', properties: { city: { type: 'string' }, degrees: { type: 'integer' } },
+            required: ['city', 'degrees'], additionalProperties: false } } } },
+          messages: [{ role: 'user', content: `Repeat as JSON: the weather in ${city} is ${a} degrees, ${city} ${a}.` }] });
+    else if (kind === 0) out.push({ tools: true, messages: [{ role: 'user', content:
       `What is ${a} * ${b}? Also, what's the weather in ${city}? Use your tools, then give me one combined answer.` }] });
     else if (kind === 1) out.push({ messages: [{ role: 'user', content: `Repeat this line twice: the weather in ${city} is ${a} degrees.` }] });
     else if (kind === 2) out.push({ messages: [{ role: 'user', content: `What is ${a} plus ${b}? Answer briefly.` }] });
@@ -63,7 +72,7 @@ function prompts() {
 
 async function answer(client, p, stream) {
   const body = { model: 'moonrun-demo', messages: p.messages, max_tokens: 40, temperature: 0,
-                 ...(p.tools ? { tools: TOOLS } : {}) };
+                 ...(p.tools ? { tools: TOOLS } : {}), ...(p.extra ?? {}) };
   if (!stream) {
     const r = await client.chat.completions.create(body);
     const m = r.choices[0].message;
