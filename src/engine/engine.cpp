@@ -194,6 +194,23 @@ void Engine::propose_drafts() {
       r->draft_ids.resize(allowed);
     }
   }
+  if (config_.pad_drafts) pad_drafts();
+}
+
+void Engine::pad_drafts() {
+  // Every decoding sequence that may hold them gets the longest draft run of the step, so the
+  // verify step is uniform (one CUDA graph). The filler repeats the sequence's last token (or
+  // draft): a guess like any other, accepted only where the model agrees. Sequences under a
+  // constraint keep theirs (a filler could be one their automaton refuses).
+  size_t longest = 0;
+  for (const Request* r : scheduler_.running()) longest = std::max(longest, r->draft_ids.size());
+  if (longest == 0) return;
+  for (Request* r : scheduler_.running()) {
+    if (r->constraint || r->num_tokens() - r->num_computed_tokens != 1 || r->draft_ids.size() >= longest) continue;
+    const int room = std::min(r->max_output_tokens - r->num_output_tokens() - 1, config_.max_model_len - r->num_tokens());
+    const int32_t filler = r->draft_ids.empty() ? r->token_at(r->num_tokens() - 1) : r->draft_ids.back();
+    while (r->draft_ids.size() < longest && static_cast<int>(r->draft_ids.size()) < room) r->draft_ids.push_back(filler);
+  }
 }
 
 SchedulerOutput Engine::schedule() {

@@ -39,6 +39,10 @@ struct EngineConfig {
   // Speculative decoding (off by default). The cache needs verify slots when the model keeps
   // a recurrent state (CacheConfig::num_verify_slots).
   SpeculativeConfig speculative;
+  // Pad every verifying sequence's drafts to the step's longest (a filler token, verified like
+  // any draft, so nothing changes but the work): a step whose sequences all bring 1 + k
+  // tokens replays a CUDA graph, a ragged one runs eagerly. On where the runner captures.
+  bool pad_drafts = false;
 };
 
 // What a client's request produced since the last output (one per sequence per step, only
@@ -119,6 +123,7 @@ class Engine {
  private:
   // Drafts for the sequences that decode next step (speculative decoding).
   void propose_drafts();
+  void pad_drafts();
   SchedulerOutput schedule();
   void prepare_inputs(const SchedulerOutput& scheduled, StepInput& input);
   // The request's sampling row `ahead` tokens past its output (a draft's row): its params,

@@ -82,7 +82,8 @@ struct EngineRun {
 // pool_tokens: the KV pool (small: preemptions); prefix_cache: the runtime's prefix cache.
 EngineRun run_engine(const std::string& dir, const std::vector<Case>& cases, const SpeculativeConfig& spec,
                      int max_running, int chunk, int64_t pool_tokens = 4096, bool prefix_cache = false,
-                     std::function<std::unique_ptr<TokenConstraint>()> make_constraint = nullptr) {
+                     std::function<std::unique_ptr<TokenConstraint>()> make_constraint = nullptr,
+                     bool pad_drafts = false) {
   EngineRun run;
   RuntimeOptions ro = test_runtime_options("cpu", pool_tokens, max_running);
   ro.prefix_cache = prefix_cache;
@@ -96,6 +97,7 @@ EngineRun run_engine(const std::string& dir, const std::vector<Case>& cases, con
   ec.scheduler = {.max_running_requests = max_running, .max_tokens_per_step = chunk};
   ec.max_model_len = static_cast<int>(std::min<int64_t>(1024, pool_tokens));
   ec.speculative = spec;  // no EOS: every request runs to max_tokens
+  ec.pad_drafts = pad_drafts;
   Engine engine(ec, cache, *rt.runner, nullptr);
   for (size_t i = 0; i < cases.size(); ++i) {
     SamplingParams p;
@@ -143,7 +145,8 @@ TEST(Speculative, DraftsChangeNoGreedyTokenOnAnyReferenceModel) {
         spec.num_speculative_tokens = k;
         spec.prompt_lookup_min = 1;  // drafts at nearly every step: many verdicts
         spec.prompt_lookup_max = 4;
-        const EngineRun fast = run_engine(dir, cases, spec, 4, 64);
+        // k = 4 with the drafts padded to uniform verify steps (as on a GPU with graphs).
+        const EngineRun fast = run_engine(dir, cases, spec, 4, 64, 4096, false, nullptr, k == 4);
         ASSERT_EQ(fast.tokens.size(), plain.tokens.size());
         for (size_t i = 0; i < cases.size(); ++i)
           EXPECT_EQ(fast.tokens[i], plain.tokens[i])
