@@ -171,6 +171,7 @@ Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt
   ec.is_special_token = [tok](int32_t id) { return id >= 0 && tok->is_special(static_cast<uint32_t>(id)); };
   ec.speculative = opt.speculative;
   ec.pad_drafts = rt.device == "cuda" && ro.cuda_graphs;  // uniform verify steps replay graphs
+  ec.auto_stand_aside = rt.device == "cuda";               // measured steps decide (spec_balance.h)
   const int64_t model_len = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096;
   ec = MR_TRY(resolve_engine_config(ec, model_len, rt.cache));
   if (opt.context_length <= 0 && ec.max_model_len < model_len)

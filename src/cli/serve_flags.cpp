@@ -410,6 +410,7 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("port", std::to_string(o.port));
   add("api_keys", std::to_string(o.api_keys.size()) + (o.api_keys.empty() ? " (no auth)" : " (values hidden)"));
   add("protect_metrics", o.protect_metrics ? "true" : "false");
+  add("web_ui", o.disable_web_ui ? "off" : "on (GET / and /chat)");
   add("allowed_origins", list(o.allowed_origins));
   add("context_length", o.context_length > 0 ? std::to_string(o.context_length) : "(the model's)");
   add("mem_fraction_static", o.mem_fraction_static > 0 ? num(o.mem_fraction_static) : "(auto)");

@@ -26,7 +26,9 @@ struct SpeculativeConfig {
   int prompt_lookup_min = 2;
   int prompt_lookup_max = 5;
   // No drafts while this many sequences or more are decoding: a large batch is no longer
-  // bound by the weight reads that speculation shares (vLLM's disable_by_batch_size). 0: never.
+  // bound by the weight reads that speculation shares (vLLM's disable_by_batch_size). 0: the
+  // engine decides from its measured steps where it can (EngineConfig::auto_stand_aside),
+  // else never.
   int disable_by_batch_size = 0;
   // Suffix decoding (engine/suffix_draft_source.h), vLLM's suffix_decoding_* fields and defaults:
   // the trees' depth bounds match + draft; earlier answers kept (0: only the request's own

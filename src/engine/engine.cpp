@@ -176,7 +176,11 @@ void Engine::propose_drafts() {
   const SpeculativeConfig& sc = config_.speculative;
   int decoding = 0;
   for (const Request* r : scheduler_.running()) decoding += r->num_tokens() - r->num_computed_tokens == 1 ? 1 : 0;
-  const bool stand_aside = sc.disable_by_batch_size > 0 && decoding >= sc.disable_by_batch_size;
+  bool stand_aside = sc.disable_by_batch_size > 0 && decoding >= sc.disable_by_batch_size;
+  if (sc.disable_by_batch_size == 0 && config_.auto_stand_aside && decoding > 0)
+    stand_aside = !balance_.speculate(decoding);
+  step_speculates_ = !stand_aside;
+  step_decoding_ = decoding;
   for (Request* r : scheduler_.running()) {
     r->draft_ids.clear();
     if (stand_aside || r->num_tokens() - r->num_computed_tokens != 1) continue;
@@ -432,7 +436,15 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
   }
 }
 
+double Engine::now_seconds() const {
+  if (config_.clock) return config_.clock();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 Status Engine::step(std::vector<RequestOutput>& outputs) {
+  const double t0 = config_.auto_stand_aside ? now_seconds() : 0;
+  step_speculates_ = false;
+  step_decoding_ = 0;
   propose_drafts();
   const SchedulerOutput scheduled = schedule();
   if (scheduled.empty()) {
@@ -452,8 +464,17 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
     auto it = requests_.find(seq);
     return it == requests_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second->prompt_ids);
   });
+  const int64_t generated_before = totals_.generation_tokens_total;
   postprocess(scheduled, result, outputs);
   ++totals_.steps_total;
+  if (config_.auto_stand_aside && drafts_) {
+    // Only pure decode steps of the batch the verdict was for measure the two kinds.
+    bool pure = static_cast<int>(scheduled.seqs.size()) == step_decoding_ && scheduled.preempted.empty();
+    for (const ScheduledSeq& s : scheduled.seqs) pure = pure && s.samples && s.n_new_tokens - s.n_draft == 1;
+    if (pure)
+      balance_.record(step_decoding_, step_speculates_, totals_.generation_tokens_total - generated_before,
+                      now_seconds() - t0);
+  }
   return Status::ok();
 }
 

@@ -23,6 +23,7 @@
 #include "engine/output_text.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/spec_balance.h"
 #include "runtime/model_runner.h"
 #include "runtime/sampling_params.h"
 
@@ -43,6 +44,12 @@ struct EngineConfig {
   // any draft, so nothing changes but the work): a step whose sequences all bring 1 + k
   // tokens replays a CUDA graph, a ragged one runs eagerly. On where the runner captures.
   bool pad_drafts = false;
+  // Without a disable_by_batch_size, stand aside where speculation measures slower than plain
+  // decoding at the current batch size (engine/spec_balance.h). On for CUDA, where a step's
+  // time is the GPU's; the CPU backend's steps cost (1 + k)x and tests want their drafts.
+  bool auto_stand_aside = false;
+  // Seconds on a monotonic clock (tests substitute a model of step costs); empty: steady_clock.
+  std::function<double()> clock;
 };
 
 // What a client's request produced since the last output (one per sequence per step, only
@@ -124,6 +131,7 @@ class Engine {
   // Drafts for the sequences that decode next step (speculative decoding).
   void propose_drafts();
   void pad_drafts();
+  double now_seconds() const;
   SchedulerOutput schedule();
   void prepare_inputs(const SchedulerOutput& scheduled, StepInput& input);
   // The request's sampling row `ahead` tokens past its output (a draft's row): its params,
@@ -142,6 +150,9 @@ class Engine {
   DetokenizeFn detokenize_;
   Scheduler scheduler_;
   std::unique_ptr<DraftSource> drafts_;  // null: no speculation
+  SpecBalance balance_;                   // config_.auto_stand_aside's measurements
+  bool step_speculates_ = false;          // this step's verdict (propose_drafts)
+  int step_decoding_ = 0;                 // sequences decoding at this step's start
   std::mt19937_64 seed_gen_;
   int64_t next_seq_id_ = 0;
   std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;  // by seq_id

@@ -100,8 +100,11 @@ TEST_P(CudaSpeculative, GreedyTokensUnchangedAndGraphsEqualEager) {
       EXPECT_EQ(graphs.tokens[i], plain.tokens[i]) << GetParam() << ", prompt " << i << ", " << max_running << " at a time";
       EXPECT_EQ(graphs.tokens[i], eager.tokens[i]) << GetParam() << ", prompt " << i << " (graphs vs eager)";
     }
-    EXPECT_GT(graphs.stats.spec_accepted_tokens_total, 0);
+    // Drafts were verified and some rejected (rollbacks); whether a fixture's random weights
+    // ever agree with a draft is theirs to say (k3-tiny-b and kimi-linear-tiny never do here:
+    // the rollback test below covers every acceptance count on them).
     EXPECT_GT(graphs.stats.spec_draft_tokens_total, graphs.stats.spec_accepted_tokens_total);
+    if (GetParam() == "demo" || GetParam() == "k3-tiny-a") EXPECT_GT(graphs.stats.spec_accepted_tokens_total, 0);
     if (max_running == 1) EXPECT_GT(graphs.graph_replays, 0);
     std::printf("%s, %d at a time: steps %lld (plain %lld), drafts %lld, accepted %lld, graph replays %lld\n",
                 GetParam().c_str(), max_running, static_cast<long long>(graphs.stats.steps_total),
