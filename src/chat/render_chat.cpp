@@ -7,6 +7,7 @@
 
 #include "chat/render_k2.h"
 #include "chat/render_k3.h"
+#include "model/families.h"
 
 namespace moonrun::chat {
 namespace {
@@ -42,22 +43,14 @@ Result<ChatFormat> chat_format_for_checkpoint(const std::string& model_dir) {
   const fs::path config = dir / "config.json";
   if (fs::exists(config)) {
     Json cfg = MR_TRY(read_json_file(config));
-    std::string model_type;
-    if (cfg.is_object() && cfg.contains("model_type") && cfg["model_type"].is_string())
-      model_type = cfg["model_type"].get<std::string>();
-    // Multimodal wrappers name the text model in text_config.
-    if (cfg.is_object() && cfg.contains("text_config") && cfg["text_config"].is_object() &&
-        cfg["text_config"].contains("model_type") && model_type != "kimi_k3") {
-      const Json& t = cfg["text_config"]["model_type"];
-      if (t.is_string() && model_type.empty()) model_type = t.get<std::string>();
+    // The family table (model/families.h) names each family's chat format.
+    const bool names_a_model = cfg.is_object() && (cfg.contains("model_type") || !architecture_of(cfg).empty());
+    if (names_a_model) {
+      auto family = find_model_family(cfg, config.string());
+      if (!family)
+        return failed_precondition(family.status().message() + "; so it has no known Kimi chat format");
+      return chat_format_from_name((*family)->chat_format);
     }
-    if (model_type == "kimi_k3") return ChatFormat::kKimiK3;
-    if (model_type == "kimi_linear" || model_type == "kimi_k2" || model_type == "kimi_k25" ||
-        model_type == "deepseek_v3")
-      return ChatFormat::kKimiK2;
-    if (!model_type.empty())
-      return failed_precondition(config.string() + ": model_type '" + model_type +
-                                 "' has no known Kimi chat format (kimi_k3, kimi_linear, kimi_k2, kimi_k25, deepseek_v3)");
   }
   const fs::path tok_config = dir / "tokenizer_config.json";
   if (fs::exists(tok_config)) {

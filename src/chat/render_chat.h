@@ -20,8 +20,9 @@ enum class ChatFormat { kKimiK3, kKimiK2 };
 const char* chat_format_name(ChatFormat format);
 Result<ChatFormat> chat_format_from_name(const std::string& name);  // "kimi_k3" | "kimi_k2"
 
-// The format of a checkpoint directory: config.json model_type kimi_k3 -> K3; kimi_linear,
-// kimi_k2, kimi_k25, deepseek_v3 -> K2 (their text models share the <|im_*|> format).
+// The format of a checkpoint directory: the family table's (model/families.h) row for
+// config.json's model_type / architectures: kimi_k3 -> K3; kimi_linear, kimi_k2, kimi_k25,
+// deepseek_v3 -> K2 (their text models share the <|im_*|> format); another name is an error.
 // Without a model_type, a tokenizer_config.json carrying a chat_template means K2 (K3 ships
 // none: its format is code).
 Result<ChatFormat> chat_format_for_checkpoint(const std::string& model_dir);

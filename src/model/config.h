@@ -1,8 +1,10 @@
 #pragma once
 // ModelConfig: the typed, validated form of a checkpoint's config.json (K3_SPEC.md §1–2).
-// Two layouts are read: `kimi_k3` (the text model under "text_config", special token ids at
-// the top level) and `kimi_linear` (everything at the top level). Parsed once; every other
-// part of moonrun reads these fields, never the JSON.
+// Which family a config.json belongs to is decided once, by the family table
+// (model/families.h): `kimi_k3` (the text model under "text_config", special token ids at
+// the top level), `kimi_linear` (everything at the top level) and the K2 generation's
+// DeepSeek-V3 layout (`kimi_k2` flat, `kimi_k25` under "text_config"). Parsed once; every
+// other part of moonrun reads these fields, never the JSON.
 #include <string>
 #include <vector>
 
@@ -13,6 +15,10 @@
 
 namespace moonrun {
 
+// The model families moonrun knows (one row each in model/families.cpp).
+enum class Family { kimi_k3, kimi_linear, kimi_k2 };
+const char* family_name(Family f);  // "kimi_k3", "kimi_linear", "kimi_k2"
+
 enum class LayerKind { kda, mla };
 enum class MlpKind { dense, moe };
 
@@ -21,10 +27,39 @@ enum class ExpertQuant {
   none,              // bf16 w1/w2/w3 `.weight` (Kimi Linear, test checkpoints)
   mxfp4_packed,      // compressed-tensors "mxfp4-pack-quantized": weight_packed/weight_scale
   mxfp4_gpt_oss,     // gpt-oss style ("quant_method": "mxfp4"): weight_blocks/weight_scales
+  // compressed-tensors "pack-quantized", int4 symmetric in groups of 32 (the K2 family's
+  // routed experts): weight_packed int32 [out, in/8] (value i of a word at bits 4i..4i+3,
+  // stored as q + 8), weight_scale bf16 [out, in/32], weight_shape int64 [2].
+  int4_g32_sym,
 };
 const char* expert_quant_name(ExpertQuant q);
 
 enum class Activation { situ, silu };
+
+// YaRN RoPE scaling (config.json "rope_scaling" with type/rope_type "yarn"), as
+// transformers' _compute_yarn_parameters and DeepSeek-V3's softmax scale read it.
+struct RopeScaling {
+  bool yarn = false;  // false: plain RoPE (no rope_scaling)
+  float factor = 1.0f;
+  int original_max_position_embeddings = 0;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  float mscale = 1.0f;
+  float mscale_all_dim = 0.0f;
+};
+
+// What only the K2 family (DeepSeek-V3 layout) has: rotary embeddings on the MLA rope dims
+// with YaRN scaling, and DeepSeek's noaux_tc router (sigmoid scores + e_score_correction_bias,
+// grouped top-k, norm_topk_prob, routed_scaling_factor). Other fields it shares with K3 (MLA
+// widths, experts, groups) live in ModelConfig itself and mean the same thing there.
+struct KimiK2Part {
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  std::string topk_method = "noaux_tc";
+  std::string scoring_func = "sigmoid";
+  bool norm_topk_prob = true;
+  bool vision_tower = false;  // kimi_k25: a vision_config is present (not loaded yet)
+};
 
 struct LayerSpec {
   LayerKind attn = LayerKind::kda;
@@ -34,8 +69,11 @@ struct LayerSpec {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "kimi_k3" or "kimi_linear" (the top level)
-  // Where the text model's tensors live: "language_model.model." (K3) or "model." (Kimi Linear).
+  Family family = Family::kimi_k3;
+  std::string model_type;    // the top level's: "kimi_k3", "kimi_linear", "kimi_k2", "kimi_k25"
+  std::string architecture;  // config.json "architectures"[0] ("" when absent)
+  // Where the text model's tensors live: "language_model.model." (K3, K2.5) or "model."
+  // (Kimi Linear, K2).
   std::string tensor_prefix;
   std::string lm_head_name;  // "language_model.lm_head.weight" / "lm_head.weight"
 
@@ -95,6 +133,9 @@ struct ModelConfig {
   // kimi_k3: the MoonViT-V2 tower and projector (vision.enabled false: text only).
   VisionConfig vision;
 
+  // Family::kimi_k2 only.
+  KimiK2Part k2;
+
   std::vector<LayerSpec> layers;  // [num_hidden_layers]
   int num_kda_layers = 0;
   int num_mla_layers = 0;
@@ -108,8 +149,16 @@ struct ModelConfig {
   int shared_intermediate_size() const { return moe_intermediate_size * num_shared_experts; }
 };
 
-// Parses and validates. `source` names the file in messages ("DIR/config.json").
+// Parses and validates: the family table (model/families.h) picks the family from
+// "architectures"[0] / model_type and runs its parser. `source` names the file in messages
+// ("DIR/config.json").
 Result<ModelConfig> parse_model_config(const nlohmann::json& config, const std::string& source);
+
+// The families' parsers (the table's "parse config" column): each fills `cfg` from the
+// whole config.json document.
+Status parse_kimi_k3_config(const nlohmann::json& config, const std::string& source, ModelConfig& cfg);
+Status parse_kimi_linear_config(const nlohmann::json& config, const std::string& source, ModelConfig& cfg);
+Status parse_kimi_k2_config(const nlohmann::json& config, const std::string& source, ModelConfig& cfg);
 // Reads DIR/config.json (or the path itself when it names a file) and parses it.
 Result<ModelConfig> load_model_config(const std::string& path);
 

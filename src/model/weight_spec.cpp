@@ -1,6 +1,6 @@
 #include "model/weight_spec.h"
 
-#include "model/kimi_k3.h"
+#include "model/families.h"
 
 namespace moonrun {
 
@@ -23,7 +23,14 @@ int64_t TensorSpec::numel() const {
 
 uint64_t TensorSpec::nbytes() const { return static_cast<uint64_t>(numel()) * dtype_size_bytes(dtype); }
 
+TensorNames::TensorNames(const ModelConfig& cfg)
+    : prefix_(cfg.tensor_prefix), lm_head_(cfg.lm_head_name), deepseek_(cfg.family == Family::kimi_k2) {}
+
 std::string TensorNames::expert(int layer_idx, int e, ExpertMatrix m, const std::string& part) const {
+  if (deepseek_) {  // DeepseekV3MoE: mlp.experts.E.{gate,up,down}_proj
+    const char* w = m == ExpertMatrix::w1 ? "gate_proj" : m == ExpertMatrix::w2 ? "down_proj" : "up_proj";
+    return layer(layer_idx, "mlp.experts." + std::to_string(e) + "." + w + "." + part);
+  }
   const char* w = m == ExpertMatrix::w1 ? "w1" : m == ExpertMatrix::w2 ? "w2" : "w3";
   return layer(layer_idx, "block_sparse_moe.experts." + std::to_string(e) + "." + w + "." + part);
 }
@@ -33,6 +40,7 @@ std::vector<std::string> expert_parts(ExpertQuant quant) {
     case ExpertQuant::none: return {"weight"};
     case ExpertQuant::mxfp4_packed: return {"weight_packed", "weight_scale"};
     case ExpertQuant::mxfp4_gpt_oss: return {"weight_blocks", "weight_scales"};
+    case ExpertQuant::int4_g32_sym: return {"weight_packed", "weight_scale", "weight_shape"};
   }
   return {};
 }
@@ -65,6 +73,13 @@ class SpecCollector final : public WeightSink {
           out_.push_back({names_.expert(layer, e, which, parts[0]), DType::U8, {out, in / 32, 16}, ShardRule::expert, e});
           out_.push_back({names_.expert(layer, e, which, parts[1]), DType::U8, {out, in / 32}, ShardRule::expert, e});
           break;
+        case ExpertQuant::int4_g32_sym:
+          // compressed-tensors pack-quantized: eight u4 (q + 8) per int32 along the input,
+          // a bf16 scale per 32 inputs, and the unpacked shape [out, in] as int64.
+          out_.push_back({names_.expert(layer, e, which, parts[0]), DType::I32, {out, in / 8}, ShardRule::expert, e});
+          out_.push_back({names_.expert(layer, e, which, parts[1]), DType::BF16, {out, in / 32}, ShardRule::expert, e});
+          out_.push_back({names_.expert(layer, e, which, parts[2]), DType::I64, {2}, ShardRule::expert, e});
+          break;
       }
     }
   }
@@ -80,8 +95,7 @@ class SpecCollector final : public WeightSink {
 
 std::vector<TensorSpec> weight_spec(const ModelConfig& cfg) {
   SpecCollector collector(cfg);
-  KimiK3Weights scratch;  // the listing writes into it; nothing is allocated
-  describe_kimi_k3_weights(cfg, scratch, collector);
+  model_family(cfg.family).describe(cfg, collector);  // the family's one listing
   return collector.take();
 }
 

@@ -71,23 +71,26 @@ enum class ExpertMatrix { w1, w2, w3 };
 // Full tensor names, built from the config's prefix ("language_model.model." or "model.").
 class TensorNames {
  public:
-  explicit TensorNames(const ModelConfig& cfg) : prefix_(cfg.tensor_prefix), lm_head_(cfg.lm_head_name) {}
+  explicit TensorNames(const ModelConfig& cfg);
   std::string global(const std::string& suffix) const { return prefix_ + suffix; }  // "norm.weight"
   std::string layer(int layer, const std::string& suffix) const {
     return prefix_ + "layers." + std::to_string(layer) + "." + suffix;
   }
-  // "<layer>.block_sparse_moe.experts.<e>.w1." + part ("weight", "weight_packed", ...).
+  // "<layer>.block_sparse_moe.experts.<e>.w1." + part ("weight", "weight_packed", ...); the
+  // K2 family's "<layer>.mlp.experts.<e>.gate_proj." (w1), down_proj (w2), up_proj (w3).
   std::string expert(int layer, int expert, ExpertMatrix m, const std::string& part) const;
   const std::string& lm_head() const { return lm_head_; }
 
  private:
   std::string prefix_;
   std::string lm_head_;
+  bool deepseek_ = false;
 };
 
 // The tensor parts storing one routed-expert matrix under the config's quantization:
-// {"weight"} (bf16), {"weight_packed", "weight_scale"} (compressed-tensors MXFP4) or
-// {"weight_blocks", "weight_scales"} (gpt-oss MXFP4).
+// {"weight"} (bf16), {"weight_packed", "weight_scale"} (compressed-tensors MXFP4),
+// {"weight_blocks", "weight_scales"} (gpt-oss MXFP4) or {"weight_packed", "weight_scale",
+// "weight_shape"} (compressed-tensors INT4 pack-quantized).
 std::vector<std::string> expert_parts(ExpertQuant quant);
 
 // What a model's weight listing calls, one call per tensor (or per expert stack).
@@ -106,10 +109,12 @@ class WeightSink {
   virtual void experts(ExpertMatrices& dst, int layer, ExpertMatrix which, int num_experts, int out, int in) = 0;
 };
 
-// Every text-model tensor in the release's dtypes: A_log, dt_bias, the KDA conv weights
-// [D, 1, K], o_norm and the router's e_score_correction_bias in F32; MXFP4 experts as U8
-// weight_packed [out, in/2] + weight_scale [out, in/32] (gpt-oss: blocks [out, in/32, 16] +
-// scales [out, in/32]); everything else BF16. With a vision tower (config.vision.enabled),
+// Every text-model tensor in the release's dtypes, from the family's listing (families.h):
+// A_log, dt_bias, the KDA conv weights [D, 1, K], o_norm and the router's
+// e_score_correction_bias in F32; MXFP4 experts as U8 weight_packed [out, in/2] +
+// weight_scale [out, in/32] (gpt-oss: blocks [out, in/32, 16] + scales [out, in/32]); INT4
+// experts as I32 weight_packed [out, in/8] + BF16 weight_scale [out, in/32] + I64
+// weight_shape [2]; everything else BF16. With a vision tower (config.vision.enabled),
 // its vision_tower.* and mm_projector.* tensors (BF16) follow the text model's.
 std::vector<TensorSpec> weight_spec(const ModelConfig& cfg);
 

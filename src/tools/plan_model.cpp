@@ -44,7 +44,7 @@ Result<PlanModelShape> plan_shape_from_config(const json& config, const std::str
   s.n_shared_experts = c.num_shared_experts;
   s.moe_intermediate = c.moe_intermediate_size;
   s.latent_moe_hidden = c.routed_expert_hidden_size;
-  s.experts_mxfp4 = c.expert_quant != ExpertQuant::none;
+  s.experts_mxfp4 = c.expert_quant == ExpertQuant::mxfp4_packed || c.expert_quant == ExpertQuant::mxfp4_gpt_oss;
   s.tie_word_embeddings = c.tie_word_embeddings;
   s.max_context = c.max_position_embeddings;
   s.has_vision = config.contains("vision_config") && config["vision_config"].is_object();
@@ -173,12 +173,14 @@ WeightBytes weight_bytes_from_config(const PlanModelShape& s) {
 
 std::string role_of_tensor(const std::string& name, const ModelConfig* cfg) {
   auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
-  if (has(".experts."))
+  if (has(".experts.") && !has("shared_experts.")) {
+    if (cfg && cfg->expert_quant == ExpertQuant::int4_g32_sym) return "routed experts (INT4)";
     return has("weight_packed") || has("weight_scale") || has("weight_blocks") ? "routed experts (MXFP4)"
                                                                               : "routed experts";
+  }
   if (name.rfind("vision_tower.", 0) == 0 || name.rfind("mm_projector.", 0) == 0) return "vision tower + projector";
   if (has("embed_tokens") || has("lm_head")) return "embeddings + lm_head";
-  if (has("block_sparse_moe.gate.")) return "MoE router";
+  if (has("block_sparse_moe.gate.") || has(".mlp.gate.")) return "MoE router";
   if (has("shared_experts.")) return "shared experts";
   if (has("routed_expert_down_proj") || has("routed_expert_up_proj")) return "LatentMoE down/up projections";
   if (has(".mlp.")) return "dense MLP";

@@ -19,6 +19,7 @@
 
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/families.h"
 #include "model/weight_spec.h"
 
 namespace moonrun {
@@ -201,12 +202,11 @@ void check_config(VerifyReport& r, const std::map<std::string, TensorSeen>& seen
     r.config_check = "skipped (config.json is not valid JSON)";
     return;
   }
-  const std::string model_type = j.is_object() && j.contains("model_type") && j["model_type"].is_string()
-                                     ? j["model_type"].get<std::string>()
-                                     : "";
-  if (model_type != "kimi_k3" && model_type != "kimi_linear") {
-    // Not a model moonrun runs: the download can still be complete; say what was not checked.
-    r.config_check = "skipped (model_type \"" + model_type + "\" is not kimi_k3 or kimi_linear)";
+  // The family table decides what this checkpoint is; a name it does not know is not a model
+  // moonrun runs: the download can still be complete, so say what was not checked.
+  auto family = find_model_family(j, path);
+  if (!family) {
+    r.config_check = "skipped (" + family.status().message() + ")";
     return;
   }
   auto cfg = parse_model_config(j, path);
@@ -215,6 +215,7 @@ void check_config(VerifyReport& r, const std::map<std::string, TensorSeen>& seen
     r.config_check = "failed (config.json does not validate)";
     return;
   }
+  const std::string model_type = cfg->model_type.empty() ? (*family)->name : cfg->model_type;
   const std::vector<TensorSpec> expected = weight_spec(*cfg);
   size_t matched = 0, unknown = 0;
   for (const auto& want : expected) {
