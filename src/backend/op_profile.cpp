@@ -131,6 +131,10 @@ void ProfiledOps::kda_gate(Tensor g, const Tensor& A_log, const Tensor& dt_bias,
 void ProfiledOps::sigmoid(Tensor x) {
   timed("sigmoid", 2 * bytes_of(x), 0, [&] { in_.sigmoid(x); });
 }
+void ProfiledOps::rope_interleaved(Tensor x, const Tensor& cos_sin, int n_heads, int head_width, int rope_offset) {
+  timed("rope_interleaved", 2 * bytes_of(x) + bytes_of(cos_sin), 0,
+        [&] { in_.rope_interleaved(x, cos_sin, n_heads, head_width, rope_offset); });
+}
 void ProfiledOps::kda_recurrence(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                  const Tensor& beta, const BatchView& batch, StateLayer state, int num_heads,
                                  int head_dim, KdaMode mode, Tensor o) {

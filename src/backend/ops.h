@@ -172,6 +172,13 @@ class Ops {
   // -exp(A_log[h]) softplus(raw) when lower_bound is NaN (Kimi Linear). A_log [1, H].
   virtual void kda_gate(Tensor g, const Tensor& A_log, const Tensor& dt_bias, int head_dim, float lower_bound) = 0;
   virtual void sigmoid(Tensor x) = 0;  // in place, F32
+  // Rotary embedding in DeepSeek's interleaved order, in place: in each row t and head h, the
+  // pairs (2i, 2i+1) of the rope part, cols [h*head_width + rope_offset, + rope_dim), turn by
+  // the angle whose cosine is cos_sin[t, i] and sine cos_sin[t, rope_dim/2 + i]
+  // (model/layers/rope.h builds the rows, plain or YaRN). x [T, n_heads*head_width] F32;
+  // cos_sin [T, rope_dim] F32. Attention reads only dot products of rotated rows, so this
+  // order and the reference's de-interleaved one give the same scores.
+  virtual void rope_interleaved(Tensor x, const Tensor& cos_sin, int n_heads, int head_width, int rope_offset) = 0;
   // The delta-rule recurrence per head over each sequence's tokens, from and into its
   // state S [H, d, d] at state.slot(s):  S = Diag(exp(g)) S; S += beta k (v - S^T k)^T; o = S^T q.
   // q, k, v, g, o [T, H*d] F32 (q, k normalised, q scaled); beta [T, H] F32.

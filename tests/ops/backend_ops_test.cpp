@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "model/layers/kda.h"
+#include "model/layers/rope.h"
 #include "model/vision/moonvit.h"
 #include "op_test_util.h"
 
@@ -178,6 +179,17 @@ TEST_P(BackendOps, DenseOps) {
   B.cpu.sigmoid(a.c);
   B.gpu->sigmoid(a.g);
   expect_close(std::string("sigmoid_") + B.mode(), "37x96", err(B, a), 1e-6);
+  // rope_interleaved: 3 heads of width 32, the rope part at cols 16..31 of each
+  {
+    Pair r = put(B, normal(T * 96, 8), T, 96);
+    std::vector<int32_t> positions(T);
+    for (int t = 0; t < T; ++t) positions[t] = 7 * t + 3;
+    const RopeTable table(16, 10000.0f, RopeScaling{});
+    Pair cs = put(B, table.rows(positions), T, 16);
+    B.cpu.rope_interleaved(r.c, cs.c, 3, 32, 16);
+    B.gpu->rope_interleaved(r.g, cs.g, 3, 32, 16);
+    expect_close(std::string("rope_interleaved_") + B.mode(), "37x3x32", err(B, r), 1e-6);
+  }
   for (bool situ : {true, false}) {
     const ActivationParams ap{situ, 4.0f, situ ? 25.0f : 0.0f};
     Pair h = out(B, T, H, act());

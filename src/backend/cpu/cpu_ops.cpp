@@ -232,6 +232,26 @@ void CpuOps::sigmoid(Tensor x) {
   for (int64_t i = 0; i < x.numel(); ++i) p[i] = cpu::sigmoid(p[i]);
 }
 
+void CpuOps::rope_interleaved(Tensor x, const Tensor& cos_sin, int n_heads, int head_width, int rope_offset) {
+  const int rope_dim = static_cast<int>(cos_sin.cols), half = rope_dim / 2;
+  MR_CHECK(cos_sin.rows == x.rows && x.cols == static_cast<int64_t>(n_heads) * head_width &&
+           rope_offset + rope_dim <= head_width && rope_dim % 2 == 0)
+      << "rope_interleaved: x [" << x.rows << ", " << x.cols << "], cos_sin [" << cos_sin.rows << ", " << rope_dim << "]";
+  float* base = f32(x);
+  const float* cs = cos_sin.as<float>();
+  for (int64_t t = 0; t < x.rows; ++t) {
+    const float* c = cs + t * rope_dim;
+    for (int h = 0; h < n_heads; ++h) {
+      float* p = base + t * x.cols + static_cast<int64_t>(h) * head_width + rope_offset;
+      for (int i = 0; i < half; ++i) {
+        const float x0 = p[2 * i], x1 = p[2 * i + 1];
+        p[2 * i] = x0 * c[i] - x1 * c[half + i];
+        p[2 * i + 1] = x0 * c[half + i] + x1 * c[i];
+      }
+    }
+  }
+}
+
 void CpuOps::kda_recurrence(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                             const BatchView& batch, StateLayer state, int num_heads, int head_dim, KdaMode mode,
                             Tensor o) {

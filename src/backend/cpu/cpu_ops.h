@@ -55,6 +55,7 @@ class CpuOps final : public Ops {
   void l2norm_rows(Tensor x, float scale) override;
   void kda_gate(Tensor g, const Tensor& A_log, const Tensor& dt_bias, int head_dim, float lower_bound) override;
   void sigmoid(Tensor x) override;
+  void rope_interleaved(Tensor x, const Tensor& cos_sin, int n_heads, int head_width, int rope_offset) override;
   void kda_recurrence(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       const BatchView& batch, StateLayer state, int num_heads, int head_dim, KdaMode mode,
                       Tensor o) override;

@@ -287,6 +287,15 @@ class CudaOps final : public Ops {
                    A_log.as<float>(), dt_bias.as<float>(), lower_bound, stream_);
   }
   void sigmoid(Tensor x) override { cuda::sigmoid(x.as<float>(), x.numel(), stream_); }
+  void rope_interleaved(Tensor x, const Tensor& cos_sin, int n_heads, int head_width, int rope_offset) override {
+    is_f32(x, "rope_interleaved");
+    is_f32(cos_sin, "rope_interleaved cos_sin");
+    check(cos_sin.rows == x.rows && x.cols == static_cast<int64_t>(n_heads) * head_width &&
+              rope_offset + cos_sin.cols <= head_width && cos_sin.cols % 2 == 0,
+          "rope_interleaved: x " + shape(x) + ", cos_sin " + shape(cos_sin));
+    cuda::rope_interleaved(x.as<float>(), static_cast<int>(x.rows), n_heads, head_width, rope_offset,
+                           cos_sin.as<float>(), static_cast<int>(cos_sin.cols), stream_);
+  }
   void kda_recurrence(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                       const BatchView& batch, StateLayer state, int num_heads, int head_dim, KdaMode mode,
                       Tensor o) override {

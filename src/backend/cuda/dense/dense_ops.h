@@ -41,6 +41,9 @@ void add(const float* a, const float* b, int64_t n, float* y, cudaStream_t strea
 void mul(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
 void mul(const float* a, const float* b, int64_t n, bf16* y, cudaStream_t stream);
 void sigmoid(float* x, int64_t n, cudaStream_t stream);  // in place
+// Ops::rope_interleaved: x [rows, n_heads*head_width], cos_sin [rows, rope_dim], in place.
+void rope_interleaved(float* x, int rows, int n_heads, int head_width, int rope_offset, const float* cos_sin,
+                      int rope_dim, cudaStream_t stream);
 void to_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream);
 void to_f32(const bf16* x, int64_t n, float* y, cudaStream_t stream);
 

@@ -50,6 +50,25 @@ __global__ void sigmoid_kernel(float* x, int64_t n) {
     x[i] = 1.0f / (1.0f + expf(-x[i]));
 }
 
+// One thread per (row, head, pair): the pair's two values turn by the row's angle i.
+__global__ void rope_interleaved_kernel(float* x, int rows, int n_heads, int head_width, int rope_offset,
+                                        const float* __restrict__ cos_sin, int rope_dim) {
+  const int half = rope_dim / 2;
+  const int64_t n = static_cast<int64_t>(rows) * n_heads * half;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int pair = static_cast<int>(i % half);
+    const int64_t rh = i / half;
+    const int head = static_cast<int>(rh % n_heads);
+    const int64_t row = rh / n_heads;
+    float* p = x + row * n_heads * static_cast<int64_t>(head_width) + head * head_width + rope_offset + 2 * pair;
+    const float c = cos_sin[row * rope_dim + pair], s = cos_sin[row * rope_dim + half + pair];
+    const float x0 = p[0], x1 = p[1];
+    p[0] = x0 * c - x1 * s;
+    p[1] = x0 * s + x1 * c;
+  }
+}
+
 __global__ void to_f32_kernel(const bf16* __restrict__ x, int64_t n, float* __restrict__ y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -115,6 +134,15 @@ void mul(const float* a, const float* b, int64_t n, bf16* y, cudaStream_t stream
 void sigmoid(float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   sigmoid_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rope_interleaved(float* x, int rows, int n_heads, int head_width, int rope_offset, const float* cos_sin,
+                      int rope_dim, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(rows) * n_heads * (rope_dim / 2);
+  if (n <= 0) return;
+  rope_interleaved_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, rows, n_heads, head_width, rope_offset, cos_sin,
+                                                               rope_dim);
   CUDA_CHECK_LAUNCH();
 }
 
