@@ -646,8 +646,9 @@ class K3LanguageModel(nn.Module):
 
 
 class K3Output:
-    def __init__(self, logits, hidden, aux_loss, expert_load):
+    def __init__(self, logits, hidden, aux_loss, expert_load, taps=None):
         self.logits, self.hidden, self.aux_loss, self.expert_load = logits, hidden, aux_loss, expert_load
+        self.taps = taps  # {layer id: h after that layer} when forward(tap_layers=...) asked for them
 
 
 class K3ForConditionalGeneration(nn.Module):
@@ -700,11 +701,14 @@ class K3ForConditionalGeneration(nn.Module):
 
     # -- forward -----------------------------------------------------------------------
     def forward(self, input_ids=None, inputs_embeds=None, embed_rows=None, kda_mode="chunked", fake_quant=False,
-                token_mask=None, compute_logits=True):
+                token_mask=None, compute_logits=True, tap_layers=None):
         """input_ids [B, T] (right-padded; padding needs no mask, every layer is causal).
         inputs_embeds [B, T, H]: used instead of the lookup. embed_rows = (b_idx, t_idx, rows [n, H]):
         those positions take the given rows (image rows at their placeholders).
-        token_mask [B, T] bool: real tokens (only for the MoE balance statistics)."""
+        token_mask [B, T] bool: real tokens (only for the MoE balance statistics).
+        tap_layers: 0-based layer ids whose output `h` (under AttnRes the in-block running sum
+        prefix + mlp_out, before any later mixing: what the C++ forward holds in `h` after the
+        layer) comes back in out.taps (the DSpark draft's inputs); nothing changes otherwise."""
         cfg = self.cfg
         lm = self.language_model.model
         h = lm.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -716,6 +720,7 @@ class K3ForConditionalGeneration(nn.Module):
         blocks = []
         aux = h.new_zeros(())
         loads = []
+        taps = {} if tap_layers is not None else None
         for i, layer in enumerate(lm.layers):
             block_start = Bk > 0 and i % Bk == 0
             x = attn_res_mix(h, blocks, layer.self_attention_res_norm, layer.self_attention_res_proj,
@@ -733,12 +738,14 @@ class K3ForConditionalGeneration(nn.Module):
             else:
                 m = layer.mlp(yn)
             h = prefix + _cdt(m)
+            if taps is not None and i in tap_layers:
+                taps[i] = h
         if Bk > 0:
             h = attn_res_mix(h, blocks, lm.output_attn_res_norm, lm.output_attn_res_proj, cfg.rms_norm_eps)
         h = lm.norm(h)
         n_moe = max(len(loads), 1)
         logits = self.language_model.lm_head(h) if compute_logits else None
-        return K3Output(logits, h, aux / n_moe, loads)
+        return K3Output(logits, h, aux / n_moe, loads, taps)
 
     def set_margin_recording(self, on):
         for m in self.modules():
