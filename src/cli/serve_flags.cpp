@@ -125,8 +125,12 @@ Status resolve_speculative_flags(const ServeFlags& flags, SpeculativeConfig& sc)
       m = SpecMethod::kSuffix;
       return Status::ok();
     }
+    if (name == "dspark") {
+      m = SpecMethod::kDSpark;
+      return Status::ok();
+    }
     return invalid_argument("speculative decoding method '" + name +
-                            "' is not available; moonrun has: ngram, suffix (DSpark drafts are not built yet)");
+                            "' is not available; moonrun has: ngram, suffix, dspark (with its draft model)");
   };
   if (!flags.speculative_config.empty()) {
     const auto j = nlohmann::json::parse(flags.speculative_config, nullptr, false);
@@ -157,16 +161,29 @@ Status resolve_speculative_flags(const ServeFlags& flags, SpeculativeConfig& sc)
         (key == "suffix_decoding_max_spec_factor" ? sc.suffix_max_spec_factor : sc.suffix_min_token_prob) =
             value.get<double>();
       } else if (key == "model") {
-        if (!value.is_null()) return invalid_argument("--speculative-config: a draft model is not supported yet (ngram needs none)");
+        if (!value.is_null() && !value.is_string())
+          return invalid_argument("--speculative-config: model must be a path or a hub repo id");
+        if (value.is_string()) sc.draft_model = value.get<std::string>();
+      } else if (key == "confidence_threshold") {
+        if (!value.is_number()) return invalid_argument("--speculative-config: confidence_threshold must be a number");
+        sc.dspark_confidence_threshold = value.get<double>();
+      } else if (key == "draft_sample_method" || key == "rejection_sample_method") {
+        // The DSpark recipes' fields: moonrun drafts greedily and verifies by rejection
+        // sampling against the one proposed token (lossless either way).
+        if (!value.is_string()) return invalid_argument("--speculative-config: " + key + " must be a string");
       } else {
         return invalid_argument("--speculative-config: unknown field '" + key +
                                 "' (known: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, "
                                 "disable_by_batch_size, suffix_decoding_max_tree_depth, "
                                 "suffix_decoding_max_cached_requests, suffix_decoding_max_spec_factor, "
-                                "suffix_decoding_min_token_prob)");
+                                "suffix_decoding_min_token_prob, model, confidence_threshold)");
       }
     }
     if (sc.method == SpecMethod::kNone) return invalid_argument("--speculative-config: method is missing");
+    if (sc.method == SpecMethod::kDSpark && !j.contains("num_speculative_tokens")) sc.num_speculative_tokens = 7;
+    if (sc.method != SpecMethod::kDSpark && !sc.draft_model.empty())
+      return invalid_argument(std::string("--speculative-config: method ") + spec_method_name(sc.method) +
+                              " takes no draft model");
     // vLLM: suffix decoding sizes its drafts itself; num_speculative_tokens, when not given, is
     // the tree depth (a bound, not a count).
     if (sc.method == SpecMethod::kSuffix && !j.contains("num_speculative_tokens"))
@@ -182,6 +199,13 @@ Status resolve_speculative_flags(const ServeFlags& flags, SpeculativeConfig& sc)
     sc.num_speculative_tokens = flags.speculative_num_draft_tokens > 0 ? flags.speculative_num_draft_tokens - 1 : 4;
     if (flags.speculative_ngram_min > 0) sc.prompt_lookup_min = flags.speculative_ngram_min;
     if (flags.speculative_ngram_max > 0) sc.prompt_lookup_max = flags.speculative_ngram_max;
+    if (sc.method == SpecMethod::kDSpark && flags.speculative_num_draft_tokens <= 0) sc.num_speculative_tokens = 7;
+    sc.draft_model = flags.speculative_draft_model_path;
+    if (sc.method != SpecMethod::kDSpark && !sc.draft_model.empty())
+      return invalid_argument("--speculative-draft-model-path: the " + flags.speculative_algorithm +
+                              " algorithm takes no draft model");
+  } else if (!flags.speculative_draft_model_path.empty() && flags.speculative_config.empty()) {
+    return invalid_argument("--speculative-draft-model-path needs --speculative-algorithm DSPARK");
   } else if (flags.speculative_num_draft_tokens > 0 && flags.speculative_config.empty()) {
     return invalid_argument("--speculative-num-draft-tokens needs --speculative-algorithm NGRAM");
   }
@@ -278,7 +302,10 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                   "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5, \"disable_by_batch_size\": N}, or "
                   "{\"method\": \"suffix\"} with suffix_decoding_max_tree_depth (24), _max_cached_requests (10000), "
                   "_max_spec_factor (1.0), _min_token_prob (0.1)");
-  cmd->add_option("--speculative-algorithm", flags->speculative_algorithm, "SGLang: NGRAM (prompt lookup drafts)");
+  cmd->add_option("--speculative-algorithm", flags->speculative_algorithm,
+                  "SGLang: NGRAM (prompt lookup drafts), DSPARK (a DSpark draft model)");
+  cmd->add_option("--speculative-draft-model-path", flags->speculative_draft_model_path,
+                  "SGLang: the DSpark draft checkpoint (directory or hub repo id)");
   cmd->add_option("--speculative-num-draft-tokens", flags->speculative_num_draft_tokens,
                   "SGLang: tokens a verify step holds per sequence, the last accepted one included (drafts = this - 1)");
   cmd->add_option("--speculative-ngram-min-match-window-size", flags->speculative_ngram_min,

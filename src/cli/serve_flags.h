@@ -30,6 +30,7 @@ struct ServeFlags {
   // Speculative decoding, as typed: vLLM's JSON and SGLang's flags (finish_serve_flags).
   std::string speculative_config;
   std::string speculative_algorithm;
+  std::string speculative_draft_model_path;
   int speculative_num_draft_tokens = -1;
   int speculative_ngram_min = -1, speculative_ngram_max = -1;
   // The no-effect flags: the CLI11 option and how it was spelled.

@@ -11,6 +11,7 @@ const char* spec_method_name(SpecMethod method) {
     case SpecMethod::kNone: return "none";
     case SpecMethod::kNgram: return "ngram";
     case SpecMethod::kSuffix: return "suffix";
+    case SpecMethod::kDSpark: return "dspark";
   }
   return "none";
 }
@@ -34,6 +35,11 @@ Status check_speculative_config(const SpeculativeConfig& c) {
     return invalid_argument("speculative decoding: suffix_decoding_max_cached_requests must be >= 0");
   if (!(c.suffix_max_spec_factor >= 0))
     return invalid_argument("speculative decoding: suffix_decoding_max_spec_factor must be >= 0");
+  if (c.method == SpecMethod::kDSpark && c.draft_model.empty())
+    return invalid_argument("speculative decoding: method dspark needs the draft model (\"model\" in "
+                            "--speculative-config, or --speculative-draft-model-path)");
+  if (!(c.dspark_confidence_threshold >= 0 && c.dspark_confidence_threshold < 1))
+    return invalid_argument("speculative decoding: the DSpark confidence threshold must be in [0, 1)");
   if (!(c.suffix_min_token_prob >= 0 && c.suffix_min_token_prob <= 1))
     return invalid_argument("speculative decoding: suffix_decoding_min_token_prob must be in [0, 1]");
   return Status::ok();
@@ -69,7 +75,8 @@ std::unique_ptr<DraftSource> make_draft_source(const SpeculativeConfig& config) 
   switch (config.method) {
     case SpecMethod::kNgram: return std::make_unique<NgramDraftSource>(config.prompt_lookup_min, config.prompt_lookup_max);
     case SpecMethod::kSuffix: return std::make_unique<SuffixDraftSource>(config);
-    case SpecMethod::kNone: break;
+    case SpecMethod::kNone:
+    case SpecMethod::kDSpark: break;
   }
   return nullptr;
 }

@@ -14,8 +14,10 @@
 
 namespace moonrun {
 
-enum class SpecMethod { kNone, kNgram, kSuffix };
-const char* spec_method_name(SpecMethod method);  // "none", "ngram", "suffix"
+// kDSpark: a DSpark draft model beside the target (model/dspark_draft.h); the runner runs it,
+// so make_draft_source has no source for it and the engine asks the runner for its blocks.
+enum class SpecMethod { kNone, kNgram, kSuffix, kDSpark };
+const char* spec_method_name(SpecMethod method);  // "none", "ngram", "suffix", "dspark"
 
 // vLLM's --speculative-config fields (and SGLang's flags, cli/serve_flags.cpp).
 struct SpeculativeConfig {
@@ -38,6 +40,11 @@ struct SpeculativeConfig {
   int suffix_max_cached_requests = 10000;
   double suffix_max_spec_factor = 1.0;
   double suffix_min_token_prob = 0.1;
+  // DSpark: the draft checkpoint (a directory or a hub repo id; vLLM's "model", SGLang's
+  // --speculative-draft-model-path), and the confidence below which a block's drafts stop
+  // (0: every slot is proposed).
+  std::string draft_model;
+  double dspark_confidence_threshold = 0.0;
   bool enabled() const { return method != SpecMethod::kNone && num_speculative_tokens > 0; }
 };
 

@@ -171,8 +171,9 @@ void Engine::fail_all(const Status& error, std::vector<RequestOutput>& outputs) 
 
 // ---- the step ------------------------------------------------------------------------
 
-void Engine::propose_drafts() {
-  if (!drafts_) return;
+Status Engine::propose_drafts() {
+  const bool dspark = config_.speculative.enabled() && config_.speculative.method == SpecMethod::kDSpark;
+  if (!drafts_ && !dspark) return Status::ok();
   const SpeculativeConfig& sc = config_.speculative;
   int decoding = 0;
   for (const Request* r : scheduler_.running()) decoding += r->num_tokens() - r->num_computed_tokens == 1 ? 1 : 0;
@@ -181,6 +182,8 @@ void Engine::propose_drafts() {
     stand_aside = !balance_.speculate(decoding);
   step_speculates_ = !stand_aside;
   step_decoding_ = decoding;
+  std::vector<Request*> blocks_for;  // DSpark: the sequences whose blocks the runner drafts
+  std::vector<DraftBlockRequest> blocks;
   for (Request* r : scheduler_.running()) {
     r->draft_ids.clear();
     if (stand_aside || r->num_tokens() - r->num_computed_tokens != 1) continue;
@@ -191,6 +194,13 @@ void Engine::propose_drafts() {
     // Drafts past max_tokens or the context could never all be kept.
     const int room = std::min(r->max_output_tokens - r->num_output_tokens() - 1, config_.max_model_len - r->num_tokens());
     const int k = std::min(sc.num_speculative_tokens, room);
+    if (k > 0 && dspark) {
+      // The anchor is the last token, not yet through the model: its position is the
+      // number of tokens in the caches.
+      blocks_for.push_back(r);
+      blocks.push_back({cache_.page_table(r->seq_id), r->token_at(r->num_tokens() - 1), r->num_computed_tokens, k});
+      continue;
+    }
     if (k > 0) drafts_->propose({r->seq_id, r->prompt_ids, r->output_ids}, k, r->draft_ids);
     if (walk) {
       size_t allowed = 0;
@@ -198,7 +208,30 @@ void Engine::propose_drafts() {
       r->draft_ids.resize(allowed);
     }
   }
+  if (!blocks.empty()) {
+    std::vector<DraftBlockResult> results;
+    MR_RETURN_IF_ERROR(runner_.propose_blocks(blocks, results));
+    const double threshold = config_.speculative.dspark_confidence_threshold;
+    for (size_t i = 0; i < blocks_for.size(); ++i) {
+      Request* r = blocks_for[i];
+      const DraftBlockResult& res = results[i];
+      size_t keep = res.tokens.size();
+      // The confidence head estimates each slot's chance of acceptance: stop where it drops.
+      if (threshold > 0)
+        for (size_t j = 0; j < res.confidence.size() && j < keep; ++j)
+          if (res.confidence[j] < threshold) keep = j;
+      r->draft_ids.assign(res.tokens.begin(), res.tokens.begin() + keep);
+      if (r->constraint) {
+        std::unique_ptr<TokenConstraint> walk = r->constraint->clone();
+        size_t allowed = 0;
+        while (walk && allowed < r->draft_ids.size() && !walk->finished() && walk->accept(r->draft_ids[allowed]))
+          ++allowed;
+        r->draft_ids.resize(walk ? allowed : 0);
+      }
+    }
+  }
   if (config_.pad_drafts) pad_drafts();
+  return Status::ok();
 }
 
 void Engine::pad_drafts() {
@@ -445,7 +478,7 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   const double t0 = config_.auto_stand_aside ? now_seconds() : 0;
   step_speculates_ = false;
   step_decoding_ = 0;
-  propose_drafts();
+  MR_RETURN_IF_ERROR(propose_drafts());
   const SchedulerOutput scheduled = schedule();
   if (scheduled.empty()) {
     // Work is waiting but nothing could be scheduled: with max_model_len <= pool size and an
@@ -467,7 +500,7 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   const int64_t generated_before = totals_.generation_tokens_total;
   postprocess(scheduled, result, outputs);
   ++totals_.steps_total;
-  if (config_.auto_stand_aside && drafts_) {
+  if (config_.auto_stand_aside && (drafts_ || config_.speculative.method == SpecMethod::kDSpark)) {
     // Only pure decode steps of the batch the verdict was for measure the two kinds.
     bool pure = static_cast<int>(scheduled.seqs.size()) == step_decoding_ && scheduled.preempted.empty();
     for (const ScheduledSeq& s : scheduled.seqs) pure = pure && s.samples && s.n_new_tokens - s.n_draft == 1;

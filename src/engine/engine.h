@@ -129,7 +129,7 @@ class Engine {
 
  private:
   // Drafts for the sequences that decode next step (speculative decoding).
-  void propose_drafts();
+  Status propose_drafts();
   void pad_drafts();
   double now_seconds() const;
   SchedulerOutput schedule();

@@ -215,6 +215,23 @@ void KimiK3::replay_state(Ops& ops, const BatchView& batch, const CachePools& po
   }
 }
 
+bool KimiK3::set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) {
+  tap_of_layer_.assign(cfg_.num_hidden_layers, -1);
+  for (size_t j = 0; j < layers.size(); ++j) {
+    if (layers[j] < 0 || layers[j] >= cfg_.num_hidden_layers) return false;
+    tap_of_layer_[layers[j]] = static_cast<int>(j);
+  }
+  if (layers.empty()) tap_of_layer_.clear();
+  taps_ = taps;
+  taps_stride_rows_ = stride_rows;
+  return true;
+}
+
+DraftSharedWeights KimiK3::draft_shared() const {
+  if (tp_.size != 1) return {};
+  return {&w_.embed_tokens, &w_.lm_head};
+}
+
 void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
   ScratchScope scope(ops);
   const int64_t T = batch.n_tokens(), H = cfg_.hidden_size;
@@ -320,6 +337,10 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
       moe_forward(ops, lw.moe, moe_dims_, xn, xa, m);
     }
     ops.add(prefix, m, h);
+    if (!tap_of_layer_.empty() && tap_of_layer_[i] >= 0) {
+      MR_CHECK(T <= taps_stride_rows_) << T << " tokens, taps hold " << taps_stride_rows_;
+      ops.copy(h, taps_.rows_view(tap_of_layer_[i] * taps_stride_rows_, T));
+    }
   }
   if (B > 0) {
     ops.attn_res_mix(h, blocks, n_blocks, w_.output_attn_res_norm, w_.output_attn_res_proj, eps, x);

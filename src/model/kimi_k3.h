@@ -57,6 +57,8 @@ class KimiK3 final : public Model {
   CacheSpec cache_spec() const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
   int64_t replay_floats_per_token() const override;
+  bool set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) override;
+  DraftSharedWeights draft_shared() const override;
   void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools,
                     std::span<const int32_t> saved_rows) override;
   size_t weight_bytes() const override { return weight_bytes_; }
@@ -79,7 +81,11 @@ class KimiK3 final : public Model {
   KimiK3Weights w_;
   size_t weight_bytes_ = 0;
   TensorParallel tp_;
-  int64_t vocab_begin_ = 0;  // this rank's first vocabulary row (embedding, lm_head)
+  int64_t vocab_begin_ = 0;
+  // DSpark taps (set_taps): tap_of_layer_[i] = j when layer i's output goes to tap j, else -1.
+  std::vector<int> tap_of_layer_;
+  Tensor taps_;
+  int64_t taps_stride_rows_ = 0;  // this rank's first vocabulary row (embedding, lm_head)
   KdaShape kda_shape_;  // this rank's heads
   MlaDims mla_dims_;    // this rank's heads
   MoeDims moe_dims_;

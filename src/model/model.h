@@ -51,6 +51,14 @@ struct LoadOptions {
   bool log_progress = false;  // progress lines (bytes, GB/s, ETA) for long loads
 };
 
+// What a draft model shares with its target (DSpark: model/dspark_draft.h): the embedding
+// table and lm_head, whole on this rank.
+struct DraftSharedWeights {
+  const Matrix* embed_tokens = nullptr;  // [vocab, hidden]
+  const Matrix* lm_head = nullptr;       // [vocab, hidden]
+  bool ok() const { return embed_tokens && lm_head; }
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -77,6 +85,13 @@ class Model {
   // would copy the whole state k times a step. Floats saved per token over all layers; 0:
   // the model keeps no recurrent state (its caches roll back by length alone).
   virtual int64_t replay_floats_per_token() const { return 0; }
+  // DSpark drafts read the outputs of some of the target's layers: once set, every forward
+  // copies layer layers[j]'s output row of each token t to taps row j * stride_rows + t
+  // (taps F32 [layers.size() * stride_rows, hidden], stride_rows >= the step's tokens).
+  // False: this model cannot.
+  virtual bool set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) { return false; }
+  // The weights a draft shares; empty where this rank holds only a part of them.
+  virtual DraftSharedWeights draft_shared() const { return {}; }
   // Advances the state slots of `batch`'s sequences (already restored to their snapshots)
   // over their tokens, token i taking what saved row saved_rows[i] of pools.replay holds.
   // Only the recurrent state is written (no cache rows, no logits).

@@ -51,6 +51,51 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::unique_ptr<Ops> op
   return r;
 }
 
+Status ModelRunner::attach_draft(std::unique_ptr<DSparkDraft> draft) {
+  if (!draft) return invalid_argument("attach_draft: no draft");
+  if (options_.rank != 0 || !model_->draft_shared().ok())
+    return unimplemented("a DSpark draft runs on a single GPU (tensor parallelism: not yet)");
+  const DSparkConfig& dc = draft->config();
+  // Every token row a step can carry, padded decode batches included.
+  taps_stride_rows_ = std::max<int64_t>(options_.max_tokens_per_step,
+                                        static_cast<int64_t>(options_.max_seqs_per_step) *
+                                            (1 + std::max(options_.num_speculative_tokens, dc.block_size)));
+  try {
+    taps_ = ops_->alloc(dc.n_taps() * taps_stride_rows_, dc.hidden_size, DType::F32, "dspark taps");
+    draft_pool_ = draft->allocate_pool(*ops_, pools_.num_pages, cache_.page_size_tokens,
+                                       pools_.kv.empty() ? ops_->act_dtype() : pools_.kv.dtype,
+                                       options_.max_seqs_per_step);
+    ops_->synchronize();
+  } catch (const BackendError& e) {
+    return resource_exhausted(std::string("allocating the draft's cache failed: ") + e.what());
+  }
+  if (!model_->set_taps(dc.target_layer_ids, taps_, taps_stride_rows_))
+    return unimplemented("this model cannot give a DSpark draft its layers' outputs");
+  draft_ = std::move(draft);
+  return Status::ok();
+}
+
+Status ModelRunner::propose_blocks(std::span<const DraftBlockRequest> requests,
+                                   std::vector<DraftBlockResult>& results, bool want_logits) {
+  if (!draft_) return StepRunner::propose_blocks(requests, results, want_logits);
+  if (!failed_.is_ok()) return failed_;
+  try {
+    for (size_t at = 0; at < requests.size(); at += options_.max_seqs_per_step) {
+      const size_t n = std::min<size_t>(options_.max_seqs_per_step, requests.size() - at);
+      std::vector<DraftBlockResult> part;
+      ops_->reset_scratch();
+      draft_->propose(*ops_, requests.subspan(at, n), draft_pool_, model_->draft_shared(), part, want_logits);
+      if (at == 0) results = std::move(part);
+      else results.insert(results.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+    }
+    ops_->synchronize();
+  } catch (const BackendError& e) {
+    failed_ = internal_error(std::string(ops_->name()) + " backend failure in the draft: " + e.what());
+    return failed_;
+  }
+  return Status::ok();
+}
+
 ModelRunner::~ModelRunner() {
   if (ops_) {
     try {
@@ -58,6 +103,7 @@ ModelRunner::~ModelRunner() {
     } catch (const BackendError&) {
     }
   }
+  draft_.reset();
   model_.reset();  // before the backend that holds its weights
   ops_.reset();
 }
@@ -260,6 +306,9 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
       body();
     }
     run_state_copies(input.after);
+    // The draft's context rows of every token this step computed (drafts included: a
+    // rejected one's row lies past the next anchor, unseen, until overwritten).
+    if (draft_) draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);
 
     // Rank 0 alone answers; the other ranks of a tensor-parallel group only had to take
     // part in the forward's collectives.

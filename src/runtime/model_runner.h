@@ -23,6 +23,7 @@
 #include "backend/sampling.h"
 #include "cache/cache_manager.h"
 #include "common/status.h"
+#include "model/dspark_draft.h"
 #include "model/model.h"
 
 namespace moonrun {
@@ -92,6 +93,13 @@ class StepRunner {
   // While set, every step times its ops one by one into *profile (eagerly, no graphs);
   // nullptr turns it off. A group profiles its rank 0. False: this runner cannot.
   virtual bool set_op_profile(OpProfile* profile) { return false; }
+  // A draft model's blocks (speculative decoding with a DSpark draft, model/dspark_draft.h):
+  // one result per request, in order. Only a runner with a draft attached can.
+  // want_logits: each result keeps its drafts' corrected logits (tests).
+  virtual Status propose_blocks(std::span<const DraftBlockRequest> requests, std::vector<DraftBlockResult>& results,
+                                bool want_logits = false) {
+    return unimplemented("this runner has no draft model");
+  }
 };
 
 struct RunnerOptions {
@@ -128,6 +136,13 @@ class ModelRunner final : public StepRunner {
     profile_ = profile;
     return true;
   }
+  // Speculative decoding with a DSpark draft: allocates its page pool (the target's page
+  // geometry) and the taps the target's forward fills; from then on every step writes the
+  // draft's context rows of the tokens it computed.
+  Status attach_draft(std::unique_ptr<DSparkDraft> draft);
+  Status propose_blocks(std::span<const DraftBlockRequest> requests, std::vector<DraftBlockResult>& results,
+                        bool want_logits = false) override;
+  const DSparkDraft* draft() const { return draft_.get(); }
 
  private:
   ModelRunner() = default;
@@ -152,6 +167,10 @@ class ModelRunner final : public StepRunner {
   int64_t graph_replays_ = 0;
   int64_t tokens_computed_ = 0;
   OpProfile* profile_ = nullptr;
+  std::unique_ptr<DSparkDraft> draft_;
+  DraftPool draft_pool_;
+  Tensor taps_;                  // [n_taps * taps_stride_rows_, hidden] F32
+  int64_t taps_stride_rows_ = 0;
   Status failed_ = Status::ok();  // sticky: the backend's state is unknown after a failure
 };
 

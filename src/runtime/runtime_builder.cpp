@@ -224,6 +224,16 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   }
   const Model& model = *lr.models[0];
   lr.config = model.config();
+  if (!o.draft_model.empty()) {
+    if (W > 1) return unimplemented("a DSpark draft runs with --tp-size 1 for now");
+    const auto td = std::chrono::steady_clock::now();
+    lr.draft = MR_TRY(DSparkDraft::load(*lr.ops[0], o.draft_model, lr.config, o.log));
+    if (o.log)
+      MR_LOG(INFO) << "Load draft end. DSpark " << lr.draft->dir() << ": " << lr.draft->config().num_layers
+                   << " layers, block " << lr.draft->config().block_size << ", taps "
+                   << lr.draft->config().n_taps() << ", weights " << fmt2(lr.draft->weight_bytes() / kGiB)
+                   << " GB, elapsed=" << fmt2(seconds_since(td)) << " s";
+  }
   const HostMemory host_after = host_memory();
   if (o.log)
     MR_LOG(INFO) << "Load weight end. elapsed=" << fmt2(seconds_since(t0)) << " s, type=" << lr.config.model_type
@@ -244,6 +254,9 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   // What the cache pools may use on this process's ranks.
   const CacheSpec spec = model.cache_spec();
   lr.layout.kv_bytes_per_token = spec.kv_bytes_per_token(*lr.layout.kv_dtype);
+  if (lr.draft)  // the draft's context rows share the target's pages (model/dspark_draft.h)
+    lr.layout.kv_bytes_per_token += static_cast<int64_t>(lr.draft->config().num_layers) *
+                                    lr.draft->config().cache_row_width() * dtype_size_bytes(*lr.layout.kv_dtype);
   lr.layout.state_bytes_per_slot = spec.state_bytes_per_slot();
   const int running = o.max_running_requests;
   const int snapshots = o.prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
@@ -296,7 +309,9 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   std::unique_ptr<StepRunner> runner;
   if (o.tp_size == 1) {
     lr.ops[0]->bind_thread();
-    runner = MR_TRY(ModelRunner::create(std::move(lr.ops[0]), std::move(lr.models[0]), cache, ro));
+    auto single = MR_TRY(ModelRunner::create(std::move(lr.ops[0]), std::move(lr.models[0]), cache, ro));
+    if (lr.draft) MR_RETURN_IF_ERROR(single->attach_draft(std::move(lr.draft)));
+    runner = std::move(single);
   } else {
     std::vector<std::unique_ptr<ModelRunner>> ranks;
     for (int i = 0; i < local; ++i) {

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "model/config.h"
 #include "runtime/defaults.h"
+#include "model/dspark_draft.h"
 #include "runtime/model_runner.h"
 
 namespace moonrun {
@@ -50,6 +51,9 @@ struct RuntimeOptions {
   // Speculative decoding: drafts a sequence may bring per step (0: off). Adds a verify slot
   // per running request to the cache (models with a recurrent state) and the replay rows.
   int num_speculative_tokens = 0;
+  // A DSpark draft beside the target (speculative method dspark): its checkpoint; loaded on
+  // the target's GPU after it, its context rows counted in each token's cache bytes.
+  std::string draft_model;
   int64_t fail_after_steps = -1;   // tests: the backend fails after this many steps
   bool log = true;                 // the startup log lines
 };
@@ -103,6 +107,7 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
 struct LoadedRanks {
   std::vector<std::unique_ptr<Ops>> ops;  // one per local rank
   std::vector<std::unique_ptr<Model>> models;
+  std::unique_ptr<DSparkDraft> draft;  // RuntimeOptions::draft_model, on rank 0
   std::string device, dtype_name;
   ModelConfig config;
   CacheLayout layout;        // one rank's bytes per token and per state slot, the KV dtype
