@@ -1,5 +1,10 @@
 #include "model/kimi_k2.h"
 
+#include <algorithm>
+
+#include "common/check.h"
+#include "model/layer_dims.h"
+
 namespace moonrun {
 
 void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink) {
@@ -60,6 +65,153 @@ void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSi
   vec(w.norm, names.global("norm.weight"), H);
   if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
   else sink.matrix(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
+}
+
+}  // namespace moonrun
+
+// ---- the model ---------------------------------------------------------------------------
+
+namespace moonrun {
+
+namespace {
+
+// The MLA dims for this rank's heads; moe and activations as layer_dims.h derives them
+// (SwiGLU: the config's silu).
+MlaDims k2_mla_dims(const ModelConfig& c, int tp_size) {
+  MlaDims d = mla_dims(c);
+  d.attn.num_heads /= tp_size;
+  return d;
+}
+
+// Multiplies a [1, n] F32 vector by s in place (through the host: once, at load).
+void scale_vector(Ops& ops, const Tensor& v, float s) {
+  std::vector<float> host(static_cast<size_t>(v.numel()));
+  ops.download(v, host.data());
+  for (float& x : host) x *= s;
+  ops.upload(v, 0, host.data(), host.size() * sizeof(float));
+}
+
+}  // namespace
+
+KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp)
+    : cfg_(cfg),
+      w_(std::move(weights)),
+      weight_bytes_(weight_bytes),
+      tp_(tp),
+      vocab_begin_(static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
+      mla_dims_(k2_mla_dims(cfg, tp.size)),
+      moe_dims_(moe_dims(cfg)),
+      act_(activation_params(cfg)),
+      rope_(cfg.qk_rope_head_dim, cfg.k2.rope_theta, cfg.k2.rope_scaling) {
+  // YaRN widens the softmax scale (nope + rope)^-1/2 by mscale(factor, mscale_all_dim)^2.
+  // mla_attention keeps the plain scale; q is linear in q_a_layernorm's weight (q = q_b(w *
+  // rmsnorm(q_a x))) or in q_proj, so the factor goes into that weight, exactly in F32 for
+  // the norm weight (every backend holds it in F32).
+  const float f = rope_.softmax_scale_factor();
+  if (f != 1.0f) {
+    for (KimiK2LayerWeights& lw : w_.layers) {
+      if (cfg_.q_lora_rank > 0) {
+        scale_vector(ops, lw.mla.q_a_layernorm, f);
+      } else {
+        MR_CHECK(lw.mla.q_proj.w.dtype == DType::F32) << "YaRN's softmax factor without q_lora needs F32 q_proj";
+        scale_vector(ops, lw.mla.q_proj.w, f);
+      }
+    }
+    ops.synchronize();
+  }
+}
+
+CacheSpec KimiK2::cache_spec() const {
+  CacheSpec spec;
+  spec.kv_layers = cfg_.num_mla_layers;
+  spec.kv_row_width = cfg_.mla_cache_row();
+  return spec;
+}
+
+int64_t KimiK2::scratch_bytes(int tokens_per_step) const {
+  // As KimiK3::scratch_bytes, without KDA and AttnRes: per new token the logits row, the
+  // residual stream, the widest layer's activations, the rope rows; plus plain-mode MLA's
+  // expansion of one block of keys.
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size;
+  const int64_t stream = 8 * H * 4;
+  const int64_t experts = static_cast<int64_t>(std::max(c.num_experts_per_token, 1)) *
+                          (4 * std::max(c.moe_intermediate_size, 1) + 2 * c.expert_io_dim()) * 4 +
+                          static_cast<int64_t>(c.num_experts) * 4 * 2;
+  const int64_t dense = 4 * static_cast<int64_t>(std::max(c.intermediate_size, c.shared_intermediate_size())) * 4;
+  const int64_t mla_q = 4 * static_cast<int64_t>(c.num_attention_heads) * (c.mla_q_head_dim() + c.v_head_dim) * 4 +
+                        2 * static_cast<int64_t>(c.mla_cache_row()) * 4;
+  const int64_t per_token = static_cast<int64_t>(c.vocab_size) * 4 + stream + std::max({experts + dense, mla_q}) +
+                            2 * H * 4 + c.qk_rope_head_dim * 4;
+  const int64_t heads = c.num_attention_heads, dqk = c.mla_q_head_dim(), dv = c.v_head_dim;
+  const int64_t kv = heads * (c.qk_nope_head_dim + dv), lora = c.kv_lora_rank, pe = c.qk_rope_head_dim;
+  const int64_t per_key = std::max(2 * (lora + pe + kv) + 2 * heads * (dqk + dv), 4 * (lora + kv));
+  const int64_t per_query = 2 * heads * dqk + 4 * heads * (dv + 2) + 8 * heads;
+  const int64_t keys = mla_prefill_key_block(std::max(tokens_per_step, 1)) + 128;
+  const int64_t mla_blocks = keys * per_key + (std::max(tokens_per_step, 1) + 128) * per_query + (int64_t{1} << 20);
+  return per_token * std::max(tokens_per_step, 1) + mla_blocks + (int64_t{256} << 20);
+}
+
+void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
+  ScratchScope scope(ops);
+  const int64_t T = batch.n_tokens(), H = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
+  const DType act = ops.act_dtype();
+  const ForwardBatch& host = *batch.host;
+
+  auto kv_of = [&](const LayerSpec& spec) {
+    const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;
+    return KvLayer{pools.kv.rows_view(spec.mla_index * layer_rows, layer_rows).data, pools.kv.dtype,
+                   pools.page_size_tokens, static_cast<int>(pools.kv.cols)};
+  };
+
+  // The step's rotary rows, one per token at its position (shared by every layer).
+  Tensor cos_sin = ops.scratch(T, cfg_.qk_rope_head_dim, DType::F32);
+  {
+    MR_CHECK(static_cast<int64_t>(host.positions.size()) == T) << host.positions.size() << " positions, " << T
+                                                                << " tokens";
+    const std::vector<float> rows = rope_.rows(host.positions);
+    ops.upload(cos_sin, 0, rows.data(), rows.size() * sizeof(float));
+  }
+
+  Tensor h = ops.scratch(T, H, DType::F32);  // the residual stream
+  ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
+  ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
+
+  Tensor a = ops.scratch(T, H, DType::F32);   // a sub-layer's output
+  Tensor xn = ops.scratch(T, H, DType::F32);  // normed, F32 (the router's input)
+  Tensor xa = act == DType::F32 ? xn : ops.scratch(T, H, act);  // normed, the projections' input
+
+  for (int i = 0; i < cfg_.num_hidden_layers; ++i) {
+    const LayerSpec& spec = cfg_.layers[i];
+    const KimiK2LayerWeights& lw = w_.layers[i];
+    ops.rmsnorm(h, lw.input_layernorm, eps, xa);
+    mla_forward(ops, lw.mla, mla_dims_, xa, batch, kv_of(spec), mla_mode_, a, cos_sin);
+    ops.add(h, a, h);
+    if (spec.mlp == MlpKind::dense) {
+      ops.rmsnorm(h, lw.post_attention_layernorm, eps, xa);
+      mlp_forward(ops, lw.mlp, act_, xa, a);
+    } else {
+      ops.rmsnorm(h, lw.post_attention_layernorm, eps, xn);
+      if (xa.data != xn.data) ops.copy(xn, xa);
+      moe_forward(ops, lw.moe, moe_dims_, xn, xa, a);
+    }
+    ops.add(h, a, h);
+  }
+
+  // The rows that get logits: final norm, lm_head.
+  const int64_t R = batch.n_logit_rows();
+  Tensor rows = ops.scratch(R, H, DType::F32);
+  ops.gather_rows(h, batch.logit_rows, rows);
+  Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);
+  ops.rmsnorm(rows, w_.norm, eps, normed);
+  if (tp_.size == 1) {
+    ops.linear(normed, w_.lm_head, logits);
+  } else {
+    Tensor local = ops.scratch(R, w_.lm_head.out, DType::F32);
+    ops.linear(normed, w_.lm_head, local);
+    ops.all_gather_cols(local, logits);
+  }
 }
 
 }  // namespace moonrun

@@ -7,13 +7,17 @@
 // stream, SwiGLU. Names as transformers' models/deepseek_v3 and vLLM's deepseek_v2.py load
 // them; K2.5 and later put them under "language_model.".
 //
-// This step lists the weights (verify, plan); the forward is not built yet.
+// The forward runs on the CPU backend with bf16 experts; INT4 experts and CUDA are refused
+// by the family row (issue 40's later steps).
 #include <vector>
 
 #include "backend/tensor.h"
+#include "model/kimi_k3.h"  // TensorParallel
 #include "model/layers/mla.h"
 #include "model/layers/mlp.h"
 #include "model/layers/moe.h"
+#include "model/layers/rope.h"
+#include "model/model.h"
 #include "model/weight_spec.h"
 
 namespace moonrun {
@@ -38,5 +42,35 @@ struct KimiK2Weights {
 // kv_a and the router replicated; q_b, kv_b, gate/up column; o_proj, down row; routed
 // experts whole per expert group; embeddings and lm_head by vocabulary rows.
 void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink);
+
+// embeddings -> per layer [input_layernorm -> MLA (RoPE on q_pe and k_pe, YaRN) -> residual
+// -> post_attention_layernorm -> dense MLP or MoE -> residual] -> norm -> lm_head.
+class KimiK2 final : public Model {
+ public:
+  // YaRN's softmax factor is folded into the weights here (see the .cpp), so construct
+  // once per loaded set of weights.
+  KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp = {});
+
+  const ModelConfig& config() const override { return cfg_; }
+  CacheSpec cache_spec() const override;
+  void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
+  size_t weight_bytes() const override { return weight_bytes_; }
+  int64_t scratch_bytes(int tokens_per_step) const override;
+
+  // Which MLA evaluation order to use (tests pin both against each other).
+  void set_attention_mode(MlaMode mla) { mla_mode_ = mla; }
+
+ private:
+  ModelConfig cfg_;
+  KimiK2Weights w_;
+  size_t weight_bytes_ = 0;
+  TensorParallel tp_;
+  int64_t vocab_begin_ = 0;
+  MlaDims mla_dims_;  // this rank's heads
+  MoeDims moe_dims_;
+  ActivationParams act_;
+  RopeTable rope_;
+  MlaMode mla_mode_ = MlaMode::kAuto;
+};
 
 }  // namespace moonrun

@@ -96,12 +96,13 @@ INSTANTIATE_TEST_SUITE_P(Reference, Fixture, ::testing::ValuesIn(fixture_names()
                            return n;
                          });
 
-// The command line itself on one fixture case: same ids, a logits file of the promised
-// shape and bytes.
-TEST(GenerateCli, WritesTheReferenceLogitsFile) {
-  const auto names = fixture_names();
-  ASSERT_FALSE(names.empty());
-  const std::string dir = fixtures_dir() + "/" + names.front();
+// The command line itself on one fixture case of a K3 and of a K2 checkpoint: same ids, a
+// logits file of the promised shape and bytes.
+class GenerateCli : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GenerateCli, WritesTheReferenceLogitsFile) {
+  const std::string dir = fixtures_dir() + "/" + GetParam();
+  ASSERT_TRUE(fs::exists(dir + "/expected.json")) << dir;
   std::ifstream in(dir + "/expected.json");
   const nlohmann::json c = nlohmann::json::parse(in).at("cases").at(1);
   std::string ids;
@@ -123,6 +124,12 @@ TEST(GenerateCli, WritesTheReferenceLogitsFile) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3) << i;
   fs::remove(out_file);
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateCli, ::testing::Values("k3-tiny-a", "k2-tiny"), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
 
 }  // namespace
 }  // namespace moonrun

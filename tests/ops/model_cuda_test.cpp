@@ -188,7 +188,7 @@ TEST(CudaChunkedPrefill, LongPromptInChunksGivesTheOneStepLogits) {
                                           4, 1e-4f, "cuda fp32 k3-tiny-a");
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture, ::testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture, ::testing::ValuesIn(fixtures::cuda_fixture_names()),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');

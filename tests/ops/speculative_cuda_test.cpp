@@ -191,7 +191,7 @@ TEST_P(CudaSpeculative, RollbackLeavesTheStateOfAStepOverTheAcceptedTokens) {
 }
 
 std::vector<std::string> params() {
-  std::vector<std::string> p = fixtures::fixture_names();
+  std::vector<std::string> p = fixtures::cuda_fixture_names();
   p.push_back("demo");
   return p;
 }

@@ -31,6 +31,15 @@ inline std::vector<std::string> fixture_names() {
   return names;
 }
 
+// The fixtures the CUDA backend runs: all but the K2 family's ("k2-*"), whose forward runs on
+// the CPU backend only so far (issue 40).
+inline std::vector<std::string> cuda_fixture_names() {
+  std::vector<std::string> names;
+  for (std::string& n : fixture_names())
+    if (n.rfind("k2-", 0) != 0) names.push_back(std::move(n));
+  return names;
+}
+
 // n float32 little-endian values (a caseK.f32 logits file).
 inline std::vector<float> read_f32(const std::string& path, size_t n) {
   std::vector<float> v(n);

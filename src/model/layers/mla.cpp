@@ -3,7 +3,7 @@
 namespace moonrun {
 
 void mla_forward(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tensor& x, const BatchView& batch,
-                 KvLayer cache, MlaMode mode, Tensor out) {
+                 KvLayer cache, MlaMode mode, Tensor out, const Tensor& rope_cos_sin) {
   ScratchScope scope(ops);
   const int64_t T = x.rows, H = dims.attn.num_heads, L = dims.attn.kv_lora, R = dims.attn.rope;
 
@@ -22,6 +22,10 @@ void mla_forward(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tenso
   // The new cache rows [RMSNorm(latent) | k_pe].
   Tensor ckv = ops.scratch(T, L + R, DType::F32);
   ops.linear(x, w.kv_a_proj_with_mqa, ckv);
+  if (!rope_cos_sin.empty()) {  // rotary on each head's q_pe and the one shared k_pe
+    ops.rope_interleaved(q, rope_cos_sin, static_cast<int>(H), dims.q_head_dim(), dims.attn.nope);
+    ops.rope_interleaved(ckv, rope_cos_sin, 1, static_cast<int>(L + R), static_cast<int>(L));
+  }
   ops.mla_store(ckv, w.kv_a_layernorm, dims.kv_a_norm_eps, batch, cache);
 
   Tensor o = ops.scratch(T, H * dims.attn.v_dim, DType::F32);  // [T, H*v]

@@ -5,8 +5,10 @@
 //   [k_nope|v]  = kv_b(c)  per head;  key = [k_nope | k_pe]      (k_pe shared by all heads)
 //   o_h         = softmax_causal(q_h . key_h * (nope+pe)^-1/2) v_h
 //   out         = o_proj(o * sigmoid(g_proj(x)))   (the gate only when mla_use_output_gate)
-// No rotary anywhere: the "rope" slice is used as is. Per token per layer the paged cache
-// keeps one row of kv_lora + rope values (576 at K3 size).
+// K3: no rotary anywhere, the "rope" slice is used as is. The K2 family (DeepSeek-V3) turns
+// q_pe and k_pe by rotary embeddings (interleaved pairs, Ops::rope_interleaved) before the
+// cache row is stored and the scores taken: pass the tokens' cos/sin rows. Per token per
+// layer the paged cache keeps one row of kv_lora + rope values (576 at K3 size).
 #include "backend/ops.h"
 
 namespace moonrun {
@@ -34,7 +36,8 @@ struct MlaWeights {
 
 // x [T, hidden] act dtype (input_layernorm'ed) -> out [T, hidden] F32. Writes the new
 // tokens' rows into `cache` (this layer's pages) and attends over each sequence's rows.
+// rope_cos_sin [T, rope] F32 (model/layers/rope.h) turns q_pe and k_pe; empty: no rotary.
 void mla_forward(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tensor& x, const BatchView& batch,
-                 KvLayer cache, MlaMode mode, Tensor out);
+                 KvLayer cache, MlaMode mode, Tensor out, const Tensor& rope_cos_sin = Tensor{});
 
 }  // namespace moonrun
