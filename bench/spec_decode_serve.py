@@ -170,10 +170,17 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json-out")
+    ap.add_argument("--draft-model", default="models/moonrun-demo-dspark", help="the DSpark draft (method dspark)")
     a = ap.parse_args()
     ps = prompts()
-    configs = [("off", [])] + [("%s k=%d" % (m, k), ["--speculative-config",
-                                json.dumps({"method": m, "num_speculative_tokens": k})]) for m in a.methods for k in a.k]
+
+    def spec(m, k):
+        c = {"method": m, "num_speculative_tokens": k}
+        if m == "dspark":
+            c["model"] = a.draft_model
+        return ["--speculative-config", json.dumps(c)]
+
+    configs = [("off", [])] + [("%s k=%d" % (m, k), spec(m, k)) for m in a.methods for k in a.k]
     rows = []
     for name, extra in configs:
         rows.append(run_config(a.exe, a.device, name, extra, ps, a.max_tokens, a.repeats))
