@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -48,13 +49,15 @@ struct SpecRun {
   int64_t graph_replays = 0;
 };
 
-SpecRun run(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int k, int max_running, bool graphs) {
+SpecRun run(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int k, int max_running, bool graphs,
+            const std::string& dspark_draft = "") {
   SpecRun r;
   RuntimeOptions ro = testing::test_runtime_options("cuda", 4096, max_running);
   ro.mem_fraction_static = 0.2;
   ro.dtype = "float32";
   ro.cuda_graphs = graphs;
   ro.num_speculative_tokens = k;
+  if (k > 0) ro.draft_model = dspark_draft;
   Runtime rt = testing::make_runtime(dir, ro);
   if (!rt.runner) return r;
   CacheManager cache(rt.cache);
@@ -62,6 +65,10 @@ SpecRun run(const std::string& dir, const std::vector<std::vector<int32_t>>& pro
   ec.scheduler = {.max_running_requests = max_running, .max_tokens_per_step = 256};
   ec.max_model_len = 1024;
   if (k > 0) ec.speculative = {SpecMethod::kNgram, k, 1, 4, 0};
+  if (k > 0 && !dspark_draft.empty()) {
+    ec.speculative.method = SpecMethod::kDSpark;
+    ec.speculative.draft_model = dspark_draft;
+  }
   Engine engine(ec, cache, *rt.runner, nullptr);
   for (size_t i = 0; i < prompts.size(); ++i) {
     SamplingParams p;
@@ -112,6 +119,31 @@ TEST_P(CudaSpeculative, GreedyTokensUnchangedAndGraphsEqualEager) {
                 static_cast<long long>(graphs.stats.spec_draft_tokens_total),
                 static_cast<long long>(graphs.stats.spec_accepted_tokens_total),
                 static_cast<long long>(graphs.graph_replays));
+  }
+}
+
+// The trained DSpark draft of the demo model on the GPU: its blocks run on the CUDA ops beside
+// the target's graphs; the greedy tokens stay the target's own.
+TEST(CudaDSpark, GreedyTokensUnchangedWithTheTrainedDemoDraft) {
+  REQUIRE_GPU();
+  const std::string dir = fixtures::source_dir() + "/models/moonrun-demo";
+  const std::string draft = fixtures::source_dir() + "/models/moonrun-demo-dspark";
+  if (!std::filesystem::exists(draft + "/config.json")) GTEST_SKIP() << "no trained demo draft";
+  auto cfg = load_model_config(dir);
+  ASSERT_TRUE(cfg.is_ok());
+  const auto prompts = prompts_for(dir, cfg->vocab_size);
+  for (int max_running : {1, 4}) {
+    const SpecRun plain = run(dir, prompts, 0, max_running, true);
+    const SpecRun spec = run(dir, prompts, 7, max_running, true, draft);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "prompt " << i << ", " << max_running << " at a time";
+    EXPECT_GT(spec.stats.spec_accepted_tokens_total, 0);
+    std::printf("dspark, %d at a time: steps %lld (plain %lld), drafts %lld, accepted %lld, graph replays %lld\n",
+                max_running, static_cast<long long>(spec.stats.steps_total),
+                static_cast<long long>(plain.stats.steps_total),
+                static_cast<long long>(spec.stats.spec_draft_tokens_total),
+                static_cast<long long>(spec.stats.spec_accepted_tokens_total),
+                static_cast<long long>(spec.graph_replays));
   }
 }
 
