@@ -197,6 +197,15 @@ void ProfiledOps::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& 
   timed(label, distinct.size() * per_expert + bytes_of(x) + bytes_of(y), 2.0 * assignments * macs_per_row,
         [&] { in_.moe_experts(x, ids, weights, w1, w3, w2, act, y); });
 }
+void ProfiledOps::dspark_markov(Tensor logits, const Tensor& w1, const Tensor& w2, const int32_t* ids, int block,
+                                int n_slots, const Tensor& h, const Tensor& conf_w, float conf_b, Tensor tokens,
+                                Tensor conf) {
+  // Per slot: w2 read (from cache after the first), the row read and written.
+  const double slots = static_cast<double>(logits.rows / std::max(block, 1)) * n_slots;
+  timed("dspark_markov", static_cast<double>(bytes_of(w2)) + slots * 2.0 * logits.cols * sizeof(float),
+        slots * 2.0 * static_cast<double>(w2.numel()),
+        [&] { in_.dspark_markov(logits, w1, w2, ids, block, n_slots, h, conf_w, conf_b, tokens, conf); });
+}
 void ProfiledOps::sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) {
   timed("sample", bytes_of(logits), 0, [&] { in_.sample(logits, rows, out); });
 }

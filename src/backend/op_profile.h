@@ -57,7 +57,7 @@ class ProfiledOps final : public Ops {
   size_t scratch_mark() const override { return in_.scratch_mark(); }
   void scratch_rewind(size_t mark) override { in_.scratch_rewind(mark); }
   void reset_scratch() override { in_.reset_scratch(); }
-  BatchView upload_batch(const ForwardBatch& batch) override { return in_.upload_batch(batch); }
+  BatchView upload_batch(const ForwardBatch& batch, int area = 0) override { return in_.upload_batch(batch, area); }
 
   void repack_experts(ExpertMatrices& m) override { in_.repack_experts(m); }
   void embedding(const Tensor& table, int64_t first_row, const BatchView& batch, Tensor out) override;
@@ -91,6 +91,8 @@ class ProfiledOps final : public Ops {
   void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertMatrices& w1,
                    const ExpertMatrices& w3, const ExpertMatrices& w2, const ActivationParams& act,
                    Tensor y) override;
+  void dspark_markov(Tensor logits, const Tensor& w1, const Tensor& w2, const int32_t* ids, int block, int n_slots,
+                     const Tensor& h, const Tensor& conf_w, float conf_b, Tensor tokens, Tensor conf) override;
   void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) override;
   void all_reduce_sum(Tensor x) override;
   void all_gather_cols(const Tensor& x, Tensor out) override;

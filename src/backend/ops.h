@@ -104,8 +104,12 @@ class Ops {
   virtual void reset_scratch() = 0;
 
   // ---- the batch ---------------------------------------------------------------------
-  // Copies the batch's tables into backend memory (once per step).
-  virtual BatchView upload_batch(const ForwardBatch& batch) = 0;
+  // Copies the batch's tables into backend memory (once per step). A backend that stages
+  // the copy keeps one staging area per `area` (kBatchAreas): a second batch uploaded into
+  // another area before the first one's copy ran leaves the first intact (the speculative
+  // state replay and the step that follows it, both inside captured graphs).
+  static constexpr int kBatchAreas = 2;
+  virtual BatchView upload_batch(const ForwardBatch& batch, int area = 0) = 0;
 
   // ---- dense per-token ops -----------------------------------------------------------
   // out[t] = table[token_ids[t] - first_row] for the ids this table holds, zero for the
@@ -215,6 +219,19 @@ class Ops {
   virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertMatrices& w1,
                            const ExpertMatrices& w3, const ExpertMatrices& w2, const ActivationParams& act,
                            Tensor y) = 0;
+
+  // ---- DSpark draft heads (model/dspark_draft) ----------------------------------------
+  // The Markov head, slot by slot over each block (a slot's bias depends on the token drafted
+  // before it). For block b of logits [n_blocks * block, V] F32: prev = ids[b * block] (the
+  // anchor; ids is backend memory), then for k < n_slots: e = w1[prev], row b*block + k +=
+  // w2 · e (w1, w2 [V, rank] F32), tokens[b * block + k] = argmax of that row (the lowest id
+  // on ties), prev = that token. With conf_w [1, H (+ rank)] not empty, the confidence head:
+  // conf[b * block + k] = sigmoid(conf_b + conf_w[:H] · h[row] (+ conf_w[H:] · e)), h [rows,
+  // H] F32. tokens [n_blocks * block, 1] I32 and conf [n_blocks * block, 1] F32 (backend
+  // memory); their rows past n_slots and those logits rows are left as they were.
+  virtual void dspark_markov(Tensor logits, const Tensor& w1, const Tensor& w2, const int32_t* ids, int block,
+                             int n_slots, const Tensor& h, const Tensor& conf_w, float conf_b, Tensor tokens,
+                             Tensor conf) = 0;
 
   // ---- logits -> tokens --------------------------------------------------------------
   // One token per row of logits [R, vocab] F32 under rows[r] (backend/sampling.h), with the

@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include "common/log.h"
@@ -469,6 +471,30 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
   }
 }
 
+namespace {
+// MOONRUN_DEBUG_STEP_PHASES=1: where a step's host time goes (drafting, scheduling and
+// input building, the runner, postprocessing), logged every 1000 steps. For measuring the
+// engine's own overhead per step (speculation adds drafting and k + 1 rows to check).
+struct StepPhases {
+  bool on = std::getenv("MOONRUN_DEBUG_STEP_PHASES") != nullptr;
+  double draft = 0, prepare = 0, forward = 0, post = 0;
+  int64_t steps = 0;
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  void report() {
+    if (++steps % 1000 != 0) return;
+    const double us = 1e6 / static_cast<double>(steps);
+    MR_LOG(INFO) << "step phases over " << steps << " steps, us a step: drafts " << draft * us << ", schedule+inputs "
+                 << prepare * us << ", runner " << forward * us << ", postprocess " << post * us;
+  }
+};
+StepPhases& step_phases() {
+  static StepPhases p;
+  return p;
+}
+}  // namespace
+
 double Engine::now_seconds() const {
   if (config_.clock) return config_.clock();
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -478,7 +504,16 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   const double t0 = config_.auto_stand_aside ? now_seconds() : 0;
   step_speculates_ = false;
   step_decoding_ = 0;
+  StepPhases& phases = step_phases();
+  double tp = phases.on ? StepPhases::now() : 0;
+  auto lap = [&](double& into) {
+    if (!phases.on) return;
+    const double t = StepPhases::now();
+    into += t - tp;
+    tp = t;
+  };
   MR_RETURN_IF_ERROR(propose_drafts());
+  lap(phases.draft);
   const SchedulerOutput scheduled = schedule();
   if (scheduled.empty()) {
     // Work is waiting but nothing could be scheduled: with max_model_len <= pool size and an
@@ -490,8 +525,10 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   }
   StepInput input;
   prepare_inputs(scheduled, input);
+  lap(phases.prepare);
   StepOutput result;
   MR_RETURN_IF_ERROR(forward(input, result));
+  lap(phases.forward);
   // The snapshots taken after this forward become cached prefixes of their prompts.
   cache_.commit_snapshots([this](int64_t seq) -> std::span<const int32_t> {
     auto it = requests_.find(seq);
@@ -499,6 +536,8 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   });
   const int64_t generated_before = totals_.generation_tokens_total;
   postprocess(scheduled, result, outputs);
+  lap(phases.post);
+  if (phases.on) phases.report();
   ++totals_.steps_total;
   if (config_.auto_stand_aside && (drafts_ || config_.speculative.method == SpecMethod::kDSpark)) {
     // Only pure decode steps of the batch the verdict was for measure the two kinds.

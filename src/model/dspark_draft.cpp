@@ -169,7 +169,7 @@ Result<std::unique_ptr<DSparkDraft>> DSparkDraft::load(Ops& ops, const std::stri
     mat(l.mlp.up, p + "mlp.up_proj.weight", cfg.intermediate_size, H);
     mat(l.mlp.down, p + "mlp.down_proj.weight", H, cfg.intermediate_size);
   }
-  // The Markov and confidence heads run on the host (a few rows a step): read them as F32.
+  // The Markov and confidence heads (Ops::dspark_markov) read F32.
   Tensor w1, w2, conf_w, conf_b;
   const int64_t V = cfg.vocab_size, r = cfg.markov_rank;
   loader.f32(w1, "markov_head.markov_w1.weight", DType::BF16, {V, r}, V, r, ShardRule::replicated);
@@ -192,25 +192,16 @@ Result<std::unique_ptr<DSparkDraft>> DSparkDraft::load(Ops& ops, const std::stri
     MR_RETURN_IF_ERROR(fc_loader.finish());
   }
   ops.synchronize();
-  m->markov_w1_.resize(V * r);
-  m->markov_w2_.resize(V * r);
-  ops.download(w1, m->markov_w1_.data());
-  ops.download(w2, m->markov_w2_.data());
+  m->markov_w1_ = w1;
+  m->markov_w2_ = w2;
   if (cfg.confidence_head) {
-    m->confidence_w_.resize(conf_in);
-    ops.download(conf_w, m->confidence_w_.data());
+    m->confidence_w_ = conf_w;
     ops.download(conf_b, &m->confidence_b_);
   }
   // YaRN widens the softmax scale by mscale^2; the attention op's scale is fixed, and the
   // queries are linear in q_a_layernorm's weight, so the factor goes there.
-  if (m->rope_.softmax_scale_factor() != 1.0f) {
-    for (Layer& l : m->layers_) {
-      std::vector<float> w(cfg.q_lora_rank);
-      ops.download(l.attn.q_a_layernorm, w.data());
-      for (float& x : w) x *= m->rope_.softmax_scale_factor();
-      ops.upload(l.attn.q_a_layernorm, 0, w.data(), w.size() * sizeof(float));
-    }
-  }
+  if (m->rope_.softmax_scale_factor() != 1.0f)
+    for (Layer& l : m->layers_) fold_softmax_factor(ops, l.attn.q_a_layernorm, m->rope_.softmax_scale_factor());
   ops.synchronize();
   m->weight_bytes_ = ops.allocated_bytes() - before;
   return m;
@@ -359,42 +350,26 @@ void DSparkDraft::propose(Ops& ops, std::span<const DraftBlockRequest> requests,
   if (act != DType::F32) ops.copy(hn, hn_act);
   Tensor logits = ops.scratch(SB, V, DType::F32);
   ops.linear(hn_act, *shared.lm_head, logits);
-  std::vector<float> host_logits(SB * V), host_h;
-  ops.download(logits, host_logits.data());
-  if (cfg_.confidence_head) {
-    host_h.resize(SB * H);
-    ops.download(hn, host_h.data());
-  }
-
-  // The Markov head, slot by slot: each slot's bias depends on the draft before it.
-  const int r = cfg_.markov_rank;
-  std::vector<float> bias(V);
+  // The Markov and confidence heads, slot by slot (each slot's bias depends on the token
+  // drafted before it), on the backend: only the tokens and confidences come back.
+  int n_slots = 0;
+  for (const DraftBlockRequest& q : requests) n_slots = std::max(n_slots, std::clamp(q.n_draft, 0, B));
+  Tensor tokens = ops.scratch(SB, 1, DType::I32), conf = ops.scratch(SB, 1, DType::F32);
+  ops.dspark_markov(logits, markov_w1_, markov_w2_, batch.token_ids, B, n_slots, hn, confidence_w_, confidence_b_,
+                    tokens, conf);
+  std::vector<int32_t> host_tokens(SB);
+  std::vector<float> host_conf(cfg_.confidence_head ? SB : 0), host_logits(want_logits ? SB * V : 0);
+  ops.download(tokens, host_tokens.data());
+  if (cfg_.confidence_head) ops.download(conf, host_conf.data());
+  if (want_logits) ops.download(logits, host_logits.data());
   for (int s = 0; s < S; ++s) {
     DraftBlockResult& res = results[s];
     const int n = std::clamp(requests[s].n_draft, 0, B);
-    int32_t prev = requests[s].anchor_token;
     for (int k = 0; k < n; ++k) {
-      const float* e = markov_w1_.data() + static_cast<int64_t>(prev) * r;
-      float* row = host_logits.data() + (s * B + k) * V;
-      int32_t best = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        const float* w = markov_w2_.data() + v * r;
-        float dot = 0.0f;
-        for (int c = 0; c < r; ++c) dot += w[c] * e[c];
-        row[v] += dot;
-        if (row[v] > row[best]) best = static_cast<int32_t>(v);
-      }
-      if (cfg_.confidence_head) {
-        const float* hk = host_h.data() + (s * B + k) * H;
-        double z = confidence_b_;
-        for (int64_t c = 0; c < H; ++c) z += confidence_w_[c] * hk[c];
-        if (cfg_.confidence_with_markov)
-          for (int c = 0; c < r; ++c) z += confidence_w_[H + c] * e[c];
-        res.confidence.push_back(static_cast<float>(1.0 / (1.0 + std::exp(-z))));
-      }
-      if (want_logits) res.logits.insert(res.logits.end(), row, row + V);
-      res.tokens.push_back(best);
-      prev = best;
+      const int64_t row = static_cast<int64_t>(s) * B + k;
+      res.tokens.push_back(host_tokens[row]);
+      if (cfg_.confidence_head) res.confidence.push_back(host_conf[row]);
+      if (want_logits) res.logits.insert(res.logits.end(), host_logits.begin() + row * V, host_logits.begin() + (row + 1) * V);
     }
   }
 }

@@ -136,8 +136,8 @@ class DSparkDraft {
   std::vector<Matrix> fc_;  // per tap: the [hidden, hidden] block of fc.weight's columns
   Tensor hidden_norm, norm;
   std::vector<Layer> layers_;
-  std::vector<float> markov_w1_, markov_w2_;  // host [vocab, rank] each
-  std::vector<float> confidence_w_;           // host [hidden (+ rank)]
+  Tensor markov_w1_, markov_w2_;  // [vocab, rank] F32 each (Ops::dspark_markov)
+  Tensor confidence_w_;           // [1, hidden (+ rank)] F32; empty without the head
   float confidence_b_ = 0.0f;
   size_t weight_bytes_ = 0;
 };

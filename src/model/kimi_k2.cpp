@@ -83,14 +83,6 @@ MlaDims k2_mla_dims(const ModelConfig& c, int tp_size) {
   return d;
 }
 
-// Multiplies a [1, n] F32 vector by s in place (through the host: once, at load).
-void scale_vector(Ops& ops, const Tensor& v, float s) {
-  std::vector<float> host(static_cast<size_t>(v.numel()));
-  ops.download(v, host.data());
-  for (float& x : host) x *= s;
-  ops.upload(v, 0, host.data(), host.size() * sizeof(float));
-}
-
 }  // namespace
 
 KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp)
@@ -111,10 +103,10 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
   if (f != 1.0f) {
     for (KimiK2LayerWeights& lw : w_.layers) {
       if (cfg_.q_lora_rank > 0) {
-        scale_vector(ops, lw.mla.q_a_layernorm, f);
+        fold_softmax_factor(ops, lw.mla.q_a_layernorm, f);
       } else {
         MR_CHECK(lw.mla.q_proj.w.dtype == DType::F32) << "YaRN's softmax factor without q_lora needs F32 q_proj";
-        scale_vector(ops, lw.mla.q_proj.w, f);
+        fold_softmax_factor(ops, lw.mla.q_proj.w, f);
       }
     }
     ops.synchronize();

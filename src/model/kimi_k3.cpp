@@ -196,14 +196,11 @@ int64_t KimiK3::replay_floats_per_token() const {
   return static_cast<int64_t>(cfg_.num_kda_layers) * kda_replay_floats_per_token(kda_shape_);
 }
 
-void KimiK3::replay_state(Ops& ops, const BatchView& batch, const CachePools& pools,
-                          std::span<const int32_t> saved_rows) {
-  if (pools.replay.empty() || pools.state.empty() || saved_rows.empty()) return;
+void KimiK3::replay_state(Ops& ops, const BatchView& batch, const CachePools& pools) {
+  if (pools.replay.empty() || pools.state.empty() || batch.n_tokens() == 0) return;
   ScratchScope scope(ops);
-  const int64_t n = static_cast<int64_t>(saved_rows.size());
-  MR_CHECK(n == batch.n_tokens()) << n << " saved rows for " << batch.n_tokens() << " tokens";
-  Tensor index = ops.scratch(n, 1, DType::I32);  // [n] the replayed tokens' saved rows
-  ops.upload(index, 0, saved_rows.data(), saved_rows.size() * sizeof(int32_t));
+  // [n] the replayed tokens' saved rows, in the batch's id table (backend memory).
+  const Tensor index{const_cast<int32_t*>(batch.token_ids), DType::I32, batch.n_tokens(), 1};
   const int64_t kda_floats = kda_state_floats(kda_shape_);
   const int64_t per_layer = pools.replay.rows * kda_replay_floats_per_token(kda_shape_);
   for (int i = 0; i < cfg_.num_hidden_layers; ++i) {

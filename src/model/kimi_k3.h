@@ -59,8 +59,7 @@ class KimiK3 final : public Model {
   int64_t replay_floats_per_token() const override;
   bool set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) override;
   DraftSharedWeights draft_shared() const override;
-  void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools,
-                    std::span<const int32_t> saved_rows) override;
+  void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools) override;
   size_t weight_bytes() const override { return weight_bytes_; }
   bool has_vision() const override { return vision_.enabled(); }
   std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) override {

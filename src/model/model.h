@@ -93,10 +93,11 @@ class Model {
   // The weights a draft shares; empty where this rank holds only a part of them.
   virtual DraftSharedWeights draft_shared() const { return {}; }
   // Advances the state slots of `batch`'s sequences (already restored to their snapshots)
-  // over their tokens, token i taking what saved row saved_rows[i] of pools.replay holds.
-  // Only the recurrent state is written (no cache rows, no logits).
-  virtual void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools,
-                            std::span<const int32_t> saved_rows) {}
+  // over their tokens, token i taking what saved row batch.token_ids[i] of pools.replay
+  // holds (a replay reads no token: its "ids" are saved rows, uploaded with the batch, so a
+  // captured graph replays with new rows). Only the recurrent state is written (no cache
+  // rows, no logits); nothing is read from the host, so the ops may be captured.
+  virtual void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools) {}
   // Bytes of weights this rank holds on the backend.
   virtual size_t weight_bytes() const = 0;
   // Step temporaries a backend with a fixed arena must set aside: the scratch of a step of

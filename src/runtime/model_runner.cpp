@@ -211,18 +211,31 @@ void ModelRunner::build_batch(const StepInput& input, int padded_seqs, int pad_t
 void ModelRunner::run_replays(Ops& ops, const std::vector<StateReplay>& replays) {
   if (replays.empty() || pools_.state.empty()) return;
   replay_batch_ = ForwardBatch{};
-  replay_rows_.clear();
-  static const std::vector<int32_t> kNoTokens(1024, 0);  // replay reads no token ids
+  bool short_runs = static_cast<int>(replays.size()) <= kMaxCapturedReplays;
   for (const StateReplay& r : replays) {
+    // The slot restarts from its verify slot (slot addresses are the host's choice: a copy
+    // outside any graph).
     ops.copy(pools_.state.rows_view(r.snapshot, 1), pools_.state.rows_view(r.slot, 1));
-    MR_CHECK(r.n_tokens <= static_cast<int>(kNoTokens.size())) << "replay of " << r.n_tokens << " tokens";
-    replay_batch_.add_seq(kNoTokens.data(), r.n_tokens, 0, r.slot, &pad_page_, 1);
-    for (int t = 0; t < r.n_tokens; ++t) replay_rows_.push_back(r.first_row + t);
+    // A replay reads no token: its id table carries the saved rows it advances over.
+    replay_rows_.resize(static_cast<size_t>(r.n_tokens));
+    for (int t = 0; t < r.n_tokens; ++t) replay_rows_[t] = r.first_row + t;
+    replay_batch_.add_seq(replay_rows_.data(), r.n_tokens, 0, r.slot, &pad_page_, 1);
+    short_runs = short_runs && r.n_tokens <= kShortSeqMaxNewTokens;
   }
-  const BatchView view = ops.upload_batch(replay_batch_);
-  model_->replay_state(ops, view, pools_, replay_rows_);
-  // The step's own batch reuses the upload's staging memory.
-  ops.synchronize();
+  // Its own staging area: the step's batch, uploaded next, must not overwrite these tables
+  // before their copy ran (no synchronisation between the two).
+  const BatchView view = ops.upload_batch(replay_batch_, /*area=*/1);
+  const auto body = [&] { model_->replay_state(ops, view, pools_); };
+  // A few short replays (one stream, or a handful) are a few dozen tiny launches: one graph
+  // per (sequences, tokens) shape, as a step's. Many at once: eager (the shapes multiply,
+  // and the launches are then a small part of a large batch's step).
+  if (options_.cuda_graphs && ops.captures() && short_runs) {
+    const uint64_t key = kReplayGraphKey | static_cast<uint64_t>(replay_batch_.n_seqs()) << 32 |
+                         static_cast<uint64_t>(replay_batch_.n_tokens());
+    ops.run_captured(key, body);
+  } else {
+    body();
+  }
 }
 
 void ModelRunner::run_state_copies(const std::vector<StateCopy>& copies) {

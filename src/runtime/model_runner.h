@@ -159,6 +159,10 @@ class ModelRunner final : public StepRunner {
   RunnerOptions options_;
   int pad_slot_ = -1, pad_page_ = -1;  // what padding sequences read and write
   ForwardBatch batch_;                 // rebuilt each step (capacity kept)
+  // State rollbacks (StateReplay) run in a captured graph when a step has at most this many;
+  // their graphs' keys carry this bit (a step's never do).
+  static constexpr int kMaxCapturedReplays = 4;
+  static constexpr uint64_t kReplayGraphKey = uint64_t{1} << 63;
   ForwardBatch replay_batch_;          // the rollbacks' batch (StateReplay)
   std::vector<int32_t> replay_rows_;   // its tokens' saved rows
   int replay_capacity_rows_ = 0;       // rows pools_.replay holds

@@ -873,6 +873,40 @@ TEST_P(BackendOps, GreedySamplingOfAWholeBatch) {
   }
 }
 
+// DSpark's Markov and confidence heads (Ops::dspark_markov): the demo draft's shapes (vocab
+// 2560, rank 64, hidden 256, blocks of 8), three blocks, seven slots each. The heads read F32
+// in both modes (the draft loads them so); the tokens must agree exactly while the biased
+// logits agree, and a block's later slots follow from its earlier tokens.
+TEST_P(BackendOps, DSparkMarkovHeads) {
+  Backends& B = b();
+  const int V = 2560, r = 64, H = 256, block = 8, n_blocks = 3, n_slots = 7;
+  const int rows = block * n_blocks;
+  for (bool with_conf : {true, false}) {
+    Pair logits = put(B, normal(static_cast<size_t>(rows) * V, 301, 3.0f), rows, V);
+    Pair w1 = put(B, normal(static_cast<size_t>(V) * r, 302, 0.3f), V, r);
+    Pair w2 = put(B, normal(static_cast<size_t>(V) * r, 303, 0.3f), V, r);
+    Pair h = put(B, normal(static_cast<size_t>(rows) * H, 304), rows, H);
+    Pair conf_w = with_conf ? put(B, normal(H + r, 305, 0.1f), 1, H + r) : Pair{};
+    std::vector<int32_t> ids(rows, 0);
+    for (int b = 0; b < n_blocks; ++b) ids[b * block] = 17 + 991 * b;
+    Pair id = put_i32(B, ids, rows, 1);
+    Pair tokens = put_i32(B, std::vector<int32_t>(rows, -1), rows, 1);
+    Pair conf = out(B, rows, 1);
+    B.cpu.dspark_markov(logits.c, w1.c, w2.c, id.c.as<int32_t>(), block, n_slots, h.c, conf_w.c, 0.25f, tokens.c,
+                        conf.c);
+    B.gpu->dspark_markov(logits.g, w1.g, w2.g, id.g.as<int32_t>(), block, n_slots, h.g, conf_w.g, 0.25f, tokens.g,
+                         conf.g);
+    const std::string what = std::string("dspark_markov_") + (with_conf ? "conf_" : "") + B.mode();
+    expect_close(what, "3x8x2560 r64", err(B, logits), 2e-6);
+    std::vector<int32_t> want(rows), got(rows);
+    B.cpu.download(tokens.c, want.data());
+    B.gpu->download(tokens.g, got.data());
+    EXPECT_EQ(got, want) << what;
+    for (int b = 0; b < n_blocks; ++b) EXPECT_EQ(want[b * block + block - 1], -1) << "slot 7 is past n_slots";
+    if (with_conf) expect_close(what + "_confidence", "24", err(B, conf), 1e-5);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cuda, BackendOps, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "Float32" : "Bfloat16"; });
 

@@ -105,7 +105,7 @@ void CpuOps::reset_scratch() {
   }
 }
 
-BatchView CpuOps::upload_batch(const ForwardBatch& batch) {
+BatchView CpuOps::upload_batch(const ForwardBatch& batch, int /*area: the host tables are read in place*/) {
   BatchView v;
   v.host = &batch;
   v.token_ids = batch.token_ids.data();
@@ -412,6 +412,50 @@ void CpuOps::all_gather_cols(const Tensor& x, Tensor out) {
 }
 
 // ---- sampling ------------------------------------------------------------------------
+
+void CpuOps::dspark_markov(Tensor logits, const Tensor& w1, const Tensor& w2, const int32_t* ids, int block,
+                           int n_slots, const Tensor& h, const Tensor& conf_w, float conf_b, Tensor tokens, Tensor conf) {
+  const int64_t V = logits.cols, r = w1.cols, H = h.cols;
+  MR_CHECK(block > 0 && logits.rows % block == 0 && n_slots >= 0 && n_slots <= block && w1.rows == V &&
+           w2.rows == V && w2.cols == r && tokens.rows == logits.rows)
+      << "dspark_markov: logits [" << logits.rows << ", " << V << "], w1 [" << w1.rows << ", " << r << "], block "
+      << block << ", slots " << n_slots;
+  const bool with_conf = !conf_w.empty();
+  const bool conf_markov = with_conf && conf_w.cols == H + r;
+  MR_CHECK(!with_conf || ((conf_w.cols == H || conf_markov) && h.rows == logits.rows && conf.rows == logits.rows))
+      << "dspark_markov: confidence weights [" << conf_w.rows << ", " << conf_w.cols << "], h [" << h.rows << ", " << H
+      << "]";
+  const float *W1 = f32(w1), *W2 = f32(w2);
+  float* L = f32(logits);
+  int32_t* out = tokens.as<int32_t>();
+  for (int64_t b = 0; b < logits.rows / block; ++b) {
+    int32_t prev = ids[b * block];
+    for (int k = 0; k < n_slots; ++k) {
+      const int64_t row_id = b * block + k;
+      const float* e = W1 + static_cast<int64_t>(prev) * r;
+      float* row = L + row_id * V;
+      int32_t best = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const float* w = W2 + v * r;
+        float dot = 0.0f;
+        for (int64_t c = 0; c < r; ++c) dot += w[c] * e[c];
+        row[v] += dot;
+        if (row[v] > row[best]) best = static_cast<int32_t>(v);
+      }
+      if (with_conf) {
+        const float* cw = f32(conf_w);
+        const float* hk = f32(h) + row_id * H;
+        double z = conf_b;
+        for (int64_t c = 0; c < H; ++c) z += cw[c] * hk[c];
+        if (conf_markov)
+          for (int64_t c = 0; c < r; ++c) z += cw[H + c] * e[c];
+        f32(conf)[row_id] = static_cast<float>(1.0 / (1.0 + std::exp(-z)));
+      }
+      out[row_id] = best;
+      prev = best;
+    }
+  }
+}
 
 void CpuOps::sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) {
   MR_CHECK(logits.rows == static_cast<int64_t>(rows.rows.size())) << "one sampling rule per logits row";

@@ -34,7 +34,7 @@ class CpuOps final : public Ops {
   void scratch_rewind(size_t mark) override;
   void reset_scratch() override;
 
-  BatchView upload_batch(const ForwardBatch& batch) override;
+  BatchView upload_batch(const ForwardBatch& batch, int area = 0) override;
 
   void embedding(const Tensor& table, int64_t first_row, const BatchView& batch, Tensor out) override;
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) override;
@@ -71,6 +71,8 @@ class CpuOps final : public Ops {
                    const ExpertMatrices& w3, const ExpertMatrices& w2, const ActivationParams& act,
                    Tensor y) override;
 
+  void dspark_markov(Tensor logits, const Tensor& w1, const Tensor& w2, const int32_t* ids, int block, int n_slots,
+                     const Tensor& h, const Tensor& conf_w, float conf_b, Tensor tokens, Tensor conf) override;
   void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) override;
 
   void all_reduce_sum(Tensor x) override;

@@ -62,6 +62,13 @@ BatchTables tables(const BatchView& b) { return BatchTables{b.positions, b.token
 }  // namespace
 
 class CudaOps final : public Ops {
+  // upload_batch's staging: per area one pinned host blob and its device copy.
+  struct Staging {
+    int32_t* host = nullptr;  // pinned
+    int32_t* device = nullptr;
+    size_t words = 0;
+  };
+
  public:
   CudaOps(const CudaOpsOptions& o, size_t arena_bytes, std::unique_ptr<Communicator> comm)
       : device_(o.device), float32_(o.float32), arena_(arena_bytes), comm_(std::move(comm)) {
@@ -76,9 +83,11 @@ class CudaOps final : public Ops {
     comm_.reset();
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     blas_.reset();
-    if (host_blob_) cudaFreeHost(host_blob_);
+    for (Staging& st : staging_) {
+      if (st.host) cudaFreeHost(st.host);
+      if (st.device) cudaFree(st.device);
+    }
     if (sample_staging_) cudaFreeHost(sample_staging_);
-    if (device_blob_) cudaFree(device_blob_);
     cudaStreamDestroy(stream_);
   }
 
@@ -135,16 +144,18 @@ class CudaOps final : public Ops {
   // One packed int32 blob, one copy: the fixed-size tables first and the page table last,
   // so that for a given decode batch size every table but the page table keeps its address
   // (what a captured graph read).
-  BatchView upload_batch(const ForwardBatch& b) override {
+  BatchView upload_batch(const ForwardBatch& b, int area = 0) override {
+    check(area >= 0 && area < kBatchAreas, "upload_batch: staging area " + std::to_string(area));
+    Staging& st = staging_[area];
     const size_t n = b.token_ids.size(), ns = b.seqs.size(), nl = b.logit_rows.size();
     const size_t seq_words = sizeof(BatchSeq) / sizeof(int32_t);
     const size_t words = 3 * n + nl + ns * seq_words + b.page_table.size();
-    if (words > blob_words_) grow_blob(words);
-    int32_t* h = host_blob_;
+    if (words > st.words) grow_blob(st, words);
+    int32_t* h = st.host;
     size_t at = 0;
     auto put = [&](const void* src, size_t count) {
       std::memcpy(h + at, src, count * sizeof(int32_t));
-      const int32_t* dev = device_blob_ + at;
+      const int32_t* dev = st.device + at;
       at += count;
       return dev;
     };
@@ -156,7 +167,7 @@ class CudaOps final : public Ops {
     v.logit_rows = put(b.logit_rows.data(), nl);
     v.seqs = reinterpret_cast<const BatchSeq*>(put(b.seqs.data(), ns * seq_words));
     v.page_table = put(b.page_table.data(), b.page_table.size());
-    CUDA_CHECK(cudaMemcpyAsync(device_blob_, host_blob_, at * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(st.device, st.host, at * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     return v;
   }
 
@@ -479,6 +490,24 @@ class CudaOps final : public Ops {
   }
 
   // ---- sampling ----------------------------------------------------------------------
+  void dspark_markov(Tensor logits, const Tensor& w1, const Tensor& w2, const int32_t* ids, int block, int n_slots,
+                     const Tensor& h, const Tensor& conf_w, float conf_b, Tensor tokens, Tensor conf) override {
+    is_f32(logits, "dspark_markov");
+    const int64_t V = logits.cols, r = w1.cols;
+    check(block > 0 && logits.rows % block == 0 && n_slots >= 0 && n_slots <= block && w1.rows == V && w2.rows == V &&
+              w2.cols == r && r <= 1024 && tokens.rows == logits.rows && tokens.dtype == DType::I32,
+          "dspark_markov: logits " + shape(logits) + ", w1 " + shape(w1) + ", w2 " + shape(w2) + ", tokens " +
+              shape(tokens));
+    const bool with_conf = !conf_w.empty();
+    check(!with_conf || ((conf_w.cols == h.cols || conf_w.cols == h.cols + r) && h.rows == logits.rows &&
+                         conf.rows == logits.rows),
+          "dspark_markov: confidence weights " + shape(conf_w) + ", h " + shape(h));
+    cuda::dspark_markov(logits.as<float>(), static_cast<int>(logits.rows / block), static_cast<int>(V), w1.as<float>(),
+                        w2.as<float>(), static_cast<int>(r), ids, block, n_slots,
+                        with_conf ? h.as<float>() : nullptr, static_cast<int>(h.cols),
+                        with_conf ? conf_w.as<float>() : nullptr, static_cast<int>(conf_w.cols), conf_b,
+                        tokens.as<int32_t>(), with_conf ? conf.as<float>() : nullptr, stream_);
+  }
   void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) override {
     const int R = static_cast<int>(rows.rows.size()), V = static_cast<int>(logits.cols);
     check(logits.rows == R && logits.dtype == DType::F32, "sample: one F32 logits row per rule");
@@ -601,16 +630,16 @@ class CudaOps final : public Ops {
   }
 
  private:
-  void grow_blob(size_t words) {
+  void grow_blob(Staging& st, size_t words) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const size_t cap = std::max<size_t>(words * 2, size_t{1} << 16);
-    if (host_blob_) cudaFreeHost(host_blob_);
-    if (device_blob_) cudaFree(device_blob_);
-    host_blob_ = nullptr;
-    device_blob_ = nullptr;
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_blob_), cap * sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_blob_), cap * sizeof(int32_t)));
-    blob_words_ = cap;
+    if (st.host) cudaFreeHost(st.host);
+    if (st.device) cudaFree(st.device);
+    st.host = nullptr;
+    st.device = nullptr;
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&st.host), cap * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st.device), cap * sizeof(int32_t)));
+    st.words = cap;
     // The tables moved: graphs recorded with the old addresses are void.
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     graphs_.clear();
@@ -638,9 +667,7 @@ class CudaOps final : public Ops {
   std::unique_ptr<Communicator> comm_;  // the rank's NCCL communicator; none at one rank
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Blas> blas_;
-  int32_t* host_blob_ = nullptr;    // pinned
-  int32_t* device_blob_ = nullptr;
-  size_t blob_words_ = 0;
+  Staging staging_[kBatchAreas];
   std::map<uint64_t, cudaGraphExec_t> graphs_;
   std::vector<std::pair<int, std::vector<float>>> raw_rows_;  // sample(): rows asking for logprobs
   char* sample_staging_ = nullptr;  // pinned, sample_staging()

@@ -58,6 +58,14 @@ void RopeTable::fill(std::span<const int32_t> positions, float* out) const {
   }
 }
 
+void fold_softmax_factor(Ops& ops, const Tensor& weight, float factor) {
+  MR_CHECK(weight.dtype == DType::F32) << "fold_softmax_factor needs an F32 weight";
+  std::vector<float> host(static_cast<size_t>(weight.numel()));
+  ops.download(weight, host.data());
+  for (float& x : host) x *= factor;
+  ops.upload(weight, 0, host.data(), host.size() * sizeof(float));
+}
+
 std::vector<float> RopeTable::rows(std::span<const int32_t> positions) const {
   std::vector<float> out(positions.size() * rope_dim_);
   fill(positions, out.data());

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/ops.h"
 #include "model/config.h"
 
 namespace moonrun {
@@ -36,5 +37,10 @@ class RopeTable {
   double cos_sin_scale_ = 1.0;
   float softmax_factor_ = 1.0f;
 };
+
+// Multiplies an F32 weight the queries are linear in (q_a_layernorm, or an F32 q_proj) by
+// `factor`, once at load: how YaRN's softmax factor reaches an attention op whose scale is
+// the plain (nope + rope)^-1/2.
+void fold_softmax_factor(Ops& ops, const Tensor& weight, float factor);
 
 }  // namespace moonrun
