@@ -31,11 +31,11 @@ double OpProfile::total_seconds() const {
 namespace {
 
 double bytes_of(const Tensor& t) { return static_cast<double>(t.nbytes()); }
-double bytes_of(const Matrix& m) { return bytes_of(m.w) + (m.mxfp4() ? bytes_of(m.scales) : 0.0); }
+double bytes_of(const Matrix& m) { return bytes_of(m.w) + (m.kind() != WeightFormat::dense ? bytes_of(m.scales) : 0.0); }
 
 std::string matrix_label(const char* op, const Matrix& m) {
   return std::string(op) + " [" + std::to_string(m.out) + " x " + std::to_string(m.in) + "] " +
-         (m.mxfp4() ? "mxfp4" : dtype_name(m.w.dtype));
+         (m.mxfp4() ? "mxfp4" : m.int4() ? "int4" : dtype_name(m.w.dtype));
 }
 
 // Prefill (several new tokens in a sequence) and decode run different kernels: keep apart.
@@ -193,7 +193,7 @@ void ProfiledOps::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& 
                               static_cast<double>(w2.stacked.out) * w2.stacked.in;
   const std::string label = std::string("moe_experts [") + std::to_string(w1.num_experts) + " x " +
                             std::to_string(w1.stacked.out) + " x " + std::to_string(w1.stacked.in) + "] " +
-                            (w1.stacked.mxfp4() ? "mxfp4" : dtype_name(w1.stacked.w.dtype));
+                            (w1.stacked.mxfp4() ? "mxfp4" : w1.stacked.int4() ? "int4" : dtype_name(w1.stacked.w.dtype));
   timed(label, distinct.size() * per_expert + bytes_of(x) + bytes_of(y), 2.0 * assignments * macs_per_row,
         [&] { in_.moe_experts(x, ids, weights, w1, w3, w2, act, y); });
 }

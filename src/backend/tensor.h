@@ -40,16 +40,31 @@ struct Tensor {
   }
 };
 
-// A projection weight [out, in] in nn.Linear convention (y = x W^T): dense BF16 or F32, or
-// MXFP4 (K3_SPEC.md §3): `w` holds the E2M1 codes U8 [out, in/2], `scales` the E8M0
-// scales U8 [out, in/32].
+// How a Matrix's bytes encode its weights; each backend dispatches its expert GEMM on it.
+enum class WeightFormat : uint8_t {
+  dense,         // w is BF16 or F32 [out, in]
+  mxfp4_g32,     // K3_SPEC.md §3: w = E2M1 codes U8 [out, in/2], scales = E8M0 U8 [out, in/32]
+  int4_g32_sym,  // compressed-tensors pack-quantized (cpu/int4.h): w = I32 [out, in/8] words of
+                 // eight u4 = q + 8, scales = BF16 [out, in/32]; weight = q * scale
+};
+
+// A projection weight [out, in] in nn.Linear convention (y = x W^T) in one of the formats
+// above.
 struct Matrix {
   Tensor w;
-  Tensor scales;  // MXFP4 only
+  Tensor scales;  // quantized formats only
   int out = 0;
   int in = 0;
+  // Set by whoever fills a quantized matrix; a dense tag with scales present still means
+  // MXFP4 (the convention before the tag, kept for the tests and benches that build them).
+  WeightFormat format = WeightFormat::dense;
   bool empty() const { return w.empty(); }
-  bool mxfp4() const { return !scales.empty(); }
+  WeightFormat kind() const {
+    if (format != WeightFormat::dense) return format;
+    return scales.empty() ? WeightFormat::dense : WeightFormat::mxfp4_g32;
+  }
+  bool mxfp4() const { return kind() == WeightFormat::mxfp4_g32; }
+  bool int4() const { return kind() == WeightFormat::int4_g32_sym; }
 };
 
 // The routed experts of one layer, one Matrix per kind stacked over experts: expert e's

@@ -274,11 +274,42 @@ void WeightLoader::experts(ExpertMatrices& dst, int layer, ExpertMatrix which, i
       }
       return;
     }
+    const bool int4 = m.cfg.expert_quant == ExpertQuant::int4_g32_sym;
     if (in % 32 != 0 || c0 % 32 != 0 || in_l % 32 != 0) {
-      m.fail(invalid_argument(what + ": MXFP4 rows of " + std::to_string(in_l) +
+      m.fail(invalid_argument(what + (int4 ? ": INT4" : ": MXFP4") + " rows of " + std::to_string(in_l) +
                               " elements per rank (a multiple of 32 is needed: one scale per 32)"));
       return;
     }
+    if (int4) {
+      // compressed-tensors pack-quantized (backend/cpu/int4.h): the words and bf16 scales as
+      // stored, sharded exactly as MXFP4's codes and scales (eight values per word).
+      dst.stacked.format = WeightFormat::int4_g32_sym;
+      dst.stacked.w = m.ops.alloc(static_cast<int64_t>(local) * out_l, in_l / 8, DType::I32, what.c_str());
+      dst.stacked.scales = m.ops.alloc(static_cast<int64_t>(local) * out_l, in_l / 32, DType::BF16, what.c_str());
+      for (int e = 0; e < local && m.ok(); ++e) {
+        const TensorInfo* words = m.tensor(m.names.expert(layer, first + e, which, parts[0]), DType::I32, {out, in / 8});
+        const TensorInfo* scales =
+            m.tensor(m.names.expert(layer, first + e, which, parts[1]), DType::BF16, {out, in / 32});
+        const std::string shape_name = m.names.expert(layer, first + e, which, parts[2]);
+        const TensorInfo* shape = m.tensor(shape_name, DType::I64, {2});
+        if (!words || !scales || !shape) return;
+        int64_t stored_shape[2] = {0, 0};
+        if (!m.read(shape, 0, sizeof stored_shape, stored_shape, stats_)) return;
+        if (stored_shape[0] != out || stored_shape[1] != in) {
+          m.fail(failed_precondition(shape_name + " says [" + std::to_string(stored_shape[0]) + ", " +
+                                     std::to_string(stored_shape[1]) + "], expected [" + std::to_string(out) + ", " +
+                                     std::to_string(in) + "] (from config.json)"));
+          return;
+        }
+        m.stream_block(words, in / 8, r0, r1, c0 / 8, c1 / 8, dst.stacked.w, stats_,
+                       static_cast<int64_t>(e) * out_l * (in_l / 8));
+        m.stream_block(scales, in / 32, r0, r1, c0 / 32, c1 / 32, dst.stacked.scales, stats_,
+                       static_cast<int64_t>(e) * out_l * (in_l / 32));
+      }
+      if (m.ok()) m.ops.repack_experts(dst);
+      return;
+    }
+    dst.stacked.format = WeightFormat::mxfp4_g32;
     dst.stacked.w = m.ops.alloc(static_cast<int64_t>(local) * out_l, in_l / 2, DType::U8, what.c_str());
     dst.stacked.scales = m.ops.alloc(static_cast<int64_t>(local) * out_l, in_l / 32, DType::U8, what.c_str());
     const bool gpt_oss = m.cfg.expert_quant == ExpertQuant::mxfp4_gpt_oss;

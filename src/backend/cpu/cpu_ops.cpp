@@ -11,6 +11,7 @@
 #include "backend/cpu/linear.h"
 #include "backend/cpu/mla.h"
 #include "backend/cpu/moe.h"
+#include "backend/cpu/int4.h"
 #include "backend/cpu/mxfp4.h"
 #include "backend/cpu/router.h"
 #include "backend/cpu/sample.h"
@@ -138,7 +139,7 @@ void CpuOps::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor y) {
 }
 
 void CpuOps::linear(const Tensor& x, const Matrix& w, Tensor y) {
-  MR_CHECK(!w.mxfp4()) << "dense linear over an MXFP4 matrix";
+  MR_CHECK(w.kind() == WeightFormat::dense) << "dense linear over a quantized (MXFP4 / INT4) matrix";
   MR_CHECK(x.cols == w.in && y.cols == w.out && x.rows == y.rows)
       << "linear: x [" << x.rows << ", " << x.cols << "] W [" << w.out << ", " << w.in << "] y [" << y.rows << ", "
       << y.cols << "]";
@@ -365,13 +366,19 @@ void CpuOps::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weigh
                          const ExpertMatrices& w3, const ExpertMatrices& w2, const ActivationParams& act, Tensor y) {
   const int in = static_cast<int>(x.cols), inter = w1.stacked.out, E = w1.num_experts;
   MR_CHECK(w1.stacked.in == in && w2.stacked.out == in && w2.stacked.in == inter) << "moe_experts shapes";
-  // Per expert e: rows [e * out, (e + 1) * out) of each stacked matrix, as F32 (MXFP4 dequantised here).
+  // Per expert e: rows [e * out, (e + 1) * out) of each stacked matrix, as F32 (MXFP4 and
+  // INT4 dequantised here, one expert at a time: the reference favours clarity over speed).
   std::vector<float> gate, up, down;
   auto expert_rows = [](const ExpertMatrices& m, int e, std::vector<float>& buf) -> const float* {
     const Matrix& s = m.stacked;
     const int64_t first = static_cast<int64_t>(e) * s.out;
-    if (!s.mxfp4()) return f32(s.w) + first * s.in;
+    if (s.kind() == WeightFormat::dense) return f32(s.w) + first * s.in;
     buf.resize(static_cast<size_t>(s.out) * s.in);
+    if (s.int4()) {
+      dequantize_int4_g32(s.w.as<uint32_t>() + first * (s.in / 8), s.scales.as<uint16_t>() + first * (s.in / 32),
+                          s.out, s.in, buf.data());
+      return buf.data();
+    }
     dequantize_mxfp4(s.w.as<uint8_t>() + first * (s.in / 2), s.scales.as<uint8_t>() + first * (s.in / 32), s.out,
                      s.in, buf.data());
     return buf.data();

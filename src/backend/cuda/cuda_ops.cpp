@@ -191,7 +191,7 @@ class CudaOps final : public Ops {
     else cuda::rmsnorm(x.as<float>(), rows, dim, w.as<float>(), eps, y.as<float>(), stream_);
   }
   void linear(const Tensor& x, const Matrix& w, Tensor y) override {
-    check(!w.mxfp4(), "linear over an MXFP4 matrix");
+    check(w.kind() == WeightFormat::dense, "linear over a quantized (MXFP4 / INT4) matrix");
     check(x.cols == w.in && y.cols == w.out && x.rows == y.rows,
           "linear: x " + shape(x) + " W [" + std::to_string(w.out) + ", " + std::to_string(w.in) + "] y " + shape(y));
     const int n = static_cast<int>(x.rows);
@@ -359,7 +359,7 @@ class CudaOps final : public Ops {
     const int H = shp.num_heads, T = static_cast<int>(q.rows);
     const int64_t q_width = static_cast<int64_t>(H) * (shp.nope + shp.rope), o_width = static_cast<int64_t>(H) * shp.v_dim;
     check(q.cols == q_width && o.cols == o_width, "mla_attention: q " + shape(q) + ", o " + shape(o));
-    check(kv_b.out == H * (shp.nope + shp.v_dim) && kv_b.in == shp.kv_lora && !kv_b.mxfp4(), "mla_attention: kv_b");
+    check(kv_b.out == H * (shp.nope + shp.v_dim) && kv_b.in == shp.kv_lora && kv_b.kind() == WeightFormat::dense, "mla_attention: kv_b");
     const KvB kvb{kv_b.w.data, kv_b.w.dtype == DType::BF16};
     // Absorbed: every token (kAbsorbed), or the short sequences (kAuto; all of them in a
     // decode or verify step, which a graph captures).
@@ -458,6 +458,9 @@ class CudaOps final : public Ops {
     const int inter = w1.stacked.out, D = static_cast<int>(x.cols), n_slots = T * K;
     check(w1.stacked.in == D && w2.stacked.out == D && w2.stacked.in == inter, "moe_experts shapes");
     check(E > 0, "moe_experts: no experts");
+    check(!w1.stacked.int4() && !w3.stacked.int4() && !w2.stacked.int4(),
+          "moe_experts: INT4 (compressed-tensors pack-quantized) experts have no CUDA kernel yet (issue 40); "
+          "run them on the CPU backend");
     if (T == 0) return;
     ScratchScope scope(*this);
     ExpertGroups groups;
