@@ -35,7 +35,7 @@ int run_plan(PlanArgs a) {
     a.model = a.positional;
   }
   if (a.model.empty()) {
-    std::fprintf(stderr, "moonrun plan: give the model: `moonrun plan PATH --gpu H200` (kimi-k3, a config.json or a checkpoint)\n");
+    std::fprintf(stderr, "moonrun plan: give the model: `moonrun plan PATH --gpu H200` (kimi-k3, kimi-k3.1-pro, a config.json or a checkpoint)\n");
     return 2;
   }
   const tools::GpuSpec* gpu = tools::find_gpu(a.gpu);
@@ -85,7 +85,7 @@ void add_plan_command(CLI::App& app) {
               "Exit 0 fits, 1 does not fit, 2 usage error");
   cmd->add_option("model", args->positional, "the model (same as --model-path)");
   cmd->add_option("--model-path,--model", args->model,
-                  "kimi-k3 (built-in config), a config.json, or a checkpoint directory (exact bytes from its headers)");
+                  "kimi-k3 or kimi-k3.1-pro (built-in configs), a config.json, or a checkpoint directory (exact bytes from its headers)");
   cmd->add_option("--gpu", args->gpu, "H100, H200, B200, B300 or GB300 (NVL72)")->required();
   cmd->add_option("--tp-size,--tensor-parallel-size,--tp", args->tp,
                   "tensor-parallel size (default: every GPU); sets --nnodes when that is not given")

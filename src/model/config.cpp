@@ -24,6 +24,7 @@ const char* family_name(Family f) {
     case Family::kimi_k3: return "kimi_k3";
     case Family::kimi_linear: return "kimi_linear";
     case Family::kimi_k2: return "kimi_k2";
+    case Family::kimi_k31: return "kimi_k31";
   }
   return "?";
 }
@@ -557,6 +558,58 @@ Status parse_kimi_k2_config(const json& config, const std::string& source, Model
     MR_RETURN_IF_ERROR(top.get_int("media_placeholder_token_id", cfg.media_placeholder_token_id, false, -1));
   }
   return check_special_tokens(source, cfg);
+}
+
+// K3.1 (issue 38): K3's config.json, with text_config.dsa_config naming the DSA layers and
+// the indexer's sizes. The key names are DeepSeek-V3.2's (index_n_heads, index_head_dim,
+// index_topk) plus dsa_layers in linear_attn_config's style; no public K3.1 config.json,
+// vLLM kimi_k3 source or llama.cpp K3.1 source could be read when this was written, so they
+// follow the issue's text and are to be checked against the release.
+Status parse_kimi_k31_config(const json& config, const std::string& source, ModelConfig& cfg) {
+  MR_RETURN_IF_ERROR(parse_kimi_k3_config(config, source, cfg));
+  const json& tc = config["text_config"];
+  const bool in_text = tc.contains("dsa_config") && !tc["dsa_config"].is_null();
+  const bool at_top = config.contains("dsa_config") && !config["dsa_config"].is_null();
+  if (!in_text && !at_top)
+    return failed_precondition(source + ": text_config.dsa_config is missing (a kimi_k31 config names its "
+                                        "DeepSeek Sparse Attention layers there)");
+  const json& dc = in_text ? tc["dsa_config"] : config["dsa_config"];
+  const std::string path = in_text ? "text_config.dsa_config" : "dsa_config";
+  if (!dc.is_object()) return failed_precondition(source + ": " + path + " must be an object");
+  FieldReader r(dc, source, path);
+  DsaPart& d = cfg.dsa;
+  d = DsaPart{};
+  MR_RETURN_IF_ERROR(r.get_layer_list("dsa_layers", cfg.num_hidden_layers, d.layers));
+  MR_RETURN_IF_ERROR(r.get_positive("index_n_heads", d.index_n_heads));
+  MR_RETURN_IF_ERROR(r.get_positive("index_head_dim", d.index_head_dim));
+  MR_RETURN_IF_ERROR(r.get_positive("index_topk", d.index_topk));
+  // The indexer key's LayerNorm: the config declares no eps of its own.
+  d.k_norm_eps = cfg.rms_norm_eps;
+  if (cfg.q_lora_rank <= 0)
+    return failed_precondition(source + ": text_config.q_lora_rank is null but the DSA indexer's wq_b reads the "
+                                        "query latent (q_lora_rank > 0)");
+  // The DSA layers must be exactly the full-attention (MLA) layers: each once, none missing.
+  std::set<int> dsa;
+  for (int layer : d.layers)
+    if (!dsa.insert(layer).second)
+      return failed_precondition(r.where("dsa_layers") + " lists layer " + std::to_string(layer) + " twice");
+  std::string missing, extra;
+  for (int i = 0; i < cfg.num_hidden_layers; ++i) {
+    const bool mla = cfg.layers[i].attn == LayerKind::mla;
+    if (mla && !dsa.count(i + 1)) missing += (missing.empty() ? "" : ", ") + std::to_string(i + 1);
+    if (!mla && dsa.count(i + 1)) extra += (extra.empty() ? "" : ", ") + std::to_string(i + 1);
+  }
+  if (!extra.empty())
+    return failed_precondition(r.where("dsa_layers") + " lists layer(s) " + extra +
+                               " that linear_attn_config makes KDA layers (the DSA layers are exactly the "
+                               "full-attention layers, 1-based)");
+  if (!missing.empty())
+    return failed_precondition(r.where("dsa_layers") + " leaves out full-attention layer(s) " + missing +
+                               " (the DSA layers are exactly the full-attention layers, 1-based)");
+  cfg.num_dsa_layers = 0;
+  for (auto& l : cfg.layers)
+    if (l.attn == LayerKind::mla) l.dsa_index = cfg.num_dsa_layers++;
+  return Status::ok();
 }
 
 Result<ModelConfig> parse_model_config(const json& config, const std::string& source) {

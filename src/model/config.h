@@ -3,7 +3,8 @@
 // Which family a config.json belongs to is decided once, by the family table
 // (model/families.h): `kimi_k3` (the text model under "text_config", special token ids at
 // the top level), `kimi_linear` (everything at the top level) and the K2 generation's
-// DeepSeek-V3 layout (`kimi_k2` flat, `kimi_k25` under "text_config"). Parsed once; every
+// DeepSeek-V3 layout (`kimi_k2` flat, `kimi_k25` under "text_config"), and K3.1 (`kimi_k31`:
+// K3's layout plus a "dsa_config" naming the layers whose MLA carries a DSA indexer). Parsed once; every
 // other part of moonrun reads these fields, never the JSON.
 #include <string>
 #include <vector>
@@ -16,8 +17,8 @@
 namespace moonrun {
 
 // The model families moonrun knows (one row each in model/families.cpp).
-enum class Family { kimi_k3, kimi_linear, kimi_k2 };
-const char* family_name(Family f);  // "kimi_k3", "kimi_linear", "kimi_k2"
+enum class Family { kimi_k3, kimi_linear, kimi_k2, kimi_k31 };
+const char* family_name(Family f);  // "kimi_k3", "kimi_linear", "kimi_k2", "kimi_k31"
 
 enum class LayerKind { kda, mla };
 enum class MlpKind { dense, moe };
@@ -61,11 +62,30 @@ struct KimiK2Part {
   bool vision_tower = false;  // kimi_k25: a vision_config is present (not loaded yet)
 };
 
+// What only K3.1 (Family::kimi_k31) has: DeepSeek Sparse Attention in the full-attention
+// layers (issue 38). Each DSA layer keeps K3's gated MLA and adds a lightning indexer:
+// q_I = wq_b(q latent) [n_heads x head_dim], one key k_I = LayerNorm(wk(x)) [head_dim] per
+// token (no RoPE), per-head weights weights_proj(x) [n_heads]; score I[t, s] =
+// sum_h w[t, h] ReLU(q_I[t, h] . k_I[s]); each query attends to its top `topk` keys. The
+// indexer keys are cached per token beside the latent rows, FP8 with one fp32 scale per
+// 128 values (DeepSeek-V3.2's indexer cache).
+struct DsaPart {
+  int index_n_heads = 0;    // 32 in K3.1-Pro
+  int index_head_dim = 0;   // 128
+  int index_topk = 0;       // 2048
+  float k_norm_eps = 1e-6f; // the key LayerNorm's eps: rms_norm_eps (the config declares none)
+  std::vector<int> layers;  // dsa_config's layers, 1-based as written (= the full-attention layers)
+  // Bytes one token's indexer key takes in the cache of one DSA layer: head_dim FP8 values
+  // + one fp32 scale per 128 of them (128 + 4 = 132 in K3.1-Pro).
+  int64_t key_cache_bytes() const { return index_head_dim + 4 * ((index_head_dim + 127) / 128); }
+};
+
 struct LayerSpec {
   LayerKind attn = LayerKind::kda;
   MlpKind mlp = MlpKind::dense;
   int kda_index = -1;  // index among the KDA layers (cache slot layer), -1 for MLA
   int mla_index = -1;  // index among the MLA layers (page pool layer), -1 for KDA
+  int dsa_index = -1;  // index among the DSA layers (K3.1: an MLA layer with an indexer), else -1
 };
 
 struct ModelConfig {
@@ -136,9 +156,13 @@ struct ModelConfig {
   // Family::kimi_k2 only.
   KimiK2Part k2;
 
+  // Family::kimi_k31 only (num_dsa_layers 0 elsewhere).
+  DsaPart dsa;
+
   std::vector<LayerSpec> layers;  // [num_hidden_layers]
   int num_kda_layers = 0;
   int num_mla_layers = 0;
+  int num_dsa_layers = 0;  // MLA layers with a DSA indexer (K3.1)
 
   // Derived widths.
   int kda_proj_dim() const { return kda_num_heads * kda_head_dim; }
@@ -159,6 +183,8 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& config, const std::
 Status parse_kimi_k3_config(const nlohmann::json& config, const std::string& source, ModelConfig& cfg);
 Status parse_kimi_linear_config(const nlohmann::json& config, const std::string& source, ModelConfig& cfg);
 Status parse_kimi_k2_config(const nlohmann::json& config, const std::string& source, ModelConfig& cfg);
+// K3.1: K3's config (text_config as K3's) plus text_config.dsa_config (model/kimi_k31.h).
+Status parse_kimi_k31_config(const nlohmann::json& config, const std::string& source, ModelConfig& cfg);
 // Reads DIR/config.json (or the path itself when it names a file) and parses it.
 Result<ModelConfig> load_model_config(const std::string& path);
 

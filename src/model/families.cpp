@@ -2,6 +2,7 @@
 
 #include "model/kimi_k2.h"
 #include "model/kimi_k3.h"
+#include "model/kimi_k31.h"
 #include "model/loader.h"
 
 namespace moonrun {
@@ -16,6 +17,11 @@ void describe_k3(const ModelConfig& cfg, WeightSink& sink) {
 void describe_k2(const ModelConfig& cfg, WeightSink& sink) {
   KimiK2Weights scratch;
   describe_kimi_k2_weights(cfg, scratch, sink);
+}
+
+void describe_k31(const ModelConfig& cfg, WeightSink& sink) {
+  KimiK31Weights scratch;
+  describe_kimi_k31_weights(cfg, scratch, sink);
 }
 
 // kimi_k3 and kimi_linear share one forward (config.json's fields tell them apart).
@@ -87,6 +93,13 @@ const std::vector<ModelFamilyRow>& model_families() {
         {"kimi_k25", "KimiK25ForConditionalGeneration"},
         {"deepseek_v3", "DeepseekV3ForCausalLM"}},
        "kimi_k2", parse_kimi_k2_config, describe_k2, build_k2, nullptr},
+      // K3.1: K3 + DeepSeek Sparse Attention in the full-attention layers (issue 38). The
+      // architecture is the card's; the model_type "kimi_k31" is this table's guess (no public
+      // K3.1 config.json could be read), matched by either name. K3's chat format (issue 38:
+      // "the chat format and parsers as K3's"). No forward yet: load_model refuses in one
+      // line before reading any weight.
+      {Family::kimi_k31, "kimi_k31", {{"kimi_k31", "KimiK31ForConditionalGeneration"}}, "kimi_k3",
+       parse_kimi_k31_config, describe_k31, nullptr, "the K3.1 sparse-attention forward is issue 38's next step"},
   };
   return rows;
 }

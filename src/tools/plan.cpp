@@ -141,6 +141,10 @@ Result<Plan> make_plan(const PlanInputs& in) {
   // it (the latent is shared by the heads, so it is not split).
   p.kv_bytes_per_token = uint64_t(s.n_mla_layers) * uint64_t(s.kv_lora_rank + s.qk_rope_head_dim) *
                          uint64_t(in.kv_dtype_bytes);
+  // K3.1's DSA layers also keep each token's indexer key beside its latent row, FP8 with an
+  // fp32 scale per 128 values whatever the latent's dtype (DeepSeek-V3.2's indexer cache),
+  // whole on every TP rank (the indexer is replicated).
+  p.kv_bytes_per_token += uint64_t(s.n_dsa_layers) * uint64_t(s.dsa_key_bytes);
   // KDA: per layer S [heads, d_k, d_v] fp32 and three conv windows of (K-1) rows of heads x d
   // in bf16 (the activations' dtype). Split by heads over TP.
   const uint64_t P = uint64_t(s.kda_heads) * uint64_t(s.kda_head_dim);
@@ -161,7 +165,10 @@ Result<Plan> make_plan(const PlanInputs& in) {
       "activations, CUDA graphs and NCCL buffers live in the other " + fmt("%g", 100 * (1 - in.mem_fraction)) + " %",
       "KV " + std::string(in.kv_dtype_bytes == 1 ? "fp8" : "bf16") + ": " + std::to_string(s.n_mla_layers) +
           " MLA layers x (kv_lora_rank " + std::to_string(s.kv_lora_rank) + " + rope " +
-          std::to_string(s.qk_rope_head_dim) + ") per token, the whole latent on every TP rank (not split)",
+          std::to_string(s.qk_rope_head_dim) + ") per token, the whole latent on every TP rank (not split)" +
+          (s.n_dsa_layers > 0 ? "; plus " + std::to_string(s.n_dsa_layers) + " DSA layers x " +
+                                    std::to_string(s.dsa_key_bytes) + " B of indexer key (FP8 + fp32 scale)"
+                              : std::string()),
       "pool tokens count the KV alone; concurrent sequences also reserve each sequence's KDA state (" +
           gb(double(p.kda_state_per_gpu_bytes_per_seq)) + " per GPU) and assume every sequence is " +
           with_commas(p.context_length) + " tokens long",
@@ -256,7 +263,11 @@ std::string format_plan_table(const Plan& p) {
 
   o << "\nCaches\n";
   row("KV per token (" + std::to_string(s.n_mla_layers) + " MLA layers x " +
-          std::to_string(s.kv_lora_rank + s.qk_rope_head_dim) + " x " + std::to_string(in.kv_dtype_bytes) + " B)",
+          std::to_string(s.kv_lora_rank + s.qk_rope_head_dim) + " x " + std::to_string(in.kv_dtype_bytes) + " B" +
+          (s.n_dsa_layers > 0 ? " + " + std::to_string(s.n_dsa_layers) + " x " + std::to_string(s.dsa_key_bytes) +
+                                    " B indexer keys"
+                              : std::string()) +
+          ")",
       with_commas(int64_t(p.kv_bytes_per_token)) + " bytes, on every TP rank");
   row("KV per sequence at " + with_commas(p.context_length),
       gb(double(p.kv_bytes_per_seq)) + gib(double(p.kv_bytes_per_seq)));
@@ -331,6 +342,11 @@ json plan_to_json(const Plan& p) {
 
 Result<LoadedModel> load_plan_model(const std::string& model) {
   LoadedModel m;
+  if (model == "kimi-k3.1-pro") {
+    m.shape = MR_TRY(plan_shape_from_config(kimi_k31_pro_config(), "kimi-k3.1-pro"));
+    m.weights = weight_bytes_from_config(m.shape);
+    return m;
+  }
   if (model == "kimi-k3") {
     json cfg = json::parse(kimi_k3_config_json(), nullptr, false);
     MR_CHECK(!cfg.is_discarded()) << "built-in kimi-k3 config does not parse";
@@ -347,7 +363,7 @@ Result<LoadedModel> load_plan_model(const std::string& model) {
   }
   fs::path config_path = fs::is_directory(path, ec) ? path / "config.json" : path;
   if (!fs::exists(config_path, ec))
-    return not_found(model + ": not 'kimi-k3', a config.json file, a checkpoint directory with a config.json, "
+    return not_found(model + ": not 'kimi-k3' or 'kimi-k3.1-pro', a config.json file, a checkpoint directory with a config.json, "
                              "or a repo id in the local Hugging Face cache");
   std::ifstream f(config_path);
   json cfg = json::parse(f, nullptr, false);

@@ -37,6 +37,8 @@ Result<PlanModelShape> plan_shape_from_config(const json& config, const std::str
   s.qk_rope_head_dim = c.qk_rope_head_dim;
   s.v_head_dim = c.v_head_dim;
   s.mla_output_gate = c.mla_use_output_gate;
+  s.n_dsa_layers = c.num_dsa_layers;
+  s.dsa_key_bytes = c.num_dsa_layers > 0 ? c.dsa.key_cache_bytes() : 0;
   s.dense_intermediate = c.intermediate_size;
   s.first_k_dense = c.first_k_dense_replace;
   s.n_experts = c.num_experts;
@@ -184,6 +186,7 @@ std::string role_of_tensor(const std::string& name, const ModelConfig* cfg) {
   if (has("shared_experts.")) return "shared experts";
   if (has("routed_expert_down_proj") || has("routed_expert_up_proj")) return "LatentMoE down/up projections";
   if (has(".mlp.")) return "dense MLP";
+  if (has(".self_attn.indexer.")) return "DSA indexer";  // K3.1 (replicated: kimi_k31.h)
   if (has(".self_attn.")) {
     // "...layers.N.self_attn...": the layer's kind decides MLA or KDA.
     const size_t at = name.find("layers.");
@@ -219,7 +222,7 @@ Shard shard_of_tensor(const std::string& name, const std::map<std::string, Shard
   if (has(".experts.")) return Shard::kExpertParallel;
   if (name.rfind("vision_tower.", 0) == 0 || name.rfind("mm_projector.", 0) == 0)
     return Shard::kReplicated;
-  if (has("norm") || has("_res_") || has(".gate.weight") || has("e_score_correction_bias") ||
+  if (has("norm") || has("_res_") || has(".indexer.") || has(".gate.weight") || has("e_score_correction_bias") ||
       has("q_a_proj") || has("kv_a_proj") || has("f_a_proj") || has("g_a_proj") ||
       has("routed_expert_down_proj") || has("routed_expert_up_proj"))
     return Shard::kReplicated;

@@ -38,6 +38,8 @@ struct PlanModelShape {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   bool mla_output_gate = false;
+  int64_t n_dsa_layers = 0;            // K3.1: MLA layers with a DSA indexer (its keys cached too)
+  int64_t dsa_key_bytes = 0;           // one token's indexer key in one DSA layer: FP8 + fp32 scale
   int64_t dense_intermediate = 0;      // intermediate_size (layers before first_k_dense_replace)
   int64_t first_k_dense = 0;           // first_k_dense_replace
   int64_t n_experts = 0;               // num_experts (routed)
