@@ -125,7 +125,7 @@ TEST_P(GenerateCli, WritesTheReferenceLogitsFile) {
   fs::remove(out_file);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateCli, ::testing::Values("k3-tiny-a", "k2-tiny"), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateCli, ::testing::Values("k3-tiny-a", "k2-tiny", "k2-tiny-int4"), [](const auto& info) {
   std::string n = info.param;
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
