@@ -13,6 +13,7 @@ table ending in ratios against no speculation, measured in the same run, and wri
 Standard library only (runs on the GPU machine as it is).
 """
 import argparse
+import os
 import http.client
 import json
 import re
@@ -101,7 +102,7 @@ def metrics(port):
             "accepted": get("vllm:spec_decode_num_accepted_tokens_total")}
 
 
-def start(exe, device, extra):
+def start(exe, device, extra, log_path=None):
     cmd = [exe, "serve", "--served-model-name", "moonrun-demo", "--host", "127.0.0.1", "--port", "0",
            "--device", device, "--max-running-requests", "32", "--disable-log-requests"] + extra
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -118,12 +119,17 @@ def start(exe, device, extra):
     if port is None:
         proc.kill()
         raise RuntimeError("server did not start:\n" + log[-3000:])
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep the pipe drained
+    sink = open(log_path, "w") if log_path else None
+    if sink:
+        sink.write(log)
+    # Keep the pipe drained (into --server-logs when given, for MOONRUN_DEBUG_STEP_PHASES and the like).
+    threading.Thread(target=lambda: [sink.write(l) if sink else None for l in proc.stdout], daemon=True).start()
     return proc, port
 
 
-def run_config(exe, device, name, extra, ps, max_tokens, repeats):
-    proc, port = start(exe, device, extra)
+def run_config(exe, device, name, extra, ps, max_tokens, repeats, log_dir=None):
+    log_path = os.path.join(log_dir, re.sub(r"[^A-Za-z0-9]+", "_", name) + ".log") if log_dir else None
+    proc, port = start(exe, device, extra, log_path)
     try:
         stream_answer(port, ps[0], 32)  # warm-up: graphs, allocations
         before = metrics(port)
@@ -170,6 +176,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json-out")
+    ap.add_argument("--server-logs", help="a folder for each config's server log")
     ap.add_argument("--draft-model", default="models/moonrun-demo-dspark", help="the DSpark draft (method dspark)")
     a = ap.parse_args()
     ps = prompts()
@@ -183,7 +190,7 @@ def main():
     configs = [("off", [])] + [("%s k=%d" % (m, k), spec(m, k)) for m in a.methods for k in a.k]
     rows = []
     for name, extra in configs:
-        rows.append(run_config(a.exe, a.device, name, extra, ps, a.max_tokens, a.repeats))
+        rows.append(run_config(a.exe, a.device, name, extra, ps, a.max_tokens, a.repeats, a.server_logs))
         print("done: %s" % json.dumps(rows[-1]), file=sys.stderr)
     base = rows[0]
     print("| config | 1 stream tok/s | accept len | drafts accepted | 32 streams tok/s | 1 stream / off | 32 streams / off |")

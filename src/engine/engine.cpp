@@ -473,7 +473,7 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
 
 namespace {
 // MOONRUN_DEBUG_STEP_PHASES=1: where a step's host time goes (drafting, scheduling and
-// input building, the runner, postprocessing), logged every 1000 steps. For measuring the
+// input building, the runner, postprocessing), logged every 200 steps and when the engine falls idle. For measuring the
 // engine's own overhead per step (speculation adds drafting and k + 1 rows to check).
 struct StepPhases {
   bool on = std::getenv("MOONRUN_DEBUG_STEP_PHASES") != nullptr;
@@ -482,11 +482,15 @@ struct StepPhases {
   static double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
-  void report() {
-    if (++steps % 1000 != 0) return;
+  // Every 200 steps, and whenever the engine falls idle (one request's steps, run alone).
+  void report(bool idle) {
+    if (++steps < 200 && !(idle && steps >= 8)) return;
     const double us = 1e6 / static_cast<double>(steps);
-    MR_LOG(INFO) << "step phases over " << steps << " steps, us a step: drafts " << draft * us << ", schedule+inputs "
-                 << prepare * us << ", runner " << forward * us << ", postprocess " << post * us;
+    MR_LOG(INFO) << "step phases over the last " << steps << " steps" << (idle ? " (then idle)" : "")
+                 << ", us a step: drafts " << draft * us << ", schedule+inputs " << prepare * us << ", runner "
+                 << forward * us << ", postprocess " << post * us;
+    draft = prepare = forward = post = 0;
+    steps = 0;
   }
 };
 StepPhases& step_phases() {
@@ -537,7 +541,7 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   const int64_t generated_before = totals_.generation_tokens_total;
   postprocess(scheduled, result, outputs);
   lap(phases.post);
-  if (phases.on) phases.report();
+  if (phases.on) phases.report(!has_work());
   ++totals_.steps_total;
   if (config_.auto_stand_aside && (drafts_ || config_.speculative.method == SpecMethod::kDSpark)) {
     // Only pure decode steps of the batch the verdict was for measure the two kinds.

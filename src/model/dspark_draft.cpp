@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/check.h"
 #include "model/checkpoint.h"
@@ -213,14 +214,39 @@ int DSparkDraft::spare_pages_for(int max_seqs, int page_size_tokens) const {
   return max_seqs * ((cfg_.block_size + page_size_tokens - 1) / page_size_tokens + 1);
 }
 
-DraftPool DSparkDraft::allocate_pool(Ops& ops, int num_pages, int page_size_tokens, DType kv_dtype,
-                                     int max_seqs) const {
+int64_t DSparkDraft::fixed_bytes(int max_seqs, int64_t max_positions) const {
+  return max_positions * cfg_.qk_rope_head_dim * 4 + static_cast<int64_t>(max_seqs) * cfg_.block_size * 4;
+}
+
+DraftPool DSparkDraft::allocate_pool(Ops& ops, int num_pages, int page_size_tokens, DType kv_dtype, int max_seqs,
+                                     int64_t max_positions) const {
   DraftPool pool;
   pool.num_pages = num_pages;
   pool.spare_pages = spare_pages_for(max_seqs, page_size_tokens);
   pool.page_size_tokens = page_size_tokens;
+  pool.max_seqs = max_seqs;
   pool.kv = ops.alloc(cfg_.num_layers * pool.rows_per_layer(), cfg_.cache_row_width(), kv_dtype, "dspark draft cache");
   ops.zero(pool.kv);
+  // The rope rows, computed on the host as before (RopeTable::fill, in double) and uploaded
+  // once, a slice at a time: the same floats the per-step upload carried.
+  const int R = cfg_.qk_rope_head_dim;
+  pool.rope = ops.alloc(max_positions, R, DType::F32, "dspark rope rows");
+  constexpr int64_t kSlice = 65536;
+  std::vector<int32_t> positions;
+  std::vector<float> rows;
+  for (int64_t p0 = 0; p0 < max_positions; p0 += kSlice) {
+    const int64_t n = std::min(kSlice, max_positions - p0);
+    positions.resize(n);
+    for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(p0 + i);
+    rows.resize(static_cast<size_t>(n) * R);
+    rope_.fill(positions, rows.data());
+    ops.upload(pool.rope, static_cast<size_t>(p0) * R * sizeof(float), rows.data(), rows.size() * sizeof(float));
+  }
+  const int B = cfg_.block_size;
+  std::vector<int32_t> last(static_cast<size_t>(max_seqs) * B);
+  for (size_t t = 0; t < last.size(); ++t) last[t] = static_cast<int32_t>(t / B * B + B - 1);
+  pool.last_row = ops.alloc(static_cast<int64_t>(last.size()), 1, DType::I32, "dspark block rows");
+  ops.upload(pool.last_row, 0, last.data(), last.size() * sizeof(int32_t));
   return pool;
 }
 
@@ -247,10 +273,10 @@ void DSparkDraft::ingest(Ops& ops, const BatchView& batch, const Tensor& taps, i
   }
   Tensor ctx_n = ops.scratch(T, H, act);
   ops.rmsnorm(ctx, hidden_norm, cfg_.rms_norm_eps, ctx_n);
-  // Each layer's cache row of each token, k_pe rotated at the token's position.
+  // Each layer's cache row of each token, k_pe rotated at the token's position (the rope
+  // rows gathered on the device: ingest runs inside the step's graph).
   Tensor cs = ops.scratch(T, cfg_.qk_rope_head_dim, DType::F32);
-  const std::vector<float> rows = rope_.rows(batch.host->positions);
-  ops.upload(cs, 0, rows.data(), rows.size() * sizeof(float));
+  ops.gather_rows(pool.rope, batch.positions, cs);
   Tensor ckv = ops.scratch(T, cfg_.cache_row_width(), DType::F32);
   for (int i = 0; i < cfg_.num_layers; ++i) {
     ops.linear(ctx_n, layers_[i].attn.kv_a_proj_with_mqa, ckv);
@@ -260,16 +286,32 @@ void DSparkDraft::ingest(Ops& ops, const BatchView& batch, const Tensor& taps, i
 }
 
 void DSparkDraft::propose(Ops& ops, std::span<const DraftBlockRequest> requests, const DraftPool& pool,
-                          const DraftSharedWeights& shared, std::vector<DraftBlockResult>& results,
-                          bool want_logits) {
+                          const DraftSharedWeights& shared, std::vector<DraftBlockResult>& results, bool want_logits,
+                          bool capture) {
   results.assign(requests.size(), {});
   if (requests.empty()) return;
   ScratchScope scope(ops);
+  // A graph per shape: up to kMaxCapturedDraftSeqs sequences, padded to a power of two (so
+  // a handful of captures serve every small batch; a padding block drafts nothing and
+  // writes only spare pages). Larger batches run eagerly: their launches are a small part.
+  const int real = static_cast<int>(requests.size());
+  capture = capture && ops.captures() && real <= kMaxCapturedDraftSeqs;
+  int padded = real;
+  if (capture)
+    while (padded & (padded - 1)) ++padded;
+  padded = std::min(padded, pool.max_seqs);
+  std::vector<DraftBlockRequest> with_padding;
+  if (padded > real) {
+    with_padding.assign(requests.begin(), requests.end());
+    with_padding.resize(padded, DraftBlockRequest{{}, cfg_.mask_token_id, 0, 0});
+    requests = std::span<const DraftBlockRequest>(with_padding);
+  }
   const int S = static_cast<int>(requests.size()), B = cfg_.block_size, P = pool.page_size_tokens;
   const int64_t SB = static_cast<int64_t>(S) * B, H = cfg_.hidden_size, V = cfg_.vocab_size;
   const int nh = cfg_.num_heads, qhd = cfg_.qk_nope_head_dim + cfg_.qk_rope_head_dim;
   const DType act = ops.act_dtype();
   MR_CHECK(S * ((B + P - 1) / P + 1) <= pool.spare_pages) << S << " blocks, " << pool.spare_pages << " spare pages";
+  MR_CHECK(S <= pool.max_seqs) << S << " blocks, the pool is for " << pool.max_seqs;
 
   // The batch, twice over: S "store" sequences whose B rows write the block's cache rows at
   // their positions, then S*B one-row "attend" sequences placed at the block's last
@@ -278,18 +320,17 @@ void DSparkDraft::propose(Ops& ops, std::span<const DraftBlockRequest> requests,
   // attend rows store the block's last row again, identically.
   ForwardBatch fb;
   std::vector<std::vector<int32_t>> page_lists(S);
-  std::vector<int32_t> block_tokens(SB), positions(SB);
+  std::vector<int32_t> block_tokens(SB);
   int spare = pool.num_pages;
   for (int s = 0; s < S; ++s) {
     const DraftBlockRequest& q = requests[s];
+    MR_CHECK(q.anchor_pos + B <= pool.rope.rows)
+        << "a block at position " << q.anchor_pos << " is past the draft's " << pool.rope.rows << " rope rows";
     const int need = (q.anchor_pos + B + P - 1) / P;
     std::vector<int32_t>& pages = page_lists[s];
     pages.assign(q.pages.begin(), q.pages.begin() + std::min<size_t>(q.pages.size(), need));
     while (static_cast<int>(pages.size()) < need) pages.push_back(spare++);
-    for (int k = 0; k < B; ++k) {
-      block_tokens[s * B + k] = k == 0 ? q.anchor_token : cfg_.mask_token_id;
-      positions[s * B + k] = q.anchor_pos + k;
-    }
+    for (int k = 0; k < B; ++k) block_tokens[s * B + k] = k == 0 ? q.anchor_token : cfg_.mask_token_id;
     fb.add_seq(block_tokens.data() + s * B, B, q.anchor_pos, -1, pages.data(), need);
   }
   for (int s = 0; s < S; ++s)
@@ -298,71 +339,84 @@ void DSparkDraft::propose(Ops& ops, std::span<const DraftBlockRequest> requests,
                  static_cast<int>(page_lists[s].size()));
   fb.logit_rows.clear();
   const BatchView batch = ops.upload_batch(fb);
-
-  std::vector<int32_t> last_row(SB);  // the attend rows' stored row: their block's last
-  for (int64_t t = 0; t < SB; ++t) last_row[t] = static_cast<int32_t>(t / B * B + B - 1);
-  Tensor last_idx = ops.scratch(SB, 1, DType::I32);
-  ops.upload(last_idx, 0, last_row.data(), last_row.size() * sizeof(int32_t));
-  Tensor cs = ops.scratch(SB, cfg_.qk_rope_head_dim, DType::F32);
-  const std::vector<float> cs_rows = rope_.rows(positions);
-  ops.upload(cs, 0, cs_rows.data(), cs_rows.size() * sizeof(float));
-
-  Tensor both = ops.scratch(2 * SB, H, DType::F32);
-  ops.embedding(shared.embed_tokens->w, 0, batch, both);
-  Tensor h = ops.scratch(SB, H, DType::F32);
-  ops.copy(both.rows_view(0, SB), h);
-
-  Tensor xn = ops.scratch(SB, H, act), a = ops.scratch(SB, H, DType::F32);
-  Tensor qa = ops.scratch(SB, cfg_.q_lora_rank, DType::F32);
-  Tensor qa_n = act == DType::F32 ? qa : ops.scratch(SB, cfg_.q_lora_rank, act);
-  Tensor q = ops.scratch(2 * SB, nh * qhd, DType::F32);
-  Tensor ckv = ops.scratch(2 * SB, cfg_.cache_row_width(), DType::F32);
-  Tensor o = ops.scratch(2 * SB, nh * cfg_.v_head_dim, DType::F32);
-  Tensor o_in = act == DType::F32 ? Tensor{} : ops.scratch(SB, nh * cfg_.v_head_dim, act);
-  ops.zero(q);  // the store rows' queries: attended, then dropped
-  const ActivationParams swiglu{false, 0.0f, 0.0f};
-  for (int i = 0; i < cfg_.num_layers; ++i) {
-    const Layer& l = layers_[i];
-    const KvLayer cache = layer_cache(pool, i);
-    ops.rmsnorm(h, l.input_layernorm, cfg_.rms_norm_eps, xn);
-    ops.linear(xn, l.attn.q_a_proj, qa);
-    ops.rmsnorm(qa, l.attn.q_a_layernorm, cfg_.rms_norm_eps, qa_n);
-    Tensor q_attend = q.rows_view(SB, SB);
-    ops.linear(qa_n, l.attn.q_b_proj, q_attend);
-    ops.rope_interleaved(q_attend, cs, nh, qhd, cfg_.qk_nope_head_dim);
-    Tensor ckv_block = ckv.rows_view(0, SB);
-    ops.linear(xn, l.attn.kv_a_proj_with_mqa, ckv_block);
-    ops.rope_interleaved(ckv_block, cs, 1, cfg_.cache_row_width(), cfg_.kv_lora_rank);
-    ops.gather_rows(ckv_block, last_idx.as<int32_t>(), ckv.rows_view(SB, SB));
-    ops.mla_store(ckv, l.attn.kv_a_layernorm, cfg_.rms_norm_eps, batch, cache);
-    ops.mla_attention(q, l.attn.kv_b_proj, batch, cache, mla_.attn, MlaMode::kAuto, o);
-    Tensor o_attend = o.rows_view(SB, SB);
-    if (act != DType::F32) ops.copy(o_attend, o_in);
-    ops.linear(act == DType::F32 ? o_attend : o_in, l.attn.o_proj, a);
-    ops.add(h, a, h);
-    ops.rmsnorm(h, l.post_attention_layernorm, cfg_.rms_norm_eps, xn);
-    mlp_forward(ops, l.mlp, swiglu, xn, a);
-    ops.add(h, a, h);
-  }
-  Tensor hn = ops.scratch(SB, H, DType::F32);
-  ops.rmsnorm(h, norm, cfg_.rms_norm_eps, hn);
-  Tensor hn_act = act == DType::F32 ? hn : ops.scratch(SB, H, act);
-  if (act != DType::F32) ops.copy(hn, hn_act);
-  Tensor logits = ops.scratch(SB, V, DType::F32);
-  ops.linear(hn_act, *shared.lm_head, logits);
-  // The Markov and confidence heads, slot by slot (each slot's bias depends on the token
-  // drafted before it), on the backend: only the tokens and confidences come back.
   int n_slots = 0;
   for (const DraftBlockRequest& q : requests) n_slots = std::max(n_slots, std::clamp(q.n_draft, 0, B));
-  Tensor tokens = ops.scratch(SB, 1, DType::I32), conf = ops.scratch(SB, 1, DType::F32);
-  ops.dspark_markov(logits, markov_w1_, markov_w2_, batch.token_ids, B, n_slots, hn, confidence_w_, confidence_b_,
-                    tokens, conf);
-  std::vector<int32_t> host_tokens(SB);
+
+  // What the host reads after the pass: allocated before it, so a replayed graph (whose
+  // body does not run on the host) leaves them where the captured one wrote.
+  Tensor logits = ops.scratch(SB, V, DType::F32);
+  // The tokens and the confidences side by side: one copy back.
+  Tensor picked = ops.scratch(2 * SB, 1, DType::I32);
+  Tensor tokens = picked.rows_view(0, SB);
+  Tensor conf{picked.rows_view(SB, SB).data, DType::F32, SB, 1};
+  const auto pass = [&] {
+    ScratchScope pass_scope(ops);
+    // The store rows' rope rows (the first SB positions of the batch), and each attend
+    // row's stored row: its block's last.
+    Tensor cs = ops.scratch(SB, cfg_.qk_rope_head_dim, DType::F32);
+    ops.gather_rows(pool.rope, batch.positions, cs);
+    const int32_t* last_idx = pool.last_row.as<int32_t>();
+
+    Tensor both = ops.scratch(2 * SB, H, DType::F32);
+    ops.embedding(shared.embed_tokens->w, 0, batch, both);
+    Tensor h = ops.scratch(SB, H, DType::F32);
+    ops.copy(both.rows_view(0, SB), h);
+
+    Tensor xn = ops.scratch(SB, H, act), a = ops.scratch(SB, H, DType::F32);
+    Tensor qa = ops.scratch(SB, cfg_.q_lora_rank, DType::F32);
+    Tensor qa_n = act == DType::F32 ? qa : ops.scratch(SB, cfg_.q_lora_rank, act);
+    Tensor q = ops.scratch(2 * SB, nh * qhd, DType::F32);
+    Tensor ckv = ops.scratch(2 * SB, cfg_.cache_row_width(), DType::F32);
+    Tensor o = ops.scratch(2 * SB, nh * cfg_.v_head_dim, DType::F32);
+    Tensor o_in = act == DType::F32 ? Tensor{} : ops.scratch(SB, nh * cfg_.v_head_dim, act);
+    ops.zero(q);  // the store rows' queries: attended, then dropped
+    const ActivationParams swiglu{false, 0.0f, 0.0f};
+    for (int i = 0; i < cfg_.num_layers; ++i) {
+      const Layer& l = layers_[i];
+      const KvLayer cache = layer_cache(pool, i);
+      ops.rmsnorm(h, l.input_layernorm, cfg_.rms_norm_eps, xn);
+      ops.linear(xn, l.attn.q_a_proj, qa);
+      ops.rmsnorm(qa, l.attn.q_a_layernorm, cfg_.rms_norm_eps, qa_n);
+      Tensor q_attend = q.rows_view(SB, SB);
+      ops.linear(qa_n, l.attn.q_b_proj, q_attend);
+      ops.rope_interleaved(q_attend, cs, nh, qhd, cfg_.qk_nope_head_dim);
+      Tensor ckv_block = ckv.rows_view(0, SB);
+      ops.linear(xn, l.attn.kv_a_proj_with_mqa, ckv_block);
+      ops.rope_interleaved(ckv_block, cs, 1, cfg_.cache_row_width(), cfg_.kv_lora_rank);
+      ops.gather_rows(ckv_block, last_idx, ckv.rows_view(SB, SB));
+      ops.mla_store(ckv, l.attn.kv_a_layernorm, cfg_.rms_norm_eps, batch, cache);
+      ops.mla_attention(q, l.attn.kv_b_proj, batch, cache, mla_.attn, MlaMode::kAuto, o);
+      Tensor o_attend = o.rows_view(SB, SB);
+      if (act != DType::F32) ops.copy(o_attend, o_in);
+      ops.linear(act == DType::F32 ? o_attend : o_in, l.attn.o_proj, a);
+      ops.add(h, a, h);
+      ops.rmsnorm(h, l.post_attention_layernorm, cfg_.rms_norm_eps, xn);
+      mlp_forward(ops, l.mlp, swiglu, xn, a);
+      ops.add(h, a, h);
+    }
+    Tensor hn = ops.scratch(SB, H, DType::F32);
+    ops.rmsnorm(h, norm, cfg_.rms_norm_eps, hn);
+    Tensor hn_act = act == DType::F32 ? hn : ops.scratch(SB, H, act);
+    if (act != DType::F32) ops.copy(hn, hn_act);
+    ops.linear(hn_act, *shared.lm_head, logits);
+    // The Markov and confidence heads, slot by slot (each slot's bias depends on the token
+    // drafted before it), on the backend: only the tokens and confidences come back.
+    ops.dspark_markov(logits, markov_w1_, markov_w2_, batch.token_ids, B, n_slots, hn, confidence_w_,
+                      confidence_b_, tokens, conf);
+  };
+  // The shape of a pass is (S, n_slots); the page tables' contents and the positions are
+  // device data the graph reads (upload_batch keeps the tables' addresses for a shape).
+  if (capture)
+    ops.run_captured(kDSparkGraphKey | static_cast<uint64_t>(n_slots) << 32 | static_cast<uint64_t>(S), pass);
+  else
+    pass();
+  std::vector<int32_t> host_picked(2 * SB);
   std::vector<float> host_conf(cfg_.confidence_head ? SB : 0), host_logits(want_logits ? SB * V : 0);
-  ops.download(tokens, host_tokens.data());
-  if (cfg_.confidence_head) ops.download(conf, host_conf.data());
+  ops.download(picked, host_picked.data());
+  const int32_t* host_tokens = host_picked.data();
+  if (cfg_.confidence_head) std::memcpy(host_conf.data(), host_picked.data() + SB, SB * sizeof(float));
   if (want_logits) ops.download(logits, host_logits.data());
-  for (int s = 0; s < S; ++s) {
+  for (int s = 0; s < real; ++s) {
     DraftBlockResult& res = results[s];
     const int n = std::clamp(requests[s].n_draft, 0, B);
     for (int k = 0; k < n; ++k) {

@@ -87,14 +87,24 @@ struct DraftBlockResult {
 
 // The draft's page pool: kv_layers() regions of (num_pages + spare) pages each, the first
 // num_pages indexed by the target's page ids, the spare ones lent to blocks that run past a
-// sequence's allocated pages.
+// sequence's allocated pages. Beside it, what lets ingest() and propose() run inside
+// captured graphs with nothing uploaded from the host but the batch: the rope rows of every
+// position (gathered by the batch's positions on the device) and the block-row index.
 struct DraftPool {
   Tensor kv;  // [layers * rows_per_layer, cache_row_width]
   int num_pages = 0;        // the target's pages
   int spare_pages = 0;      // after them
   int page_size_tokens = 0;
+  Tensor rope;      // [max_positions, qk_rope_head_dim] F32: RopeTable rows of positions 0..
+  Tensor last_row;  // [max_seqs * block_size] I32: row t -> t / B * B + B - 1, its block's last
+  int max_seqs = 0;
   int64_t rows_per_layer() const { return static_cast<int64_t>(num_pages + spare_pages) * page_size_tokens; }
 };
+
+// Graph keys of propose()'s captured passes carry this bit (ModelRunner's steps and
+// rollbacks use bit 63 and the low bits).
+inline constexpr uint64_t kDSparkGraphKey = uint64_t{1} << 62;
+inline constexpr int kMaxCapturedDraftSeqs = 8;
 
 class DSparkDraft {
  public:
@@ -108,7 +118,11 @@ class DSparkDraft {
 
   // Spare pages a propose() of up to max_seqs sequences needs.
   int spare_pages_for(int max_seqs, int page_size_tokens) const;
-  DraftPool allocate_pool(Ops& ops, int num_pages, int page_size_tokens, DType kv_dtype, int max_seqs) const;
+  // The pool for blocks of up to max_seqs sequences at positions below max_positions (the
+  // longest context plus a block); fixed_bytes: what it holds beside the paged rows.
+  DraftPool allocate_pool(Ops& ops, int num_pages, int page_size_tokens, DType kv_dtype, int max_seqs,
+                          int64_t max_positions) const;
+  int64_t fixed_bytes(int max_seqs, int64_t max_positions) const;
 
   // The context rows of every token of a target step: taps [n_taps * taps_stride_rows,
   // hidden] F32, tap j of token t at row j * taps_stride_rows + t; written at the batch's
@@ -116,9 +130,14 @@ class DSparkDraft {
   void ingest(Ops& ops, const BatchView& batch, const Tensor& taps, int64_t taps_stride_rows, const DraftPool& pool);
 
   // Drafts each request's block (greedy, Markov-corrected): one pass of the backbone for
-  // all of them, the Markov head slot by slot on the host.
+  // all of them, then the Markov head slot by slot (Ops::dspark_markov). With `capture` (a
+  // backend that captures) and at most kMaxCapturedDraftSeqs requests, the pass from the
+  // embedding to the heads is one graph per (sequences padded to a power of two, slots)
+  // shape: only the batch tables are uploaded, only tokens come back.
+  // At most pool.max_seqs requests.
   void propose(Ops& ops, std::span<const DraftBlockRequest> requests, const DraftPool& pool,
-               const DraftSharedWeights& shared, std::vector<DraftBlockResult>& results, bool want_logits = false);
+               const DraftSharedWeights& shared, std::vector<DraftBlockResult>& results, bool want_logits = false,
+               bool capture = false);
 
  private:
   DSparkDraft() = default;

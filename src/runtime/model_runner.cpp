@@ -62,9 +62,13 @@ Status ModelRunner::attach_draft(std::unique_ptr<DSparkDraft> draft) {
                                             (1 + std::max(options_.num_speculative_tokens, dc.block_size)));
   try {
     taps_ = ops_->alloc(dc.n_taps() * taps_stride_rows_, dc.hidden_size, DType::F32, "dspark taps");
+    // Blocks reach B - 1 positions past the longest context.
+    const int64_t cache_tokens = static_cast<int64_t>(cache_.num_pages) * cache_.page_size_tokens;
+    const int64_t longest =
+        options_.max_positions > 0 ? std::min(options_.max_positions, cache_tokens) : cache_tokens;
     draft_pool_ = draft->allocate_pool(*ops_, pools_.num_pages, cache_.page_size_tokens,
                                        pools_.kv.empty() ? ops_->act_dtype() : pools_.kv.dtype,
-                                       options_.max_seqs_per_step);
+                                       options_.max_seqs_per_step, longest + dc.block_size);
     ops_->synchronize();
   } catch (const BackendError& e) {
     return resource_exhausted(std::string("allocating the draft's cache failed: ") + e.what());
@@ -84,7 +88,8 @@ Status ModelRunner::propose_blocks(std::span<const DraftBlockRequest> requests,
       const size_t n = std::min<size_t>(options_.max_seqs_per_step, requests.size() - at);
       std::vector<DraftBlockResult> part;
       ops_->reset_scratch();
-      draft_->propose(*ops_, requests.subspan(at, n), draft_pool_, model_->draft_shared(), part, want_logits);
+      draft_->propose(*ops_, requests.subspan(at, n), draft_pool_, model_->draft_shared(), part, want_logits,
+                      /*capture=*/options_.cuda_graphs && ops_->captures() && !profile_);
       if (at == 0) results = std::move(part);
       else results.insert(results.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
     }
@@ -311,7 +316,18 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     const BatchView view = ops.upload_batch(batch_);
     const int V = vocab();
     const Tensor logits = ops.scratch(view.n_logit_rows(), V, DType::F32);  // [rows, vocab]
-    const auto body = [&] { model_->forward(ops, view, pools_, logits); };
+    // The draft's context rows of every token this step computed (drafts included: a
+    // rejected one's row lies past the next anchor, unseen, until overwritten), in the same
+    // graph as the forward.
+    if (draft_)
+      for (const BatchSeq& s : batch_.seqs)
+        if (s.n_past + s.n_new > draft_pool_.rope.rows)
+          return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
+                                  ", past the DSpark draft's " + std::to_string(draft_pool_.rope.rows) + " rope rows");
+    const auto body = [&] {
+      model_->forward(ops, view, pools_, logits);
+      if (draft_) draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);
+    };
     if (graph) {
       ops.run_captured(static_cast<uint64_t>(padded) | static_cast<uint64_t>(tokens_each) << 32, body);
       ++graph_replays_;
@@ -319,9 +335,6 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
       body();
     }
     run_state_copies(input.after);
-    // The draft's context rows of every token this step computed (drafts included: a
-    // rejected one's row lies past the next anchor, unseen, until overwritten).
-    if (draft_) draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);
 
     // Rank 0 alone answers; the other ranks of a tensor-parallel group only had to take
     // part in the forward's collectives.

@@ -110,6 +110,9 @@ struct RunnerOptions {
   // Speculative decoding: draft tokens a sequence may bring per step (0: none); sizes the
   // buffer of saved rows for state rollbacks (max_seqs_per_step * (1 + this) rows).
   int num_speculative_tokens = 0;
+  // The longest context a sequence may reach (0: as many tokens as the cache holds); bounds
+  // a DSpark draft's table of rope rows.
+  int64_t max_positions = 0;
   // This runner's rank in a tensor-parallel group: every rank runs the forward, rank 0
   // alone samples and returns tokens (and logits when asked).
   int rank = 0;

@@ -283,7 +283,17 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     const int64_t replay = o.num_speculative_tokens > 0 && spec.state_floats_per_slot > 0
                                ? int64_t{4} * model.replay_floats_per_token() * running * (1 + o.num_speculative_tokens)
                                : 0;
-    lr.budget_bytes = ops0.free_bytes() - scratch - replay;
+    // A DSpark draft's taps (every target row a step carries, per tapped layer) and its
+    // fixed tables (ModelRunner::attach_draft).
+    int64_t draft_fixed = 0;
+    if (lr.draft) {
+      const DSparkConfig& dc = lr.draft->config();
+      const int64_t tap_rows = std::max<int64_t>(
+          o.max_tokens_per_step, static_cast<int64_t>(running) * (1 + std::max(o.num_speculative_tokens, dc.block_size)));
+      draft_fixed = int64_t{4} * dc.n_taps() * tap_rows * dc.hidden_size +
+                    lr.draft->fixed_bytes(running, context_len + dc.block_size);
+    }
+    lr.budget_bytes = ops0.free_bytes() - scratch - replay - draft_fixed;
   }
   return lr;
 }
@@ -305,6 +315,7 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   ro.cuda_graphs = o.cuda_graphs;
   ro.fail_after_steps = o.fail_after_steps;
   ro.num_speculative_tokens = o.num_speculative_tokens;
+  ro.max_positions = o.context_length > 0 ? o.context_length : std::max<int64_t>(lr.config.max_position_embeddings, 0);
   const int local = static_cast<int>(lr.ops.size());
   std::unique_ptr<StepRunner> runner;
   if (o.tp_size == 1) {

@@ -123,7 +123,7 @@ TEST_P(CudaSpeculative, GreedyTokensUnchangedAndGraphsEqualEager) {
 }
 
 // The trained DSpark draft of the demo model on the GPU: its blocks run on the CUDA ops beside
-// the target's graphs; the greedy tokens stay the target's own.
+// the target's graphs (and in graphs of their own); the greedy tokens stay the target's own.
 TEST(CudaDSpark, GreedyTokensUnchangedWithTheTrainedDemoDraft) {
   REQUIRE_GPU();
   const std::string dir = fixtures::source_dir() + "/models/moonrun-demo";
@@ -138,6 +138,12 @@ TEST(CudaDSpark, GreedyTokensUnchangedWithTheTrainedDemoDraft) {
     for (size_t i = 0; i < prompts.size(); ++i)
       EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "prompt " << i << ", " << max_running << " at a time";
     EXPECT_GT(spec.stats.spec_accepted_tokens_total, 0);
+    // The draft's passes captured in graphs (padded to a power of two sequences) propose
+    // what its eager passes do: the same kernels on the same rows.
+    const SpecRun eager = run(dir, prompts, 7, max_running, false, draft);
+    EXPECT_EQ(spec.stats.spec_draft_tokens_total, eager.stats.spec_draft_tokens_total) << max_running << " at a time";
+    EXPECT_EQ(spec.stats.spec_accepted_per_position, eager.stats.spec_accepted_per_position)
+        << max_running << " at a time";
     std::printf("dspark, %d at a time: steps %lld (plain %lld), drafts %lld, accepted %lld, graph replays %lld\n",
                 max_running, static_cast<long long>(spec.stats.steps_total),
                 static_cast<long long>(plain.stats.steps_total),
