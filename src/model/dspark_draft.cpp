@@ -227,21 +227,7 @@ DraftPool DSparkDraft::allocate_pool(Ops& ops, int num_pages, int page_size_toke
   pool.max_seqs = max_seqs;
   pool.kv = ops.alloc(cfg_.num_layers * pool.rows_per_layer(), cfg_.cache_row_width(), kv_dtype, "dspark draft cache");
   ops.zero(pool.kv);
-  // The rope rows, computed on the host as before (RopeTable::fill, in double) and uploaded
-  // once, a slice at a time: the same floats the per-step upload carried.
-  const int R = cfg_.qk_rope_head_dim;
-  pool.rope = ops.alloc(max_positions, R, DType::F32, "dspark rope rows");
-  constexpr int64_t kSlice = 65536;
-  std::vector<int32_t> positions;
-  std::vector<float> rows;
-  for (int64_t p0 = 0; p0 < max_positions; p0 += kSlice) {
-    const int64_t n = std::min(kSlice, max_positions - p0);
-    positions.resize(n);
-    for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(p0 + i);
-    rows.resize(static_cast<size_t>(n) * R);
-    rope_.fill(positions, rows.data());
-    ops.upload(pool.rope, static_cast<size_t>(p0) * R * sizeof(float), rows.data(), rows.size() * sizeof(float));
-  }
+  pool.rope = alloc_rope_rows(ops, rope_, max_positions, "dspark rope rows");
   const int B = cfg_.block_size;
   std::vector<int32_t> last(static_cast<size_t>(max_seqs) * B);
   for (size_t t = 0; t < last.size(); ++t) last[t] = static_cast<int32_t>(t / B * B + B - 1);

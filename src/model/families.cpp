@@ -40,10 +40,10 @@ Result<std::unique_ptr<Model>> build_k3(Ops& ops, const Checkpoint& ckpt, const 
                                            TensorParallel{options.rank, options.world_size}));
 }
 
-// The K2 forward runs where its ops do today: the CPU backend, with bf16 experts or the
-// released checkpoints' INT4 pack-quantized ones (dequantised on the fly by the CPU's
-// moe_experts). CUDA (the INT4 kernel first) is issue 40's next step; it is refused with one
-// line before any weight is read.
+// The K2 forward runs on the CPU backend with bf16 experts or the released checkpoints'
+// INT4 pack-quantized ones (dequantised on the fly by the CPU's moe_experts), and on CUDA
+// with bf16 experts; CUDA's INT4 expert kernel is issue 40's next step, refused with one line
+// before any weight is read.
 Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const ModelConfig& cfg,
                                         const LoadOptions& options) {
   if (cfg.expert_quant != ExpertQuant::none && cfg.expert_quant != ExpertQuant::int4_g32_sym)
@@ -52,9 +52,6 @@ Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const 
   if (cfg.expert_quant == ExpertQuant::int4_g32_sym && std::string(ops.name()) != "cpu")
     return unimplemented(ckpt.dir() + ": INT4 pack-quantized experts on the " + ops.name() +
                          " backend are not built yet (issue 40: the CUDA INT4 expert kernel); run it with --device cpu");
-  if (std::string(ops.name()) != "cpu")
-    return unimplemented(ckpt.dir() + ": the K2 forward on the " + ops.name() +
-                         " backend is not built yet (issue 40); run it with --device cpu");
   if (cfg.k2.vision_tower)
     return unimplemented(ckpt.dir() + ": the K2.5 vision tower is not built yet (issue 40); text-only K2 "
                                       "checkpoints run on the CPU backend");
@@ -68,7 +65,7 @@ Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const 
   MR_RETURN_IF_ERROR(loader.finish());
   ops.synchronize();
   return std::unique_ptr<Model>(new KimiK2(ops, cfg, std::move(weights), ops.allocated_bytes() - before,
-                                           TensorParallel{options.rank, options.world_size}));
+                                           TensorParallel{options.rank, options.world_size}, options.max_positions));
 }
 
 std::string known_names() {

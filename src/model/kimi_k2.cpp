@@ -85,7 +85,7 @@ MlaDims k2_mla_dims(const ModelConfig& c, int tp_size) {
 
 }  // namespace
 
-KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp)
+KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp, int64_t max_positions)
     : cfg_(cfg),
       w_(std::move(weights)),
       weight_bytes_(weight_bytes),
@@ -99,6 +99,12 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
   // mla_attention keeps the plain scale; q is linear in q_a_layernorm's weight (q = q_b(w *
   // rmsnorm(q_a x))) or in q_proj, so the factor goes into that weight, exactly in F32 for
   // the norm weight (every backend holds it in F32).
+  // The rope rows of every position a sequence may reach, gathered per step on the device
+  // (a captured decode graph replays at any position).
+  const int64_t n_positions = max_positions > 0                ? max_positions
+                              : cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings
+                                                                : 4096;
+  rope_rows_ = alloc_rope_rows(ops, rope_, n_positions, "K2 rope rows");
   const float f = rope_.softmax_scale_factor();
   if (f != 1.0f) {
     for (KimiK2LayerWeights& lw : w_.layers) {
@@ -157,14 +163,12 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
                    pools.page_size_tokens, static_cast<int>(pools.kv.cols)};
   };
 
-  // The step's rotary rows, one per token at its position (shared by every layer).
+  // The step's rotary rows, one per token at its position (shared by every layer). The
+  // runner keeps positions inside the table (max_positions()).
   Tensor cos_sin = ops.scratch(T, cfg_.qk_rope_head_dim, DType::F32);
-  {
-    MR_CHECK(static_cast<int64_t>(host.positions.size()) == T) << host.positions.size() << " positions, " << T
-                                                                << " tokens";
-    const std::vector<float> rows = rope_.rows(host.positions);
-    ops.upload(cos_sin, 0, rows.data(), rows.size() * sizeof(float));
-  }
+  for (int32_t p : host.positions)
+    MR_CHECK(p >= 0 && p < rope_rows_.rows) << "position " << p << " outside the rope table of " << rope_rows_.rows;
+  ops.gather_rows(rope_rows_, batch.positions, cos_sin);
 
   Tensor h = ops.scratch(T, H, DType::F32);  // the residual stream
   ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);

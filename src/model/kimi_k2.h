@@ -49,12 +49,16 @@ class KimiK2 final : public Model {
  public:
   // YaRN's softmax factor is folded into the weights here (see the .cpp), so construct
   // once per loaded set of weights.
-  KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp = {});
+  // max_positions: the longest context served (0: the config's max_position_embeddings),
+  // the rows of the rope table.
+  KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp = {},
+         int64_t max_positions = 0);
 
   const ModelConfig& config() const override { return cfg_; }
   CacheSpec cache_spec() const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
   size_t weight_bytes() const override { return weight_bytes_; }
+  int64_t max_positions() const override { return rope_rows_.rows; }
   int64_t scratch_bytes(int tokens_per_step) const override;
 
   // Which MLA evaluation order to use (tests pin both against each other).
@@ -70,6 +74,7 @@ class KimiK2 final : public Model {
   MoeDims moe_dims_;
   ActivationParams act_;
   RopeTable rope_;
+  Tensor rope_rows_;  // [max positions, qk_rope_head_dim] F32 (alloc_rope_rows)
   MlaMode mla_mode_ = MlaMode::kAuto;
 };
 

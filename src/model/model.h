@@ -49,6 +49,9 @@ struct LoadOptions {
   int world_size = 1;
   int ep_size = 1;
   bool log_progress = false;  // progress lines (bytes, GB/s, ETA) for long loads
+  // The longest context served (0: the config's max_position_embeddings): what a model that
+  // keeps a table per position (RoPE rows) sizes it for.
+  int64_t max_positions = 0;
 };
 
 // What a draft model shares with its target (DSpark: model/dspark_draft.h): the embedding
@@ -99,6 +102,9 @@ class Model {
   // rows, no logits); nothing is read from the host, so the ops may be captured.
   virtual void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools) {}
   // Bytes of weights this rank holds on the backend.
+  // The positions its forward can take (a table per position), 0 for no bound: the runner
+  // refuses a step past it rather than read outside the table.
+  virtual int64_t max_positions() const { return 0; }
   virtual size_t weight_bytes() const = 0;
   // Step temporaries a backend with a fixed arena must set aside: the scratch of a step of
   // tokens_per_step new tokens, whatever the contexts they attend to (nothing a step keeps

@@ -319,11 +319,18 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     // The draft's context rows of every token this step computed (drafts included: a
     // rejected one's row lies past the next anchor, unseen, until overwritten), in the same
     // graph as the forward.
-    if (draft_)
-      for (const BatchSeq& s : batch_.seqs)
-        if (s.n_past + s.n_new > draft_pool_.rope.rows)
-          return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
-                                  ", past the DSpark draft's " + std::to_string(draft_pool_.rope.rows) + " rope rows");
+    // Tables per position (rope rows) bound the positions a step may reach; a graph replay
+    // would not check.
+    const int64_t model_positions = model_->max_positions();
+    for (const BatchSeq& s : batch_.seqs) {
+      if (draft_ && s.n_past + s.n_new > draft_pool_.rope.rows)
+        return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
+                                ", past the DSpark draft's " + std::to_string(draft_pool_.rope.rows) + " rope rows");
+      if (model_positions > 0 && s.n_past + s.n_new > model_positions)
+        return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
+                                ", past the model's " + std::to_string(model_positions) +
+                                " positions (its rope table; --context-length sizes it)");
+    }
     const auto body = [&] {
       model_->forward(ops, view, pools_, logits);
       if (draft_) draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);

@@ -219,6 +219,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     load.world_size = W;
     load.ep_size = o.ep_size;
     load.log_progress = o.log && i == 0;
+    load.max_positions = o.context_length;
     lr.ops[i]->bind_thread();
     lr.models.push_back(MR_TRY(load_model(*lr.ops[i], *ckpt, load)));
   }

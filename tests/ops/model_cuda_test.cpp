@@ -41,9 +41,18 @@ using testing::top2_margin;
 
 class CudaFixture : public ::testing::TestWithParam<std::string> {};
 
+// A fixture's bf16 contract is measured on the GPU against its reference (README); one not
+// measured yet (k2-tiny: the K2 forward came to CUDA later) runs the fp32 and exactness
+// checks only.
+bool has_bf16_contract(const std::string& dir) {
+  std::ifstream in(dir + "/expected.json");
+  return nlohmann::json::parse(in).contains("bf16");
+}
+
 TEST_P(CudaFixture, TeacherForcedLogitsAndGreedyIdsWithinTheBf16Tolerance) {
   REQUIRE_GPU();
   const std::string dir = fixtures_dir() + "/" + GetParam();
+  if (!has_bf16_contract(dir)) GTEST_SKIP() << GetParam() << ": no bf16 contract measured yet";
   RuntimeOptions ro = testing::test_runtime_options("cuda", 256);
   ro.mem_fraction_static = 0.2;
   Runtime rt = testing::make_runtime(dir, ro);
@@ -107,6 +116,7 @@ TEST_P(CudaFixture, Tp1ThroughNcclEqualsThePlainRun) {
 TEST_P(CudaFixture, Bf16BatchesOf7And32EqualAlone) {
   REQUIRE_GPU();
   const std::string dir = fixtures_dir() + "/" + GetParam();
+  if (!has_bf16_contract(dir)) GTEST_SKIP() << GetParam() << ": no bf16 contract measured yet";
   std::ifstream in(dir + "/expected.json");
   const nlohmann::json expected = nlohmann::json::parse(in);
   const float tol = expected.at("bf16").at("tolerance_abs_logit").get<float>();

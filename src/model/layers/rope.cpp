@@ -58,6 +58,23 @@ void RopeTable::fill(std::span<const int32_t> positions, float* out) const {
   }
 }
 
+Tensor alloc_rope_rows(Ops& ops, const RopeTable& rope, int64_t n_positions, const char* what) {
+  const int R = rope.rope_dim();
+  Tensor table = ops.alloc(n_positions, R, DType::F32, what);
+  constexpr int64_t kSlice = 65536;
+  std::vector<int32_t> positions;
+  std::vector<float> rows;
+  for (int64_t p0 = 0; p0 < n_positions; p0 += kSlice) {
+    const int64_t n = std::min(kSlice, n_positions - p0);
+    positions.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(p0 + i);
+    rows.resize(static_cast<size_t>(n) * R);
+    rope.fill(positions, rows.data());
+    ops.upload(table, static_cast<size_t>(p0) * R * sizeof(float), rows.data(), rows.size() * sizeof(float));
+  }
+  return table;
+}
+
 void fold_softmax_factor(Ops& ops, const Tensor& weight, float factor) {
   MR_CHECK(weight.dtype == DType::F32) << "fold_softmax_factor needs an F32 weight";
   std::vector<float> host(static_cast<size_t>(weight.numel()));

@@ -38,6 +38,12 @@ class RopeTable {
   float softmax_factor_ = 1.0f;
 };
 
+// The rows of positions 0 .. n_positions - 1 in backend memory ([n_positions, rope_dim] F32,
+// computed on the host as fill() computes them and uploaded a slice at a time): a forward
+// gathers its batch's rows by the positions on the device, so it uploads nothing of its own
+// and a captured graph replays it at any position.
+Tensor alloc_rope_rows(Ops& ops, const RopeTable& rope, int64_t n_positions, const char* what);
+
 // Multiplies an F32 weight the queries are linear in (q_a_layernorm, or an F32 q_proj) by
 // `factor`, once at load: how YaRN's softmax factor reaches an attention op whose scale is
 // the plain (nope + rope)^-1/2.
