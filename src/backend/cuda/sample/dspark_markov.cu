@@ -6,8 +6,9 @@
 // the draft downloaded every block logit and ran the head on one host core: 1.3 M
 // multiply-adds a step for the demo draft, as long as the verify step itself.
 //
-// Each thread's dot product runs over the rank in order, as the CPU's loop does; the argmax
-// is the lowest id among equal maxima (argmax.cu's order). One thread block per draft block
+// A row's dot product over the rank is a warp's tree sum (the CPU's loop runs in order: the
+// biases agree to float rounding); the argmax is the lowest id among equal maxima
+// (argmax.cu's order). One thread block per draft block
 // is enough for the demo draft (V 2560); a K3-vocabulary draft (V 163840) would want the
 // vocabulary split over several blocks per slot (left for when one is measured).
 #include <cfloat>
@@ -55,14 +56,19 @@ __global__ void __launch_bounds__(kThreads)
     float* row = logits + row_id * vocab;
     Best best{-FLT_MAX, INT_MAX};
     bool any = false;
-    for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+    // A warp per vocabulary row, its lanes over the rank: w2's rows are read whole and in
+    // order (a thread per row read them 4 * rank bytes apart, 32 lines a load, ~100 us a
+    // slot on the demo draft). Lane 0 holds the row's sum.
+    const int n_warps = static_cast<int>(blockDim.x >> 5);
+    for (int v = warp; v < vocab; v += n_warps) {
       const float* w = w2 + static_cast<int64_t>(v) * rank;
       float dot = 0.0f;
-      for (int c = 0; c < rank; ++c) dot += w[c] * e[c];
-      const float x = row[v] + dot;
-      row[v] = x;
-      if (!any || x > best.v || (x == best.v && v < best.i)) {
-        if (!(x != x)) {  // NaN never wins
+      for (int c = lane; c < rank; c += 32) dot += w[c] * e[c];
+      for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(kFullWarp, dot, offset);
+      if (lane == 0) {
+        const float x = row[v] + dot;
+        row[v] = x;
+        if (!(x != x) && (!any || x > best.v || (x == best.v && v < best.i))) {  // NaN never wins
           best = Best{x, v};
           any = true;
         }
