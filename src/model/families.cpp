@@ -42,16 +42,14 @@ Result<std::unique_ptr<Model>> build_k3(Ops& ops, const Checkpoint& ckpt, const 
 
 // The K2 forward runs where its ops do today: the CPU backend, with bf16 experts or the
 // released checkpoints' INT4 pack-quantized ones (dequantised on the fly by the CPU's
-// moe_experts). CUDA (the INT4 kernel first) is issue 40's next step; it is refused with one
-// line before any weight is read.
+// moe_experts). The CUDA backend's moe_experts takes INT4 experts too (expert_linear_int4.cu),
+// so INT4 is no longer a reason to refuse CUDA; the rest of the K2 forward on CUDA is issue
+// 40's next step and is refused with one line before any weight is read.
 Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const ModelConfig& cfg,
                                         const LoadOptions& options) {
   if (cfg.expert_quant != ExpertQuant::none && cfg.expert_quant != ExpertQuant::int4_g32_sym)
     return unimplemented(ckpt.dir() + ": the K2 forward with " + expert_quant_name(cfg.expert_quant) +
                          " experts is not built (K2 checkpoints carry bf16 or INT4 experts)");
-  if (cfg.expert_quant == ExpertQuant::int4_g32_sym && std::string(ops.name()) != "cpu")
-    return unimplemented(ckpt.dir() + ": INT4 pack-quantized experts on the " + ops.name() +
-                         " backend are not built yet (issue 40: the CUDA INT4 expert kernel); run it with --device cpu");
   if (std::string(ops.name()) != "cpu")
     return unimplemented(ckpt.dir() + ": the K2 forward on the " + ops.name() +
                          " backend is not built yet (issue 40); run it with --device cpu");
