@@ -40,18 +40,14 @@ Result<std::unique_ptr<Model>> build_k3(Ops& ops, const Checkpoint& ckpt, const 
                                            TensorParallel{options.rank, options.world_size}));
 }
 
-// The K2 forward runs on the CPU backend with bf16 experts or the released checkpoints'
-// INT4 pack-quantized ones (dequantised on the fly by the CPU's moe_experts), and on CUDA
-// with bf16 experts; CUDA's INT4 expert kernel is issue 40's next step, refused with one line
-// before any weight is read.
+// The K2 forward runs on the CPU backend and on CUDA, with bf16 experts or the released
+// checkpoints' INT4 pack-quantized ones (the CPU's moe_experts dequantises them on the fly,
+// CUDA's in registers: moe/expert_linear_int4.cu).
 Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const ModelConfig& cfg,
                                         const LoadOptions& options) {
   if (cfg.expert_quant != ExpertQuant::none && cfg.expert_quant != ExpertQuant::int4_g32_sym)
     return unimplemented(ckpt.dir() + ": the K2 forward with " + expert_quant_name(cfg.expert_quant) +
                          " experts is not built (K2 checkpoints carry bf16 or INT4 experts)");
-  if (cfg.expert_quant == ExpertQuant::int4_g32_sym && std::string(ops.name()) != "cpu")
-    return unimplemented(ckpt.dir() + ": INT4 pack-quantized experts on the " + ops.name() +
-                         " backend are not built yet (issue 40: the CUDA INT4 expert kernel); run it with --device cpu");
   if (cfg.k2.vision_tower)
     return unimplemented(ckpt.dir() + ": the K2.5 vision tower is not built yet (issue 40); text-only K2 "
                                       "checkpoints run on the CPU backend");

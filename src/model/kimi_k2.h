@@ -7,8 +7,8 @@
 // stream, SwiGLU. Names as transformers' models/deepseek_v3 and vLLM's deepseek_v2.py load
 // them; K2.5 and later put them under "language_model.".
 //
-// The forward runs on the CPU backend with bf16 experts; INT4 experts and CUDA are refused
-// by the family row (issue 40's later steps).
+// The forward runs on the CPU and CUDA backends with bf16 or INT4 experts.
+
 #include <vector>
 
 #include "backend/tensor.h"

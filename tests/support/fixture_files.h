@@ -31,12 +31,11 @@ inline std::vector<std::string> fixture_names() {
   return names;
 }
 
-// The fixtures the CUDA backend runs: all but the one with INT4 experts, which have no CUDA
-// kernel yet (issue 40).
+// The fixtures the CUDA backend runs: every one.
 inline std::vector<std::string> cuda_fixture_names() {
   std::vector<std::string> names;
   for (std::string& n : fixture_names())
-    if (n != "k2-tiny-int4") names.push_back(std::move(n));  // no CUDA INT4 expert kernel yet
+    names.push_back(std::move(n));
   return names;
 }
 

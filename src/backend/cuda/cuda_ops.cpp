@@ -51,6 +51,11 @@ StackedExperts stacked(const ExpertMatrices& m) {
   if (m.stacked.mxfp4()) {
     s.kind = StackedExperts::Kind::mxfp4;
     s.scales = m.stacked.scales.as<uint8_t>();
+  } else if (m.stacked.int4()) {
+    check(m.stacked.w.dtype == DType::I32 && m.stacked.scales.dtype == DType::BF16,
+          "INT4 experts: need I32 words and BF16 scales");
+    s.kind = StackedExperts::Kind::int4;
+    s.scales = m.stacked.scales.as<uint8_t>();  // the bf16 scales' bytes (moe_ops.h)
   } else {
     s.kind = m.stacked.w.dtype == DType::BF16 ? StackedExperts::Kind::bf16 : StackedExperts::Kind::f32;
   }
@@ -458,9 +463,6 @@ class CudaOps final : public Ops {
     const int inter = w1.stacked.out, D = static_cast<int>(x.cols), n_slots = T * K;
     check(w1.stacked.in == D && w2.stacked.out == D && w2.stacked.in == inter, "moe_experts shapes");
     check(E > 0, "moe_experts: no experts");
-    check(!w1.stacked.int4() && !w3.stacked.int4() && !w2.stacked.int4(),
-          "moe_experts: INT4 (compressed-tensors pack-quantized) experts have no CUDA kernel yet (issue 40); "
-          "run them on the CPU backend");
     if (T == 0) return;
     ScratchScope scope(*this);
     ExpertGroups groups;

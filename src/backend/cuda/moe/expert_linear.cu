@@ -12,6 +12,7 @@
 // fixed (per lane in chunk order, then a butterfly), so results are run-to-run identical.
 // The tensor-core kernel (expert_linear_mma.cu) takes the MXFP4 x bf16 shapes it supports;
 // this one stays the reference and runs the rest (fp32 mode, dense experts, odd widths).
+// INT4 experts go to their own kernel (expert_linear_int4.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -145,7 +146,8 @@ __global__ void grouped_linear_kernel(const X* __restrict__ x, int x_row_div, St
 }
 
 void check_shape(const StackedExperts& w, const char* what) {
-  const bool has = w.w != nullptr && (w.kind != Kind::mxfp4 || w.scales != nullptr);
+  const bool quantized = w.kind == Kind::mxfp4 || w.kind == Kind::int4;
+  const bool has = w.w != nullptr && (!quantized || w.scales != nullptr);
   if (!has || w.out <= 0 || w.in <= 0 || w.in % kChunk != 0)
     throw CudaError(std::string(what) + ": need an expert matrix with in % 32 == 0, got [" + std::to_string(w.out) +
                     ", " + std::to_string(w.in) + "]");
@@ -166,6 +168,7 @@ void grouped_for(const X* x, int x_row_div, const StackedExperts& m, const Exper
     case Kind::mxfp4: return launch_grouped<Kind::mxfp4>(x, x_row_div, m, groups, max_active, y, stream);
     case Kind::bf16: return launch_grouped<Kind::bf16>(x, x_row_div, m, groups, max_active, y, stream);
     case Kind::f32: return launch_grouped<Kind::f32>(x, x_row_div, m, groups, max_active, y, stream);
+    case Kind::int4: break;  // expert_linear_int4.cu, taken before this is reached
   }
 }
 
@@ -175,6 +178,7 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
                            const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream) {
   check_shape(m, "grouped_expert_linear");
   if (max_active <= 0) return;
+  if (m.kind == Kind::int4) return grouped_int4_linear(x, x_bf16, x_row_div, m, groups, max_active, y, stream);
   if (grouped_mxfp4_stream_supported(m, x_bf16, n_tokens, x))
     return grouped_mxfp4_stream(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, n_tokens, y, stream);
   if (n_tokens >= kWgmmaMinTokens && grouped_mxfp4_wgmma_supported(m, x_bf16)) {

@@ -1,9 +1,9 @@
 #pragma once
 // The routed experts on the GPU (twins of cpu::route_token and cpu::moe_experts): router
 // top-k per token, the (token, k) slots grouped by expert without a host round trip, one
-// GEMM per expert over its slots (W4A16 over the MXFP4 codes, dequantised in registers; or
-// bf16 / fp32 experts), and the weighted combine in k order. Deterministic: the same input
-// gives bit-identical output.
+// GEMM per expert over its slots (W4A16 over the MXFP4 codes or the INT4 words, dequantised
+// in registers; or bf16 / fp32 experts), and the weighted combine in k order.
+// Deterministic: the same input gives bit-identical output.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -20,9 +20,12 @@ void router_topk(const float* logits, const float* bias, int n_tokens, const Rou
 
 // One kind of expert matrix [out, in] for every expert of a layer, stacked: expert e's rows
 // [e * out, (e + 1) * out) (backend/tensor.h ExpertMatrices). MXFP4: `w` the E2M1 codes
-// [E * out, in/2], `scales` E8M0 [E * out, in/32]; dense: `w` bf16 or fp32 [E * out, in].
+// [E * out, in/2], `scales` E8M0 [E * out, in/32]; INT4 (compressed-tensors pack-quantized,
+// backend/cpu/int4.h): `w` the u32 words [E * out, in/8], `scales` the bytes of the bf16
+// scales [E * out, in/32] (kept as bytes so the MXFP4 kernels' field serves both); dense: `w`
+// bf16 or fp32 [E * out, in].
 struct StackedExperts {
-  enum class Kind { mxfp4, bf16, f32 };
+  enum class Kind { mxfp4, int4, bf16, f32 };
   const void* w = nullptr;
   const uint8_t* scales = nullptr;
   Kind kind = Kind::mxfp4;
@@ -49,6 +52,11 @@ void group_by_expert(const int32_t* ids, int n_slots, int first_expert, int num_
 // rows; y: [n_slots, out] fp32. max_active bounds the active experts (min(E, n_slots)).
 void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
                            const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream);
+
+// grouped_expert_linear over Kind::int4 experts (expert_linear_int4.cu), which it calls for
+// them: the same contract, the weights dequantised in registers as (u4 - 8) * scale.
+void grouped_int4_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
+                         const ExpertGroups& groups, int max_active, float* y, cudaStream_t stream);
 
 // The tensor-core paths of grouped_expert_linear, which takes the first that applies.
 // Decode batches (expert_linear_stream.cu): bf16 x, MXFP4 weights, at most 8 tokens, in % 64
