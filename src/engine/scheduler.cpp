@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <string>
 
 namespace moonrun {
@@ -50,6 +51,8 @@ void Scheduler::preempt(Request* victim) {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int budget = config_.max_tokens_per_step > 0 ? config_.max_tokens_per_step : INT_MAX;
+  int64_t attention_left =
+      config_.max_prefill_attention_pairs > 0 ? config_.max_prefill_attention_pairs : INT64_MAX;
 
   // Running requests: the decodes (one token left to compute) first, then the prefill
   // chunks, each group oldest first, so a long prompt's chunks never hold back the streams
@@ -77,7 +80,10 @@ SchedulerOutput Scheduler::schedule() {
     }
     req->draft_ids.resize(n_draft);
     const int n_new =
-        n_draft > 0 ? 1 + n_draft : chunk(req, std::min(req->num_tokens() - req->num_computed_tokens, budget));
+        n_draft > 0 ? 1 + n_draft
+        : decode    ? 1
+                    : chunk(req, fair_chunk(std::min(req->num_tokens() - req->num_computed_tokens, budget),
+                                            req->num_computed_tokens, attention_left));
     MR_CHECK(n_new > 0) << "running request " << req->seq_id << " has nothing to compute";
     bool fits = false;
     while (true) {
@@ -113,7 +119,7 @@ SchedulerOutput Scheduler::schedule() {
       MR_CHECK_EQ(req->num_computed_tokens, 0);
       // A cached prefix of the prompt: its pages are shared and its state restored.
       const int cached = req->has_images() ? 0 : cache_.match_prefix(req->seq_id, req->prompt_ids);
-      const int n_new = chunk(req, std::min(req->num_tokens() - cached, budget), cached);
+      const int n_new = chunk(req, fair_chunk(std::min(req->num_tokens() - cached, budget), cached, attention_left), cached);
       if (!cache_.allocate(req->seq_id, cached + n_new)) {
         cache_.free(req->seq_id);  // gives back what match_prefix shared
         break;
@@ -130,6 +136,20 @@ SchedulerOutput Scheduler::schedule() {
     }
   }
   return out;
+}
+
+int Scheduler::fair_chunk(int n_new, int from, int64_t& budget_pairs) const {
+  if (budget_pairs == INT64_MAX) return n_new;
+  // The largest n with attention_pairs(from, n) <= the budget left: the positive root of
+  // n^2 + (2 from + 1) n - 2 budget = 0, then nudged for the rounding of the square root.
+  const double b = 2.0 * from + 1.0;
+  int64_t n = static_cast<int64_t>((-b + std::sqrt(b * b + 8.0 * static_cast<double>(std::max<int64_t>(budget_pairs, 0)))) / 2);
+  n = std::min<int64_t>(n, n_new);
+  while (n > 0 && attention_pairs(from, n) > budget_pairs) --n;
+  while (n < n_new && attention_pairs(from, n + 1) <= budget_pairs) ++n;
+  const int cut = static_cast<int>(std::clamp<int64_t>(n, std::min(n_new, kMinFairChunkTokens), n_new));
+  budget_pairs -= std::min(budget_pairs, attention_pairs(from, cut));
+  return cut;
 }
 
 int Scheduler::chunk(const Request* req, int n_new, int from) const {

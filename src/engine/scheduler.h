@@ -13,6 +13,11 @@
 //   - then, if nobody was preempted this step, waiting requests join in arrival order while
 //     the budget, the cache and --max-running-requests allow. The first that does not fit
 //     stops admission (FCFS: a small request never overtakes a larger one ahead of it).
+//   - fair chunking (issue 47): with an attention budget set for the step, a prefill chunk
+//     is also cut so that its query-key pairs (n tokens after p cached ones: n * p + n (n +
+//     1) / 2, the work that grows with the context) stay within it, so a chunk late in a
+//     long prompt is short and the other streams' decodes are not held for seconds
+//     (--max-prefill-attention-pairs; docs/architecture.md says why a work budget).
 //   - prefix caching (cache_manager.h): a newcomer whose prompt starts with a cached prefix
 //     starts after it; prefill chunks end at a block boundary where the state should be
 //     snapshotted for later requests (the cache says where).
@@ -33,6 +38,9 @@ struct SchedulerConfig {
   int max_running_requests = defaults::kMaxRunningRequests;
   int max_tokens_per_step = defaults::kChunkedPrefillTokens;  // <= 0: no chunking; raised to max_running_requests if below
   int max_queued_requests = -1;    // waiting-queue limit for new requests; -1: none
+  // The query-key pairs a step's prefill chunks may attend over together, per attention
+  // layer (<= 0: no bound; see "fair chunking" above).
+  int64_t max_prefill_attention_pairs = 0;
 };
 
 struct ScheduledSeq {
@@ -56,6 +64,11 @@ class Scheduler {
   // Queues a new request; resource_exhausted when the waiting queue is full.
   Status add(Request* req);
   SchedulerOutput schedule();
+  // A prefill chunk gets at least this many tokens under the attention budget, so a prompt
+  // always advances.
+  static constexpr int kMinFairChunkTokens = 32;
+  // The attention pairs of n new tokens after `past` ones.
+  static int64_t attention_pairs(int64_t past, int64_t n) { return n * past + n * (n + 1) / 2; }
   // After the forward: the scheduled tokens are in the caches now.
   void on_step_done(const SchedulerOutput& out);
   // Takes a request out (finished or aborted) and frees its caches. Idempotent.
@@ -72,6 +85,8 @@ class Scheduler {
   void preempt(Request* victim);
   // n_new tokens from `from` (default: the computed ones), cut at a snapshot boundary.
   int chunk(const Request* req, int n_new, int from = -1) const;
+  // n_new cut to the attention budget left (a prefill chunk from `from`), which it spends.
+  int fair_chunk(int n_new, int from, int64_t& budget_pairs) const;
   // Queues a state snapshot when the step ends req's chunk at an uncached block boundary.
   void plan_snapshot(const Request* req, int n_new);
 

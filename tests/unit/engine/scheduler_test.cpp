@@ -214,5 +214,61 @@ TEST(Scheduler, DecodesGoBeforeAnOlderPromptsChunks) {
   EXPECT_EQ(a->num_computed_tokens, 128);
 }
 
+// Fair chunking (issue 47): under --max-prefill-attention-pairs a long prompt's chunks are
+// cut so that each step's prefill attends over at most the budget's query-key pairs (the
+// largest chunk that fits, found here by counting, not by the scheduler's formula), every
+// decode runs in every step, and the prompt still finishes.
+TEST(Scheduler, FairChunkingCutsLateChunksToTheAttentionBudgetAndKeepsTheDecodes) {
+  constexpr int64_t kBudget = 3'000'000;
+  Fixture f(test_pool(1100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 2048,
+                                     .max_prefill_attention_pairs = kBudget});
+  std::vector<Request*> streams = {f.add(5), f.add(7), f.add(3)};
+  f.step();  // the three short prompts, then they decode
+  Request* longp = f.add(12000);
+  auto largest_fitting = [](int64_t past, int64_t most) {
+    int64_t n = 0;
+    while (n < most && (n + 1) * past + (n + 1) * (n + 2) / 2 <= kBudget) ++n;
+    return std::max<int64_t>(n, std::min<int64_t>(most, Scheduler::kMinFairChunkTokens));
+  };
+  int steps = 0, last_chunk = 1 << 30;
+  while (longp->num_computed_tokens < longp->num_prompt_tokens()) {
+    ASSERT_LT(++steps, 200) << "the long prompt stopped advancing";
+    const int past = longp->num_computed_tokens;
+    const SchedulerOutput out = f.step();
+    int decodes = 0, chunk = 0;
+    for (const ScheduledSeq& s : out.seqs) {
+      if (s.req == longp) chunk = s.n_new_tokens;
+      else decodes += s.n_new_tokens == 1 ? 1 : 0;
+    }
+    EXPECT_EQ(decodes, 3) << "step " << steps << ": every stream decodes while the prompt prefills";
+    const int64_t tokens_left = std::min<int64_t>(2048 - 3, longp->num_prompt_tokens() - past);
+    EXPECT_EQ(chunk, largest_fitting(past, tokens_left)) << "step " << steps << " from " << past;
+    EXPECT_LE(Scheduler::attention_pairs(past, chunk), kBudget);
+    EXPECT_LE(chunk, last_chunk) << "a later chunk attends over more: it is no longer";
+    last_chunk = chunk;
+  }
+  // The first chunk is the token budget's (2045: its pairs fit), the last ones a few hundred.
+  EXPECT_LT(last_chunk, 300);
+  EXPECT_GT(steps, 12000 / 2045 + 5);
+  for (Request* r : streams) EXPECT_EQ(r->num_output_tokens(), steps + 1);
+}
+
+// Two prompts prefilling in one step share the step's budget; under a budget too small for
+// even a few tokens a chunk still brings kMinFairChunkTokens, so nothing starves.
+TEST(Scheduler, FairChunkingSharesTheBudgetAndAlwaysAdvances) {
+  Fixture f(test_pool(400, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 4096,
+                                    .max_prefill_attention_pairs = 100'000});
+  Request* a = f.add(3000);
+  Request* b = f.add(3000);
+  const SchedulerOutput s1 = f.step();
+  // a: the largest n with n (n + 1) / 2 <= 100000 is 446; b gets the minimum.
+  EXPECT_EQ(plan(s1), (Plan{{0, 446}, {1, Scheduler::kMinFairChunkTokens}}));
+  const SchedulerOutput s2 = f.step();
+  // a from 446: n * 446 + n (n + 1) / 2 <= 100000 -> 185; b's minimum again.
+  EXPECT_EQ(plan(s2), (Plan{{0, 185}, {1, Scheduler::kMinFairChunkTokens}}));
+  EXPECT_EQ(a->num_computed_tokens, 631);
+  EXPECT_EQ(b->num_computed_tokens, 2 * Scheduler::kMinFairChunkTokens);
+}
+
 }  // namespace
 }  // namespace moonrun
