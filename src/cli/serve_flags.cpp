@@ -250,6 +250,10 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                   "attention layer; a chunk late in a long prompt is cut to fit, so other streams' decodes are "
                   "not held up (0: off)")
       ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+  cmd->add_option("--max-prefill-step-ms", o.max_prefill_step_ms,
+                  "Fair chunking by time: prefill chunks are cut so that a step carrying one takes about this "
+                  "long, from the step costs the engine measures (0: off)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--max-queued-requests", o.max_queued_requests, "Waiting requests beyond this get 503")->capture_default_str();
   cmd->add_option("--max-request-bytes", o.max_request_bytes, "Larger request bodies (after decoding) get 413")
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 34));
@@ -448,6 +452,7 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("mem_fraction_static", o.mem_fraction_static > 0 ? num(o.mem_fraction_static) : "(auto)");
   add("max_running_requests", o.max_running_requests > 0 ? std::to_string(o.max_running_requests) : "(auto)");
   add("chunked_prefill_size", std::to_string(o.chunked_prefill_size));
+  add("max_prefill_step_ms", o.max_prefill_step_ms > 0 ? num(o.max_prefill_step_ms) : "off");
   add("max_prefill_attention_pairs",
       o.max_prefill_attention_pairs > 0 ? std::to_string(o.max_prefill_attention_pairs) : "off");
   add("max_queued_requests", std::to_string(o.max_queued_requests));

@@ -505,7 +505,8 @@ double Engine::now_seconds() const {
 }
 
 Status Engine::step(std::vector<RequestOutput>& outputs) {
-  const double t0 = config_.auto_stand_aside ? now_seconds() : 0;
+  const bool paced = config_.max_prefill_step_ms > 0;
+  const double t0 = config_.auto_stand_aside || paced ? now_seconds() : 0;
   step_speculates_ = false;
   step_decoding_ = 0;
   StepPhases& phases = step_phases();
@@ -518,6 +519,11 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   };
   MR_RETURN_IF_ERROR(propose_drafts());
   lap(phases.draft);
+  if (paced && pacer_.ready()) {
+    const auto [fixed_s, per_token_s, per_pair_s] = pacer_.fit();
+    scheduler_.set_prefill_budget({config_.max_prefill_step_ms / 1e3 - std::max(fixed_s, 0.0),
+                                   std::max(per_token_s, 0.0), per_pair_s});
+  }
   const SchedulerOutput scheduled = schedule();
   if (scheduled.empty()) {
     // Work is waiting but nothing could be scheduled: with max_model_len <= pool size and an
@@ -527,12 +533,18 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
                             " waiting requests and an idle cache");
     return Status::ok();
   }
+  // The step's prefill attention (what the pacer learns a pair's cost from).
+  int64_t prefill_pairs = 0;
+  for (const ScheduledSeq& s : scheduled.seqs)
+    if (s.n_draft == 0 && s.n_new_tokens > 1)
+      prefill_pairs += Scheduler::attention_pairs(s.req->num_computed_tokens, s.n_new_tokens);
   StepInput input;
   prepare_inputs(scheduled, input);
   lap(phases.prepare);
   StepOutput result;
   MR_RETURN_IF_ERROR(forward(input, result));
   lap(phases.forward);
+  if (paced) pacer_.record(scheduled.n_tokens, prefill_pairs, now_seconds() - t0);
   // The snapshots taken after this forward become cached prefixes of their prompts.
   cache_.commit_snapshots([this](int64_t seq) -> std::span<const int32_t> {
     auto it = requests_.find(seq);

@@ -23,6 +23,7 @@
 #include "engine/output_text.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/prefill_pacer.h"
 #include "engine/spec_balance.h"
 #include "runtime/model_runner.h"
 #include "runtime/sampling_params.h"
@@ -48,6 +49,10 @@ struct EngineConfig {
   // decoding at the current batch size (engine/spec_balance.h). On for CUDA, where a step's
   // time is the GPU's; the CPU backend's steps cost (1 + k)x and tests want their drafts.
   bool auto_stand_aside = false;
+  // Fair chunking by time (--max-prefill-step-ms; engine/prefill_pacer.h): a step carrying a
+  // prefill chunk is cut to take about this long, from the step costs the engine measures.
+  // 0: off (the scheduler's max_prefill_attention_pairs alone).
+  double max_prefill_step_ms = 0;
   // Seconds on a monotonic clock (tests substitute a model of step costs); empty: steady_clock.
   std::function<double()> clock;
 };
@@ -151,6 +156,7 @@ class Engine {
   Scheduler scheduler_;
   std::unique_ptr<DraftSource> drafts_;  // null: no speculation
   SpecBalance balance_;                   // config_.auto_stand_aside's measurements
+  PrefillPacer pacer_;                    // config_.max_prefill_step_ms's measurements
   bool step_speculates_ = false;          // this step's verdict (propose_drafts)
   int step_decoding_ = 0;                 // sequences decoding at this step's start
   std::mt19937_64 seed_gen_;

@@ -51,8 +51,12 @@ void Scheduler::preempt(Request* victim) {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int budget = config_.max_tokens_per_step > 0 ? config_.max_tokens_per_step : INT_MAX;
-  int64_t attention_left =
-      config_.max_prefill_attention_pairs > 0 ? config_.max_prefill_attention_pairs : INT64_MAX;
+  // Fair chunking: the step's prefill budget, in the pacer's cost (seconds) or in pairs.
+  const PrefillBudget cost = paced_.budget > 0 ? paced_
+                             : config_.max_prefill_attention_pairs > 0
+                                 ? PrefillBudget{static_cast<double>(config_.max_prefill_attention_pairs), 0.0, 1.0}
+                                 : PrefillBudget{};
+  double attention_left = cost.budget > 0 ? cost.budget : HUGE_VAL;
 
   // Running requests: the decodes (one token left to compute) first, then the prefill
   // chunks, each group oldest first, so a long prompt's chunks never hold back the streams
@@ -106,6 +110,7 @@ SchedulerOutput Scheduler::schedule() {
     }
     if (!fits) continue;  // req itself was the newest; older ones later in the order may still fit
     plan_snapshot(req, n_new - n_draft);
+    if (decode) attention_left -= cost.per_token * n_new;  // a prefill chunk spent its own in fair_chunk
     const bool samples = req->num_computed_tokens + n_new - n_draft == req->num_tokens();
     out.seqs.push_back({req, n_new, samples, n_draft});
     out.n_tokens += n_new;
@@ -138,17 +143,22 @@ SchedulerOutput Scheduler::schedule() {
   return out;
 }
 
-int Scheduler::fair_chunk(int n_new, int from, int64_t& budget_pairs) const {
-  if (budget_pairs == INT64_MAX) return n_new;
-  // The largest n with attention_pairs(from, n) <= the budget left: the positive root of
-  // n^2 + (2 from + 1) n - 2 budget = 0, then nudged for the rounding of the square root.
-  const double b = 2.0 * from + 1.0;
-  int64_t n = static_cast<int64_t>((-b + std::sqrt(b * b + 8.0 * static_cast<double>(std::max<int64_t>(budget_pairs, 0)))) / 2);
-  n = std::min<int64_t>(n, n_new);
-  while (n > 0 && attention_pairs(from, n) > budget_pairs) --n;
-  while (n < n_new && attention_pairs(from, n + 1) <= budget_pairs) ++n;
+int Scheduler::fair_chunk(int n_new, int from, double& left) const {
+  if (left == HUGE_VAL) return n_new;
+  const PrefillBudget cost = paced_.budget > 0 ? paced_ : PrefillBudget{0.0, 0.0, 1.0};
+  const auto spent = [&](int64_t n) {
+    return cost.per_token * static_cast<double>(n) + cost.per_pair * static_cast<double>(attention_pairs(from, n));
+  };
+  // The largest n with spent(n) <= left: the positive root of
+  // per_pair / 2 n^2 + (per_pair (from + 1/2) + per_token) n - left = 0, then nudged for
+  // the rounding.
+  const double qa = cost.per_pair / 2, qb = cost.per_pair * (from + 0.5) + cost.per_token, room = std::max(left, 0.0);
+  double root = qa > 0 ? (-qb + std::sqrt(qb * qb + 4 * qa * room)) / (2 * qa) : qb > 0 ? room / qb : n_new;
+  int64_t n = static_cast<int64_t>(std::min(root, static_cast<double>(n_new)));
+  while (n > 0 && spent(n) > left) --n;
+  while (n < n_new && spent(n + 1) <= left) ++n;
   const int cut = static_cast<int>(std::clamp<int64_t>(n, std::min(n_new, kMinFairChunkTokens), n_new));
-  budget_pairs -= std::min(budget_pairs, attention_pairs(from, cut));
+  left -= spent(cut);
   return cut;
 }
 

@@ -67,6 +67,14 @@ class Scheduler {
   // A prefill chunk gets at least this many tokens under the attention budget, so a prompt
   // always advances.
   static constexpr int kMinFairChunkTokens = 32;
+  // Fair chunking by time (engine/prefill_pacer.h): this step's prefill may cost `budget`
+  // (seconds, say) with a cost of per_token a token and per_pair a query-key pair; the
+  // decodes scheduled first spend per_token each from it. budget <= 0: the config's
+  // max_prefill_attention_pairs alone (a budget of pairs at one a pair).
+  struct PrefillBudget {
+    double budget = 0, per_token = 0, per_pair = 0;
+  };
+  void set_prefill_budget(const PrefillBudget& b) { paced_ = b; }
   // The attention pairs of n new tokens after `past` ones.
   static int64_t attention_pairs(int64_t past, int64_t n) { return n * past + n * (n + 1) / 2; }
   // After the forward: the scheduled tokens are in the caches now.
@@ -85,8 +93,8 @@ class Scheduler {
   void preempt(Request* victim);
   // n_new tokens from `from` (default: the computed ones), cut at a snapshot boundary.
   int chunk(const Request* req, int n_new, int from = -1) const;
-  // n_new cut to the attention budget left (a prefill chunk from `from`), which it spends.
-  int fair_chunk(int n_new, int from, int64_t& budget_pairs) const;
+  // n_new cut to the budget left (a prefill chunk from `from`), which it spends.
+  int fair_chunk(int n_new, int from, double& left) const;
   // Queues a state snapshot when the step ends req's chunk at an uncached block boundary.
   void plan_snapshot(const Request* req, int n_new);
 
@@ -95,6 +103,7 @@ class Scheduler {
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
   int64_t num_preemptions_ = 0;
+  PrefillBudget paced_;
 };
 
 }  // namespace moonrun

@@ -1,0 +1,135 @@
+// Fair chunking by time (engine/prefill_pacer.h with the scheduler's PrefillBudget) against
+// the step costs issue 47 measured on one H200 with the K3-width slice: 8 decoding streams
+// alone step in ~3.2 ms; prefill of 8,192 tokens runs at 41,800 tok/s; an 8,192-token chunk
+// at ~1M cached positions takes ~1.2 s; the whole 1M-token prompt prefills in 96 s. A step
+// costs t0 + a tokens + c pairs with t0 = 3.0 ms, a = 23.5 us a token and c = 0.117 ns a
+// query-key pair fits all four (1M tokens: 23.5 s linear + 64 s of attention + the steps'
+// fixed part). Unpaced, the streams beside the 1M prompt stall ~1.2 s a step late in it
+// (the issue's p99 of 1,245 ms); paced at 30 ms the pacer must learn the costs from the
+// steps it sees, keep every step after it has learned within the target, and cost the
+// prompt at most 15 % of its time to first token (the issue's bounds).
+#include "engine/prefill_pacer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "test_pool.h"
+
+namespace moonrun {
+namespace {
+
+constexpr double kFixedS = 3.0e-3, kPerTokenS = 23.5e-6, kPerPairS = 0.117e-9;
+
+double step_seconds(const SchedulerOutput& out) {
+  int64_t pairs = 0;
+  for (const ScheduledSeq& s : out.seqs)
+    if (s.n_new_tokens > 1) pairs += Scheduler::attention_pairs(s.req->num_computed_tokens, s.n_new_tokens);
+  return kFixedS + kPerTokenS * out.n_tokens + kPerPairS * static_cast<double>(pairs);
+}
+
+struct PacedRun {
+  double ttft_s = 0;              // the long prompt's, from its admission
+  std::vector<double> step_s;     // every step while it prefilled
+  int min_decodes = 1 << 30;      // decodes in the emptiest of those steps
+  int64_t preemptions = 0;
+};
+
+// 8 streams decoding, then a 1M-token prompt; steps until it has its first token.
+PacedRun simulate(double target_ms) {
+  constexpr int kPage = 256;
+  CacheManager cache(testing::test_pool(4400, 16, kPage));  // 1.13M tokens: no preemption
+  Scheduler sched({.max_running_requests = 16, .max_tokens_per_step = 8192}, cache);
+  PrefillPacer pacer;
+  std::vector<std::unique_ptr<Request>> reqs;
+  auto add = [&](int prompt) {
+    reqs.push_back(std::make_unique<Request>());
+    Request* r = reqs.back().get();
+    r->seq_id = static_cast<int64_t>(reqs.size());
+    r->prompt_ids.assign(prompt, 1);
+    r->max_output_tokens = 1 << 30;
+    EXPECT_TRUE(sched.add(r).is_ok());
+    return r;
+  };
+  PacedRun run;
+  bool prefilling = false;
+  Request* longp = nullptr;
+  auto step = [&] {
+    if (target_ms > 0 && pacer.ready()) {
+      const auto [t0, a, c] = pacer.fit();
+      sched.set_prefill_budget({target_ms / 1e3 - std::max(t0, 0.0), std::max(a, 0.0), c});
+    }
+    const SchedulerOutput out = sched.schedule();
+    const double s = step_seconds(out);
+    int64_t pairs = 0, decodes = 0;
+    for (const ScheduledSeq& q : out.seqs) {
+      if (q.n_new_tokens > 1) pairs += Scheduler::attention_pairs(q.req->num_computed_tokens, q.n_new_tokens);
+      else ++decodes;
+    }
+    pacer.record(out.n_tokens, pairs, s);
+    sched.on_step_done(out);
+    for (const ScheduledSeq& q : out.seqs)
+      if (q.samples) q.req->output_ids.push_back(7);
+    if (prefilling) {
+      run.ttft_s += s;
+      run.step_s.push_back(s);
+      run.min_decodes = std::min<int>(run.min_decodes, static_cast<int>(decodes));
+    }
+  };
+  for (int i = 0; i < 8; ++i) add(100 + i);
+  for (int i = 0; i < 4; ++i) step();
+  longp = add(1 << 20);
+  prefilling = true;
+  while (longp->num_output_tokens() == 0) {
+    step();
+    if (run.step_s.size() > 20000) break;
+  }
+  run.preemptions = sched.num_preemptions();
+  return run;
+}
+
+TEST(PrefillPacer, KeepsStepsBesideAMillionTokenPromptUnderTheTargetAndItsTtftWithin15Percent) {
+  const PacedRun plain = simulate(0);
+  const PacedRun paced = simulate(30.0);
+  ASSERT_FALSE(plain.step_s.empty());
+  ASSERT_FALSE(paced.step_s.empty());
+  const double plain_max = *std::max_element(plain.step_s.begin(), plain.step_s.end());
+  EXPECT_GT(plain_max, 1.0) << "unpaced, a late chunk holds the streams over a second";
+  // Paced: every step after the first few (the pacer's warm-up, full chunks at the start of
+  // the prompt where a chunk is short anyway) within the target plus 5 %.
+  const size_t warm = 8;
+  std::vector<double> late(paced.step_s.begin() + warm, paced.step_s.end());
+  const double worst = *std::max_element(late.begin(), late.end());
+  EXPECT_LE(worst, 0.0315) << "a paced step took " << worst * 1e3 << " ms";
+  EXPECT_EQ(paced.min_decodes, 8) << "every stream decodes in every step";
+  EXPECT_EQ(plain.min_decodes, 8);
+  EXPECT_EQ(paced.preemptions + plain.preemptions, 0) << "the pool holds the prompt and the streams";
+  // The prompt's own cost: its attention and linear work are the same whatever the chunks;
+  // the extra steps add their fixed part.
+  EXPECT_LE(paced.ttft_s, 1.15 * plain.ttft_s) << paced.ttft_s << " s vs " << plain.ttft_s << " s";
+  std::printf("1M prompt beside 8 streams: unpaced TTFT %.1f s, worst step %.0f ms; paced at 30 ms: TTFT %.1f s "
+              "(%.3fx), worst step after warm-up %.1f ms, %zu steps\n",
+              plain.ttft_s, plain_max * 1e3, paced.ttft_s, paced.ttft_s / plain.ttft_s, worst * 1e3,
+              paced.step_s.size());
+}
+
+// The fit recovers the costs it was fed (an exact linear model, no noise).
+TEST(PrefillPacer, FitsTheStepCostModel) {
+  PrefillPacer p;
+  EXPECT_FALSE(p.ready());
+  const int64_t tokens[] = {8, 8200, 4100, 1000, 8, 2000, 8192, 300};
+  const int64_t pairs[] = {0, 33'000'000, 900'000'000, 2'000'000'000, 0, 50'000'000, 8'000'000'000, 100'000};
+  for (int i = 0; i < 8; ++i)
+    p.record(tokens[i], pairs[i], kFixedS + kPerTokenS * tokens[i] + kPerPairS * static_cast<double>(pairs[i]));
+  ASSERT_TRUE(p.ready());
+  const auto [t0, a, c] = p.fit();
+  EXPECT_NEAR(t0, kFixedS, 1e-4);
+  EXPECT_NEAR(a, kPerTokenS, 1e-7);
+  EXPECT_NEAR(c, kPerPairS, 1e-12);
+}
+
+}  // namespace
+}  // namespace moonrun
