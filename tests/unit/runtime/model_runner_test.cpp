@@ -211,6 +211,48 @@ TEST(ModelRunner, ChunkingAndPreemptionKeepGreedyOutputs) {
   EXPECT_EQ(engine.stats().cache.free_pages, 12);
 }
 
+// Fair chunking (--max-prefill-attention-pairs): prompts of 135-190 tokens cut into chunks
+// of 32-62 tokens by a budget of 2,000 query-key pairs a step, three prefilling at once and
+// sharing it: the same greedy tokens as each prompt alone in one chunk.
+TEST(ModelRunner, FairChunkingKeepsGreedyOutputs) {
+  GenerateOptions opt;
+  opt.max_tokens = 6;
+  const std::vector<int> which = {12, 15, 17};
+  Runtime alone = make_runtime(demo_dir(), test_runtime_options("cpu", 256));
+  ASSERT_TRUE(alone.runner);
+  std::vector<std::vector<int32_t>> want;
+  for (int i : which) {
+    auto r = generate(*alone.runner, alone.cache.page_size_tokens, engine_prompt(i), opt);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    want.push_back(r->token_ids);
+  }
+  Runtime rt = make_runtime(demo_dir(), test_runtime_options("cpu", 256, 3));
+  ASSERT_TRUE(rt.runner);
+  CacheManager cache(rt.cache);
+  EngineConfig ec = engine_config(rt, 3, 512, 256);
+  ec.scheduler.max_prefill_attention_pairs = 2000;
+  Engine engine(ec, cache, *rt.runner, nullptr);
+  for (size_t k = 0; k < which.size(); ++k) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = opt.max_tokens;
+    ASSERT_TRUE(engine.add_request(static_cast<int64_t>(k), engine_prompt(which[k]), p).is_ok());
+  }
+  std::vector<std::vector<int32_t>> got(which.size());
+  std::vector<RequestOutput> outs;
+  int steps = 0;
+  while (engine.has_work()) {
+    const Status st = engine.step(outs);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ++steps;
+  }
+  for (const RequestOutput& o : outs)
+    got[o.request_id].insert(got[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  for (size_t k = 0; k < which.size(); ++k) EXPECT_EQ(got[k], want[k]) << "prompt " << which[k];
+  // 190 tokens in chunks of at most 62, then 6 tokens: more than 190 / 62 + 6 steps.
+  EXPECT_GT(steps, 9);
+}
+
 // One sampler: a seeded request gives `generate`'s tokens for the same seed (sample i of
 // n uses seed + i, as in vLLM).
 TEST(ModelRunner, SameSeedSameTokensFromGenerateAndTheEngine) {
