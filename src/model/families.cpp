@@ -42,7 +42,7 @@ Result<std::unique_ptr<Model>> build_k3(Ops& ops, const Checkpoint& ckpt, const 
 
 // The K2 forward runs on the CPU backend and on CUDA, with bf16 experts or the released
 // checkpoints' INT4 pack-quantized ones (the CPU's moe_experts dequantises them on the fly,
-// CUDA's in registers: moe/expert_linear_int4.cu).
+// CUDA's in registers: moe/expert_linear.cu).
 Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const ModelConfig& cfg,
                                         const LoadOptions& options) {
   if (cfg.expert_quant != ExpertQuant::none && cfg.expert_quant != ExpertQuant::int4_g32_sym)

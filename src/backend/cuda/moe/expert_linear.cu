@@ -1,5 +1,5 @@
 // The routed experts' GEMM: y = x W^T with bf16 (or fp32) activations and a W stored as
-// MXFP4 codes (K3_SPEC.md §3; dequantised in registers, the "W4A16" path Hopper needs since
+// MXFP4 codes, INT4 pack-quantized words (K3_SPEC.md §3; dequantised in registers, the "W4A16" path Hopper needs since
 // it has no FP4 tensor cores) or dense bf16 / fp32 (Kimi Linear's experts). fp32
 // accumulation. The CPU twin is cpu::dequantize_mxfp4 followed by cpu::matmul_xwT. The
 // experts of a layer are stacked (moe_ops.h StackedExperts): expert e's matrix starts
@@ -12,7 +12,7 @@
 // fixed (per lane in chunk order, then a butterfly), so results are run-to-run identical.
 // The tensor-core kernel (expert_linear_mma.cu) takes the MXFP4 x bf16 shapes it supports;
 // this one stays the reference and runs the rest (fp32 mode, dense experts, odd widths).
-// INT4 experts go to their own kernel (expert_linear_int4.cu).
+// INT4 experts (K2's pack-quantized) run here only, dequantised per 32-input group.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -66,6 +66,20 @@ __device__ __forceinline__ void load_weight_chunk(const StackedExperts& m, int64
     for (int v = 0; v < 4; ++v)
 #pragma unroll
       for (int n = 0; n < 8; ++n) w[8 * v + n] = e2m1_value(mxfp4_pairs::code_of(words[v], n)) * scale;
+  } else if constexpr (kKind == Kind::int4) {
+    // The K2 release's compressed-tensors pack-quantized experts (issue 40): value i of a
+    // 32-bit word at bits 4i..4i+3 as q + 8, one bf16 scale per 32 inputs (cpu/int4.h). A
+    // small integer times a bf16 scale is exact in fp32: the CPU's dequantised weight.
+    const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(m.w) + static_cast<size_t>(row) * (in / 8) +
+                                                    static_cast<size_t>(c) * 4);
+    const float scale =
+        __bfloat162float(reinterpret_cast<const bf16*>(m.scales)[static_cast<size_t>(row) * (in / kChunk) + c]);
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int v = 0; v < 4; ++v)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        w[8 * v + i] = static_cast<float>(static_cast<int>((words[v] >> (4 * i)) & 0xFu) - 8) * scale;
   } else if constexpr (kKind == Kind::bf16) {
     const uint4* p =
         reinterpret_cast<const uint4*>(static_cast<const bf16*>(m.w) + static_cast<size_t>(row) * in + c * kChunk);
@@ -168,7 +182,7 @@ void grouped_for(const X* x, int x_row_div, const StackedExperts& m, const Exper
     case Kind::mxfp4: return launch_grouped<Kind::mxfp4>(x, x_row_div, m, groups, max_active, y, stream);
     case Kind::bf16: return launch_grouped<Kind::bf16>(x, x_row_div, m, groups, max_active, y, stream);
     case Kind::f32: return launch_grouped<Kind::f32>(x, x_row_div, m, groups, max_active, y, stream);
-    case Kind::int4: break;  // expert_linear_int4.cu, taken before this is reached
+    case Kind::int4: return launch_grouped<Kind::int4>(x, x_row_div, m, groups, max_active, y, stream);
   }
 }
 
@@ -178,7 +192,6 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
                            const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream) {
   check_shape(m, "grouped_expert_linear");
   if (max_active <= 0) return;
-  if (m.kind == Kind::int4) return grouped_int4_linear(x, x_bf16, x_row_div, m, groups, max_active, y, stream);
   if (grouped_mxfp4_stream_supported(m, x_bf16, n_tokens, x))
     return grouped_mxfp4_stream(static_cast<const bf16*>(x), x_row_div, m, groups, max_active, n_tokens, y, stream);
   if (n_tokens >= kWgmmaMinTokens && grouped_mxfp4_wgmma_supported(m, x_bf16)) {

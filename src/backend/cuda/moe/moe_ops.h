@@ -53,11 +53,6 @@ void group_by_expert(const int32_t* ids, int n_slots, int first_expert, int num_
 void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
                            const ExpertGroups& groups, int max_active, int n_tokens, float* y, cudaStream_t stream);
 
-// grouped_expert_linear over Kind::int4 experts (expert_linear_int4.cu), which it calls for
-// them: the same contract, the weights dequantised in registers as (u4 - 8) * scale.
-void grouped_int4_linear(const void* x, bool x_bf16, int x_row_div, const StackedExperts& m,
-                         const ExpertGroups& groups, int max_active, float* y, cudaStream_t stream);
-
 // The tensor-core paths of grouped_expert_linear, which takes the first that applies.
 // Decode batches (expert_linear_stream.cu): bf16 x, MXFP4 weights, at most 8 tokens, in % 64
 // == 0, out % 32 == 0, each block's 32-row tile bulk-copied into shared memory. Otherwise
