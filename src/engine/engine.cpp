@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <span>
 #include <string>
 
 #include "common/log.h"
@@ -535,7 +536,7 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   }
   // The step's prefill attention (what the pacer learns a pair's cost from).
   int64_t prefill_pairs = 0;
-  for (const ScheduledSeq& s : scheduled.seqs)
+  for (const ScheduledSeq& s : paced ? std::span<const ScheduledSeq>(scheduled.seqs) : std::span<const ScheduledSeq>())
     if (s.n_draft == 0 && s.n_new_tokens > 1)
       prefill_pairs += Scheduler::attention_pairs(s.req->num_computed_tokens, s.n_new_tokens);
   StepInput input;

@@ -87,7 +87,7 @@ SchedulerOutput Scheduler::schedule() {
         n_draft > 0 ? 1 + n_draft
         : decode    ? 1
                     : chunk(req, fair_chunk(std::min(req->num_tokens() - req->num_computed_tokens, budget),
-                                            req->num_computed_tokens, attention_left));
+                                            req->num_computed_tokens, cost, attention_left));
     MR_CHECK(n_new > 0) << "running request " << req->seq_id << " has nothing to compute";
     bool fits = false;
     while (true) {
@@ -124,7 +124,7 @@ SchedulerOutput Scheduler::schedule() {
       MR_CHECK_EQ(req->num_computed_tokens, 0);
       // A cached prefix of the prompt: its pages are shared and its state restored.
       const int cached = req->has_images() ? 0 : cache_.match_prefix(req->seq_id, req->prompt_ids);
-      const int n_new = chunk(req, fair_chunk(std::min(req->num_tokens() - cached, budget), cached, attention_left), cached);
+      const int n_new = chunk(req, fair_chunk(std::min(req->num_tokens() - cached, budget), cached, cost, attention_left), cached);
       if (!cache_.allocate(req->seq_id, cached + n_new)) {
         cache_.free(req->seq_id);  // gives back what match_prefix shared
         break;
@@ -143,9 +143,8 @@ SchedulerOutput Scheduler::schedule() {
   return out;
 }
 
-int Scheduler::fair_chunk(int n_new, int from, double& left) const {
+int Scheduler::fair_chunk(int n_new, int from, const PrefillBudget& cost, double& left) const {
   if (left == HUGE_VAL) return n_new;
-  const PrefillBudget cost = paced_.budget > 0 ? paced_ : PrefillBudget{0.0, 0.0, 1.0};
   const auto spent = [&](int64_t n) {
     return cost.per_token * static_cast<double>(n) + cost.per_pair * static_cast<double>(attention_pairs(from, n));
   };

@@ -93,8 +93,9 @@ class Scheduler {
   void preempt(Request* victim);
   // n_new tokens from `from` (default: the computed ones), cut at a snapshot boundary.
   int chunk(const Request* req, int n_new, int from = -1) const;
-  // n_new cut to the budget left (a prefill chunk from `from`), which it spends.
-  int fair_chunk(int n_new, int from, double& left) const;
+  // n_new cut to the budget left at the step's costs (a prefill chunk from `from`), which it
+  // spends.
+  int fair_chunk(int n_new, int from, const PrefillBudget& cost, double& left) const;
   // Queues a state snapshot when the step ends req's chunk at an uncached block boundary.
   void plan_snapshot(const Request* req, int n_new);
 
