@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """A long prompt through `moonrun serve` while other streams decode (issue #35).
 
-Starts the server on a model, opens --streams streaming completions (short prompts, long
-outputs) and records when each of their tokens arrives; after --alone-s seconds it sends one
-prompt of --prompt-tokens token ids to /v1/completions and times its first token (TTFT).
+Starts the server on a model and first sends one prompt of --prompt-tokens token ids alone
+(nothing else running) and times its first token: the TTFT alone (--no-ttft-alone skips it).
+Then it opens --streams streaming completions (short prompts, long outputs) and records when
+each of their tokens arrives; after --alone-s seconds it sends another prompt of as many
+(different) token ids and times its first token (TTFT), printed beside the TTFT alone.
 While that prompt prefills, the streams keep decoding: their inter-token latency during the
 prefill is printed beside their latency alone (p50 / p99 / max). Then a short request checks
 that the server still serves, and everything is written to --json-out.
 
     python3 bench/long_prompt_serve.py --exe build/moonrun --model /tmp/k3-slice \\
-        --prompt-tokens 1048576 --streams 8 --json-out long.json
+        --prompt-tokens 1048576 --streams 8 --json-out long.json \\
+        --server-arg=--max-prefill-step-ms --server-arg=30
 
 Standard library only (runs on the GPU machine as it is).
 """
@@ -74,6 +77,22 @@ def gaps(times, t0, t1):
     return [b - a for a, b in zip(ts, ts[1:])]
 
 
+def long_prompt(port, prompt):
+    """Sends one long prompt (two tokens out, streamed): (HTTP status, TTFT s, done time)."""
+    t_send = time.monotonic()
+    conn, resp = post(port, "/v1/completions",
+                      {"prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True}, timeout=3600)
+    ttft = None
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        if ttft is None and line.startswith(b"data: ") and b'"text"' in line:
+            ttft = time.monotonic() - t_send
+    conn.close()
+    return resp.status, ttft, time.monotonic()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--exe", required=True)
@@ -87,6 +106,9 @@ def main():
     ap.add_argument("--vocab", type=int, default=163840)
     ap.add_argument("--json-out")
     ap.add_argument("--log", default="/tmp/long-prompt-serve.log")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="one more argument for `moonrun serve` (repeat; use --server-arg=--flag)")
+    ap.add_argument("--no-ttft-alone", action="store_true", help="skip the long prompt alone first")
     a = ap.parse_args()
 
     log = open(a.log, "w")
@@ -94,10 +116,10 @@ def main():
                                "--context-length", str(a.context_length),
                                "--chunked-prefill-size", str(a.chunked_prefill_size),
                                "--max-running-requests", str(a.streams + 2),
-                               "--max-request-bytes", str(64 << 20)],
+                               "--max-request-bytes", str(64 << 20)] + a.server_arg,
                               stdout=log, stderr=subprocess.STDOUT)
     result = {"prompt_tokens": a.prompt_tokens, "streams": a.streams,
-              "chunked_prefill_size": a.chunked_prefill_size}
+              "chunked_prefill_size": a.chunked_prefill_size, "server_args": a.server_arg}
     try:
         for _ in range(600):
             try:
@@ -117,27 +139,19 @@ def main():
         c.request("GET", "/v1/models")
         MODEL = json.loads(c.getresponse().read())["data"][0]["id"]
         rng = random.Random(7)
+        if not a.no_ttft_alone:
+            # Its own random ids: the prompt below shares no prefix with it (no cache hit).
+            status, ttft_alone, _ = long_prompt(a.port, [rng.randrange(a.vocab) for _ in range(a.prompt_tokens)])
+            result.update({"ttft_alone_s": ttft_alone, "status_alone": status})
         stop = threading.Event()
         streams = [Stream(a.port, [rng.randrange(a.vocab) for _ in range(64)], 100000, stop)
                    for _ in range(a.streams)]
         for s in streams:
             s.start()
         time.sleep(a.alone_s)
-        t_send = time.monotonic()
         prompt = [rng.randrange(a.vocab) for _ in range(a.prompt_tokens)]
-        conn, resp = post(a.port, "/v1/completions",
-                          {"prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True},
-                          timeout=3600)
-        ttft = None
-        status = resp.status
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            if ttft is None and line.startswith(b"data: ") and b'"text"' in line:
-                ttft = time.monotonic() - t_send
-        t_done = time.monotonic()
-        conn.close()
+        t_send = time.monotonic()
+        status, ttft, t_done = long_prompt(a.port, prompt)
         stop.set()
         # The server still answers a short request.
         c2, r2 = post(a.port, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4}, timeout=120)
@@ -154,19 +168,22 @@ def main():
                                       "max": 1e3 * max(during) if during else None, "n": len(during)},
             "tokens_per_stream_during_prefill": len(during) / max(1, a.streams),
         })
+        if result.get("ttft_alone_s") and ttft:
+            result["ttft_vs_alone"] = ttft / result["ttft_alone_s"]
     finally:
         server.terminate()
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
-    print("| prompt tokens | TTFT (s) | prefill tok/s | streams | ITL alone p50 / p99 (ms) | "
-          "ITL during prefill p50 / p99 / max (ms) | server serves after |")
-    print("|---:|---:|---:|---:|---|---|---|")
+    print("| prompt tokens | TTFT (s) | TTFT alone (s) | TTFT / alone | prefill tok/s | streams | "
+          "ITL alone p50 / p99 (ms) | ITL during prefill p50 / p99 / max (ms) | server serves after |")
+    print("|---:|---:|---:|---:|---:|---:|---|---|---|")
     ia, idp = result.get("itl_alone_ms", {}), result.get("itl_during_prefill_ms", {})
     ttft = result.get("ttft_s") or float("nan")
-    print("| %d | %.1f | %.0f | %d | %.1f / %.1f | %.1f / %.1f / %.1f | %s |" % (
-        a.prompt_tokens, ttft, a.prompt_tokens / ttft, a.streams, ia.get("p50", float("nan")),
+    print("| %d | %.1f | %.1f | %.2f | %.0f | %d | %.1f / %.1f | %.1f / %.1f / %.1f | %s |" % (
+        a.prompt_tokens, ttft, result.get("ttft_alone_s") or float("nan"), result.get("ttft_vs_alone") or float("nan"),
+        a.prompt_tokens / ttft, a.streams, ia.get("p50", float("nan")),
         ia.get("p99", float("nan")), idp.get("p50", float("nan")), idp.get("p99", float("nan")),
         idp.get("max") or float("nan"), result.get("server_alive_after")))
     if result.get("stream_errors"):

@@ -119,6 +119,8 @@ def start(exe, device, extra, log_path=None):
     if port is None:
         proc.kill()
         raise RuntimeError("server did not start:\n" + log[-3000:])
+    if log_path:
+        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     sink = open(log_path, "w") if log_path else None
     if sink:
         sink.write(log)

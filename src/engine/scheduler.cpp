@@ -51,8 +51,12 @@ void Scheduler::preempt(Request* victim) {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int budget = config_.max_tokens_per_step > 0 ? config_.max_tokens_per_step : INT_MAX;
-  // Fair chunking: the step's prefill budget, in the pacer's cost (seconds) or in pairs.
-  const PrefillBudget cost = paced_.budget > 0 ? paced_
+  // Fair chunking: the step's prefill budget, in the pacer's cost (seconds) or in pairs. A
+  // request alone on the server keeps whole chunks: cutting them would slow it and spare no
+  // one (its TTFT alone is the baseline fair chunking is held to).
+  const bool shared = running_.size() + waiting_.size() > 1;
+  const PrefillBudget cost = !shared ? PrefillBudget{}
+                             : paced_.budget > 0 ? paced_
                              : config_.max_prefill_attention_pairs > 0
                                  ? PrefillBudget{static_cast<double>(config_.max_prefill_attention_pairs), 0.0, 1.0}
                                  : PrefillBudget{};

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/debug_phases.h"
 #include "model/checkpoint.h"
 #include "model/loader.h"
 
@@ -276,6 +277,10 @@ void DSparkDraft::propose(Ops& ops, std::span<const DraftBlockRequest> requests,
                           bool capture) {
   results.assign(requests.size(), {});
   if (requests.empty()) return;
+  static DebugPhases phases("dspark propose", {"previous work", "batch upload", "pass", "download"});
+  const auto sync = [&] { ops.synchronize(); };
+  phases.start();
+  phases.mark(0, sync);
   ScratchScope scope(ops);
   // A graph per shape: up to kMaxCapturedDraftSeqs sequences, padded to a power of two (so
   // a handful of captures serve every small batch; a padding block drafts nothing and
@@ -325,6 +330,7 @@ void DSparkDraft::propose(Ops& ops, std::span<const DraftBlockRequest> requests,
                  static_cast<int>(page_lists[s].size()));
   fb.logit_rows.clear();
   const BatchView batch = ops.upload_batch(fb);
+  phases.mark(1, sync);
   int n_slots = 0;
   for (const DraftBlockRequest& q : requests) n_slots = std::max(n_slots, std::clamp(q.n_draft, 0, B));
 
@@ -396,6 +402,7 @@ void DSparkDraft::propose(Ops& ops, std::span<const DraftBlockRequest> requests,
     ops.run_captured(kDSparkGraphKey | static_cast<uint64_t>(n_slots) << 32 | static_cast<uint64_t>(S), pass);
   else
     pass();
+  phases.mark(2, sync);
   std::vector<int32_t> host_picked(2 * SB);
   std::vector<float> host_conf(cfg_.confidence_head ? SB : 0), host_logits(want_logits ? SB * V : 0);
   ops.download(picked, host_picked.data());
@@ -412,6 +419,8 @@ void DSparkDraft::propose(Ops& ops, std::span<const DraftBlockRequest> requests,
       if (want_logits) res.logits.insert(res.logits.end(), host_logits.begin() + row * V, host_logits.begin() + (row + 1) * V);
     }
   }
+  phases.mark(3, sync);
+  phases.done();
 }
 
 }  // namespace moonrun

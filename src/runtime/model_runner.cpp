@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/op_profile.h"
+#include "common/debug_phases.h"
 
 namespace moonrun {
 
@@ -304,9 +305,14 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
               (tokens_each == 1 || s.n_draft == tokens_each - 1);
   const bool graph = options_.cuda_graphs && ops.captures() && uniform && n_seqs <= options_.max_seqs_per_step;
   const int padded = graph ? decode_bucket(n_seqs, options_.max_seqs_per_step) : n_seqs;
+  static DebugPhases phases("runner step", {"previous work", "replays", "copies+batch", "forward", "sample"});
+  const auto sync = [&] { ops.synchronize(); };
   try {
+    phases.start();
+    phases.mark(0, sync);
     ops.reset_scratch();
     run_replays(ops, input.replays);
+    phases.mark(1, sync);
     ops.reset_scratch();
     run_state_copies(input.before);
     if (padded > n_seqs && !pools_.state.empty()) ops.zero(pools_.state.rows_view(pad_slot_, 1));
@@ -314,6 +320,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     for (const StepSeq& s : input.seqs) tokens_computed_ += static_cast<int64_t>(s.new_token_ids.size());
     last_saved_rows_ = static_cast<int>(batch_.save_rows.size());
     const BatchView view = ops.upload_batch(batch_);
+    phases.mark(2, sync);
     const int V = vocab();
     const Tensor logits = ops.scratch(view.n_logit_rows(), V, DType::F32);  // [rows, vocab]
     // The draft's context rows of every token this step computed (drafts included: a
@@ -342,6 +349,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
       body();
     }
     run_state_copies(input.after);
+    phases.mark(3, sync);
 
     // Rank 0 alone answers; the other ranks of a tensor-parallel group only had to take
     // part in the forward's collectives.
@@ -379,6 +387,8 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
       ops.sample(to_sample, input.sampling, output.samples);
     }
     ops.synchronize();
+    phases.mark(4, sync);
+    phases.done();
   } catch (const BackendError& e) {
     // The backend's state is unknown after a failure: every later step fails too. The
     // other ranks of the group may be waiting for this one in a collective: wake them.

@@ -270,5 +270,20 @@ TEST(Scheduler, FairChunkingSharesTheBudgetAndAlwaysAdvances) {
   EXPECT_EQ(b->num_computed_tokens, 2 * Scheduler::kMinFairChunkTokens);
 }
 
+// A prompt alone on the server keeps whole chunks (there is no one to be fair to: its TTFT
+// alone is the baseline); the moment another request arrives, its chunks are cut again.
+TEST(Scheduler, FairChunkingLeavesAPromptAloneWhole) {
+  Fixture f(test_pool(1100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 2048,
+                                     .max_prefill_attention_pairs = 100'000});
+  Request* longp = f.add(8000);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(plan(f.step()), (Plan{{0, 2048}})) << "step " << i;
+  EXPECT_EQ(longp->num_computed_tokens, 3 * 2048);
+  f.add(5);
+  const SchedulerOutput out = f.step();
+  ASSERT_EQ(out.seqs.size(), 2u);
+  EXPECT_EQ(out.seqs[0].req, longp);
+  EXPECT_EQ(out.seqs[0].n_new_tokens, Scheduler::kMinFairChunkTokens) << "6144 cached: 32 tokens already exceed 1e5 pairs";
+}
+
 }  // namespace
 }  // namespace moonrun
