@@ -12,10 +12,11 @@
 //              dropped, and so is a think channel inside the reply that closes
 //              (<|close|>think) before the reply ends (SGLang: reasoning is never folded
 //              into the reply). A think opener in the reply that never closes was a
-//              quoted marker: the text after it stays content, as vLLM keeps the
-//              response channel's body (the marker itself goes, as below). Content that
-//              is only white space is kept when the reply had no markup, and is no content when markup was stripped around it
-//              or tool calls came with it (SGLang's strip_template_artifacts);
+//              quoted marker: it and the text after it stay content, verbatim, as vLLM
+//              keeps the response channel's body. Content that is only white space is
+//              kept when the reply had no markup, and is no content when markup was
+//              stripped around it or tool calls came with it (SGLang's
+//              strip_template_artifacts);
 //   tool_calls each <|open|>call ... <|close|>call inside the tools channel with a tool
 //              name; typed argument values JSON-decoded as Python's json.loads does (raw
 //              text when that fails), the object re-encoded as json.dumps does. The
@@ -27,10 +28,16 @@
 //              there). With no tools declared or tool_choice "none" no call is returned
 //              and none of the tools channel's markup shows (vLLM's KimiK3Parser for
 //              tool_choice none, SGLang's kimik3 detector for no tools).
-// No marker ever reaches reasoning or content: a marker that is not a tag where it stands
-// is dropped with the channel name and attributes it carries, and the rest of its text
-// stays (k3::header_leftover); a half-written one at the end of a cut-off stream leaves
-// nothing.
+// A marker that is a tag where it stands (by the state above) never reaches reasoning or
+// content. One that is not (a quoted marker: <|open|>response<|sep|> inside the reply, a
+// stray <|sep|>, a marker whose header another marker cut off) is text where it stands,
+// kept verbatim, as vLLM's kimi_k3 parsers keep the response channel's body and the think
+// channel's text; the prompt's openers the model repeats before any reply text are layout,
+// and a stray <|close|>response<|sep|> outside the response channel is dropped (vLLM's
+// _strip_response_content). A marker cut off by the end of the stream while it could still
+// have become a tag ("<|close|>resp", "<|open|>call tool=\"re") leaves nothing, as SGLang
+// strips it (k3::header_leftover); one whose header could not ("<|open|>call, then") is
+// text, verbatim.
 #include "chat/parse_k3.h"
 
 #include "chat/parse_k3_tags.h"
@@ -68,7 +75,7 @@ class K3Parser final : public MarkerDrivenParser {
 
   // An unterminated message (max_tokens): a half-read tag or call is dropped.
   void on_finish() override {
-    if (tag_pending_) abandon_tag();
+    if (tag_pending_) abandon_tag(/*at_end=*/true);
     end_message();
   }
 
@@ -95,7 +102,7 @@ class K3Parser final : public MarkerDrivenParser {
         tag_pending_ = false;
         return on_tag(k3::make_tag(tag_is_open_, tag_header_));
       case kEnd:
-        if (tag_pending_) abandon_tag();
+        if (tag_pending_) abandon_tag(/*at_end=*/true);
         return end_message();
     }
   }
@@ -107,8 +114,9 @@ class K3Parser final : public MarkerDrivenParser {
 
   // A tag that never got its <|sep|>. Inside a raw value it keeps every byte up to the
   // value's own close (vLLM's non-greedy value match); an <|open|>call with attributes in
-  // the reply is call syntax; anywhere else what is left of it is text where it stands.
-  void abandon_tag() {
+  // the reply is call syntax; cut off by the end of the message while it could still have
+  // become a tag, it leaves nothing; anywhere else it is text where it stands, verbatim.
+  void abandon_tag(bool at_end = false) {
     tag_pending_ = false;
     const std::string header = std::move(tag_header_);
     tag_header_.clear();
@@ -119,7 +127,11 @@ class K3Parser final : public MarkerDrivenParser {
       if (state_ == State::kHiddenThink) release_quoted_think();  // the reply ends here
       return start_unparsed_tools();
     }
-    on_text(k3::header_leftover(header, /*complete=*/false));
+    const std::string marker = tag_is_open_ ? "<|open|>" : "<|close|>";
+    // Cut off where it could still have become a tag (nothing left once a channel name
+    // and its attributes, cut or whole, are taken off): markup the limit cut, not text.
+    if (at_end && k3::header_leftover(header, /*complete=*/false).empty()) return;
+    on_text(marker + header);
   }
 
   // ---- output ----
@@ -183,10 +195,12 @@ class K3Parser final : public MarkerDrivenParser {
     }
   }
 
-  // A <|sep|> outside any tag: part of a raw value inside a call, else dropped.
+  // A <|sep|> outside any tag: text where it stands (a raw value's, the reply's, the
+  // reasoning's; dropped between channels and calls, as any text there).
   void on_stray_marker(const std::string& marker) {
     if (state_ == State::kArgument) return void(arg_value_ += marker);
     note_reply_markup();
+    on_text(marker);
   }
 
   void enter(State s) {
@@ -204,7 +218,7 @@ class K3Parser final : public MarkerDrivenParser {
   // think channel inside the reply, dropped if it closes (SGLang), or a marker the reply
   // quotes, if the reply ends first (vLLM keeps the reply's text): what follows it is held
   // until one of the two is known.
-  void open_think_in_reply() {
+  void open_think_in_reply(const std::string& raw) {
     if (!reasoning_done_ && !content_seen_) {
       held_content_.clear();
       top_text_.clear();
@@ -214,7 +228,7 @@ class K3Parser final : public MarkerDrivenParser {
       return;
     }
     hidden_return_ = state_;
-    hidden_text_.clear();
+    hidden_text_ = raw;  // the opener itself is the reply's if it was quoted
     state_ = State::kHiddenThink;
   }
 
@@ -243,8 +257,25 @@ class K3Parser final : public MarkerDrivenParser {
     state_ = State::kDone;
   }
 
-  // A complete tag that means nothing where it stands: what is left of it is text there.
-  void leftover(const Tag& t) { on_text(k3::header_leftover(t.header, /*complete=*/true)); }
+  // Nothing but layout so far in the reply (white space).
+  bool reply_empty() const {
+    if (state_ == State::kTop) return trim(top_text_).empty();
+    return !content_seen_;
+  }
+
+  // A complete tag that means nothing where it stands: a quoted marker, text there verbatim
+  // (vLLM keeps the response channel's body and the think channel's text as generated).
+  // Before any reply text, the prompt's openers repeated (<|open|>response<|sep|>,
+  // <|open|>message ...<|sep|>) and the think channel's close repeated are layout (vLLM
+  // unwraps the first response opener); a stray <|close|>response<|sep|> outside the
+  // response channel goes, as vLLM strips it.
+  void leftover(const Tag& t) {
+    if ((state_ == State::kResponse || state_ == State::kTop) && reply_empty() &&
+        ((t.open && (t.name == "response" || t.name == "message")) || t.is(false, "think")))
+      return;
+    if (state_ == State::kTop && t.is(false, "response")) return;
+    on_text(t.raw);
+  }
 
   void on_tag(const Tag& t) {
     note_reply_markup();
@@ -273,7 +304,7 @@ class K3Parser final : public MarkerDrivenParser {
           return enter(State::kTools);
         }
         if (t.is(false, "message")) return end_message();
-        if (t.is(true, "think")) return open_think_in_reply();
+        if (t.is(true, "think")) return open_think_in_reply(t.raw);
         if (t.is(true, "call")) {
           start_unparsed_tools();
           return start_call(t);
@@ -286,7 +317,7 @@ class K3Parser final : public MarkerDrivenParser {
           return enter(State::kTools);
         }
         if (t.is(false, "message")) return end_message();
-        if (t.is(true, "think")) return open_think_in_reply();
+        if (t.is(true, "think")) return open_think_in_reply(t.raw);
         if (t.is(true, "call")) {
           start_unparsed_tools();
           return start_call(t);
@@ -389,7 +420,7 @@ class K3Parser final : public MarkerDrivenParser {
   State hidden_return_ = State::kResponse;
   std::string held_content_;
   std::string held_space_;
-  std::string hidden_text_;  // the text after a think opener in the reply, until it closes or the reply ends
+  std::string hidden_text_;  // a think opener in the reply and the text after it, until it closes or the reply ends
   std::string top_text_;
 
   std::string call_name_;

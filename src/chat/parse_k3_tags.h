@@ -3,12 +3,12 @@
 // and what is left of a marker that turns out not to be a tag where it stands.
 //
 // A tag is <|open|>NAME key="value" ...<|sep|> or <|close|>NAME<|sep|>; attribute values
-// escape & and " (&amp; &quot;). Markers the reply merely quotes are stripped the way
-// SGLang's kimik3 detector strips them from client-bound text (strip_template_markers):
+// escape & and " (&amp; &quot;). A marker the reply merely quotes is kept verbatim by the
+// K3 parser (as vLLM keeps it); one the end of the stream cut off is matched here the way
+// SGLang's kimik3 detector strips markers from client-bound text (strip_template_markers):
 // the marker goes, and so do a channel name right after it and that name's key="value"
-// attributes; any other text stays ("calls open with <|open|>call, then attributes" reads
-// "calls open with , then attributes"). A cut-off header that is only the start of a
-// channel name ("<|open|>tool" at the end of a stream) leaves nothing.
+// attributes; any other text stays. A cut-off header that is only the start of a channel
+// name ("<|open|>tool" at the end of a stream) leaves nothing.
 #include <string>
 #include <string_view>
 #include <utility>

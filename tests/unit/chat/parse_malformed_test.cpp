@@ -3,7 +3,8 @@
 // 14 lists (a call cut by max_tokens, a call without its close, half-written markers,
 // text before <think>, stray text between markers, calls that name no function); what
 // each gives follows the peers' parsers (vLLM kimi_k2 / kimi_k3, SGLang kimik2 / kimik3):
-// markup is dropped, the text of the channels is kept.
+// markup is dropped, the text of the channels is kept (K3 markers the text quotes, no tags
+// where they stand, with it: k3_quoting).
 #include <gtest/gtest.h>
 
 #include "chat/chat_request.h"
@@ -23,8 +24,9 @@ const char* const kMarkers[] = {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_ms
                                 "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>",
                                 "<|tool_call_argument_begin|>", "<|im_end|>", "<think>", "</think>"};
 
-// Parses whole and in every chunk size 1..8, checks they agree and that no marker leaks.
-ParsedMessage parse(ChatFormat f, const std::string& text, const ParseOptions& o) {
+// Parses whole and in every chunk size 1..8, checks they agree and that no marker leaks
+// (unless the text quotes markers: `quoting`).
+ParsedMessage parse(ChatFormat f, const std::string& text, const ParseOptions& o, bool quoting = false) {
   const ParsedMessage whole = parse_completion(f, text, o);
   for (size_t chunk = 1; chunk <= 8; ++chunk) {
     auto parser = make_completion_parser(f, o);
@@ -33,6 +35,7 @@ ParsedMessage parse(ChatFormat f, const std::string& text, const ParseOptions& o
     m.append(parser->finish());
     EXPECT_EQ(m.to_json(), whole.to_json()) << "chunk " << chunk << " of " << text;
   }
+  if (quoting) return whole;
   for (const char* mk : kMarkers) {
     EXPECT_EQ(whole.reasoning.find(mk), std::string::npos) << mk << " leaked into reasoning of " << text;
     EXPECT_EQ(whole.content.find(mk), std::string::npos) << mk << " leaked into content of " << text;
@@ -43,6 +46,9 @@ ParsedMessage parse(ChatFormat f, const std::string& text, const ParseOptions& o
   return whole;
 }
 ParsedMessage k3(const std::string& text, bool thinking = true) { return parse(ChatFormat::kKimiK3, text, opts(thinking)); }
+ParsedMessage k3_quoting(const std::string& text, bool thinking = true) {
+  return parse(ChatFormat::kKimiK3, text, opts(thinking), /*quoting=*/true);
+}
 ParsedMessage k2(const std::string& text, bool thinking = true) { return parse(ChatFormat::kKimiK2, text, opts(thinking)); }
 
 const std::string kThinkEnd = "<|close|>think<|sep|>";
@@ -142,14 +148,15 @@ TEST(ParseK3Malformed, MarkersInsideStringArgumentStayInTheValue) {
   EXPECT_EQ(Json::parse(m.tool_calls[0].arguments)["v"], value);
 }
 
-TEST(ParseK3Malformed, StrayMarkersAreDroppedTheirTextKept) {
-  // SGLang's strip_template_markers: a marker that is no tag goes, with the channel name
-  // and attributes it carries; an unknown name is text (it names no channel).
-  auto m = k3("a<|sep|>b" + kThinkEnd + kResp + "c<|sep|>d<|open|>foo<|sep|>e<|close|>bar<|sep|>" + kRespEnd + kMsgEnd);
-  EXPECT_EQ(m.reasoning, "ab");
-  EXPECT_EQ(m.content, "cdfooebar");
-  m = k3("r" + kThinkEnd + kResp + "a<|open|>argument key=\"k\" type=\"string\"<|sep|>b<|close|>argument<|sep|>c" + kRespEnd);
-  EXPECT_EQ(m.content, "abc");
+TEST(ParseK3Malformed, StrayMarkersAreKeptVerbatim) {
+  // vLLM's kimi_k3 parsers: the think channel's text and the response channel's body as
+  // generated, so a marker that is no tag where it stands stays, spelling and all.
+  auto m = k3_quoting("a<|sep|>b" + kThinkEnd + kResp + "c<|sep|>d<|open|>foo<|sep|>e<|close|>bar<|sep|>" + kRespEnd + kMsgEnd);
+  EXPECT_EQ(m.reasoning, "a<|sep|>b");
+  EXPECT_EQ(m.content, "c<|sep|>d<|open|>foo<|sep|>e<|close|>bar<|sep|>");
+  const std::string quoted_arg = "a<|open|>argument key=\"k\" type=\"string\"<|sep|>b<|close|>argument<|sep|>c";
+  m = k3_quoting("r" + kThinkEnd + kResp + quoted_arg + kRespEnd);
+  EXPECT_EQ(m.content, quoted_arg);
 }
 
 TEST(ParseK3Malformed, TextOutsideTheResponseChannel) {
@@ -200,11 +207,11 @@ TEST(ParseK3Malformed, NoThinkingModeStartsInResponse) {
 }
 
 TEST(ParseK3Malformed, OverlongTagHeaderIsText) {
-  // No header is that long: the marker goes and the text is the reply's, held back no
-  // further than kMaxHeaderBytes however it is chunked.
+  // No header is that long: the marker and its text are the reply's, held back no further
+  // than kMaxHeaderBytes however it is chunked.
   const std::string body(5000, 'x');
-  auto m = k3("r" + kThinkEnd + kResp + "a<|open|>" + body + kRespEnd + kMsgEnd);
-  EXPECT_EQ(m.content, "a" + body);
+  auto m = k3_quoting("r" + kThinkEnd + kResp + "a<|open|>" + body + kRespEnd + kMsgEnd);
+  EXPECT_EQ(m.content, "a<|open|>" + body);
 }
 
 // SGLang's _CALL_OPEN_RE: call syntax with attributes outside a tools channel is where its
@@ -227,8 +234,8 @@ TEST(ParseK3Malformed, CallSyntaxOutsideTheToolsChannel) {
 
 // The think channel: before any reply text it is the reasoning, thinking on or off
 // (SGLang's in-band open marker); inside the reply it is dropped when it closes (SGLang),
-// and when the reply ends first its opener was a quoted marker: the text after it is the
-// reply's (vLLM keeps the reply's body).
+// and when the reply ends first its opener was a quoted marker: it and the text after it
+// are the reply's, verbatim (vLLM keeps the reply's body).
 TEST(ParseK3Malformed, ThinkChannelInBandOrQuoted) {
   auto m = k3("\n<|open|>think<|sep|>why" + kThinkEnd + "\n" + kResp + "so" + kRespEnd + kMsgEnd, /*thinking=*/false);
   EXPECT_EQ(m.reasoning, "why");
@@ -238,12 +245,12 @@ TEST(ParseK3Malformed, ThinkChannelInBandOrQuoted) {
   m = k3("r" + kThinkEnd + kResp + "a<|open|>think<|sep|>hidden" + kThinkEnd + "b" + kRespEnd + kMsgEnd);
   EXPECT_EQ(m.reasoning, "r");
   EXPECT_EQ(m.content, "ab");
-  m = k3("a<|open|>think<|sep|>cut off", /*thinking=*/false);
+  m = k3_quoting("a<|open|>think<|sep|>cut off", /*thinking=*/false);
   EXPECT_EQ(m.reasoning, "");
-  EXPECT_EQ(m.content, "acut off");
+  EXPECT_EQ(m.content, "a<|open|>think<|sep|>cut off");
   // A tools channel ends the reply before the opener closed: it was quoted.
-  m = k3("r" + kThinkEnd + kResp + "a<|open|>think<|sep|>x" + kTools + call("f", "") + kToolsEnd + kMsgEnd);
-  EXPECT_EQ(m.content, "ax");
+  m = k3_quoting("r" + kThinkEnd + kResp + "a<|open|>think<|sep|>x" + kTools + call("f", "") + kToolsEnd + kMsgEnd);
+  EXPECT_EQ(m.content, "a<|open|>think<|sep|>x");
   EXPECT_EQ(m.tool_calls.size(), 1u);
 }
 
@@ -396,8 +403,12 @@ TEST(ParseMalformed, ChunkingNeverChangesTheResult) {
       {ChatFormat::kKimiK3, "r<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|> x \n<|open|>argument key=\"a\"<|sep|>1"
                             "<|close|>argument<|sep|>\n y\t<|close|>call<|sep|> z \n"},
   };
-  for (const auto& [format, text] : cases) {
-    for (bool thinking : {false, true}) parse(format, text, opts(thinking));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    // The first K3 case's half-written markers, cut off by the next marker, are no tags
+    // where they stand, and so is the last one's think close after reply text with thinking
+    // off: text, kept verbatim (vLLM), so only chunking is checked there.
+    for (bool thinking : {false, true})
+      parse(cases[i].first, cases[i].second, opts(thinking), /*quoting=*/i == 0 || (i == 2 && !thinking));
   }
   const ParsedMessage m = parse_completion(ChatFormat::kKimiK3, cases[2].second, {});
   ASSERT_EQ(m.tool_calls.size(), 1u);

@@ -5,8 +5,10 @@
 //     declared (SGLang's kimik3 detector): no call, and none of its XTML in the content.
 //   - A call whose arguments are a JSON block: as vLLM's kimi_k3 tool parser reads a call,
 //     from its argument tags only.
-//   - Quoted markers: a think opener the reply quotes keeps the reply's text after it
-//     (vLLM); a think channel that closes inside the reply is dropped (SGLang).
+//   - Quoted markers: a marker that is no tag where it stands (prose that quotes another
+//     channel's markup) stays in the text verbatim, as vLLM's kimi_k3 parsers keep the
+//     response channel's body; real markup never shows, and a think channel that closes
+//     inside the reply is dropped (SGLang).
 #include <gtest/gtest.h>
 
 #include "chat/chat_request.h"
@@ -50,8 +52,9 @@ ParseOptions auto_choice(bool thinking) { return request_options(kDeclared + R"(
 const char* const kMarkers[] = {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"};
 
 // Whole, and streamed one byte at a time: the same message, no marker in reasoning or
-// content, and no streamed delta with a call the whole message does not have.
-ParsedMessage parse(const std::string& text, const ParseOptions& o) {
+// content (unless the text quotes markers: `quoting`), and no streamed delta with a call
+// the whole message does not have.
+ParsedMessage parse(const std::string& text, const ParseOptions& o, bool quoting = false) {
   const ParsedMessage whole = parse_completion(ChatFormat::kKimiK3, text, o);
   auto parser = make_completion_parser(ChatFormat::kKimiK3, o);
   ParsedMessage streamed;
@@ -66,6 +69,7 @@ ParsedMessage parse(const std::string& text, const ParseOptions& o) {
   streamed.append(last);
   EXPECT_EQ(streamed.to_json(), whole.to_json()) << "one byte at a time: " << text;
   EXPECT_EQ(streamed_calls, whole.tool_calls.size()) << text;
+  if (quoting) return whole;
   for (const char* mk : kMarkers) {
     EXPECT_EQ(whole.reasoning.find(mk), std::string::npos) << mk << " in the reasoning of " << text;
     EXPECT_EQ(whole.content.find(mk), std::string::npos) << mk << " in the content of " << text;
@@ -193,38 +197,108 @@ TEST(ParseJsonBlockArguments, AsVllmsKimiK3ToolParserReadsThem) {
   EXPECT_EQ(m.tool_calls[0].arguments, "{}");
 }
 
-TEST(ParseQuotedMarkers, AThinkOpenerTheReplyQuotesKeepsTheTextAfterIt) {
-  // vLLM's kimi_k3 parsers give the response channel's body up to <|close|>response<|sep|>
-  // (or, without one, the text before the tools channel), so prose that quotes another
-  // channel's marker keeps its text. The rule that tells the quoted opener from a real one:
-  // a think opener before any reply text is the reasoning (SGLang's in-band marker); after
-  // reply text it is a think channel only if <|close|>think comes before the reply ends
-  // (SGLang drops such a channel); if the reply ends first (its close, a tools channel, the
-  // message's end, the end of the stream) the opener was quoted. The marker spelling
-  // itself still goes (no control marker reaches content), where vLLM keeps it verbatim.
+ParsedMessage quoting(const std::string& text, const ParseOptions& o) { return parse(text, o, /*quoting=*/true); }
+
+TEST(ParseQuotedMarkers, AQuotedThinkOpenerStaysVerbatim) {
+  // vLLM's kimi_k3 tool parser gives the response channel's body as generated, up to
+  // <|close|>response<|sep|> (or, without a response opener, the text before the tools
+  // channel with the response and message closes taken out), so prose that quotes another
+  // channel's marker keeps it. What tells the quoted think opener from a real one: before
+  // any reply text it opens the reasoning (SGLang's in-band marker); after reply text it
+  // is a think channel only if <|close|>think comes before the reply ends (SGLang drops
+  // such a channel); if the reply ends first (its close, a tools channel, the message's
+  // end, the end of the stream) the opener was quoted, and it stays with what follows.
   const std::string quote = "see <|open|>think<|sep|> and the rest";
   for (bool thinking : {true, false}) {
     SCOPED_TRACE(thinking ? "thinking" : "no thinking");
     const std::string head = thinking ? "r" + kThinkEnd : "";
-    ParsedMessage m = parse(head + kResp + quote + kRespEnd + kMsgEnd, auto_choice(thinking));
-    EXPECT_EQ(m.content, "see  and the rest");
+    ParsedMessage m = quoting(head + kResp + quote + kRespEnd + kMsgEnd, auto_choice(thinking));
+    EXPECT_EQ(m.content, quote);
     EXPECT_EQ(m.reasoning, thinking ? "r" : "");
-    // The reply's own close taken by the generation prompt's opener (thinking off).
-    if (!thinking) EXPECT_EQ(parse(quote + kRespEnd + kMsgEnd, auto_choice(false)).content, "see  and the rest");
+    // The same for tool_choice "none" and for a request without tools (vLLM's tool parser
+    // and reasoning parser unwrap the same body).
+    EXPECT_EQ(quoting(head + kResp + quote + kRespEnd + kMsgEnd, none_choice(thinking)).content, quote);
+    EXPECT_EQ(quoting(head + kResp + quote + kRespEnd + kMsgEnd, no_tools(thinking)).content, quote);
     // A tools channel ends the reply: the text is kept, and the calls are still parsed.
-    m = parse(head + kResp + quote + kTools + call("get_time", "") + kToolsEnd + kMsgEnd, auto_choice(thinking));
-    EXPECT_EQ(m.content, "see  and the rest");
+    m = quoting(head + kResp + quote + kTools + call("get_time", "") + kToolsEnd + kMsgEnd, auto_choice(thinking));
+    EXPECT_EQ(m.content, quote);
     EXPECT_EQ(m.tool_calls.size(), 1u);
     // Cut off by max_tokens mid-reply: the text is kept.
-    EXPECT_EQ(parse(head + kResp + quote, auto_choice(thinking)).content, "see  and the rest");
-    // Quoted markers of other channels in the same prose: their text stays too.
-    m = parse(head + kResp + "open with <|open|>response<|sep|>, then " + quote + kRespEnd + kMsgEnd, auto_choice(thinking));
-    EXPECT_EQ(m.content, "open with , then see  and the rest");
+    EXPECT_EQ(quoting(head + kResp + quote, auto_choice(thinking)).content, quote);
   }
+  // The reply's own opener taken by the generation prompt (thinking off): vLLM's body is
+  // the text before <|close|>response<|sep|>.
+  EXPECT_EQ(quoting(quote + kRespEnd + kMsgEnd, auto_choice(false)).content, quote);
+  EXPECT_EQ(quoting(quote + kRespEnd + kMsgEnd, no_tools(false)).content, quote);
+  // Where it stands decides: an opener that closes inside the reply is a think channel
+  // (dropped), a later one the reply ends before is quoted; a close that ends nothing is
+  // quoted too.
+  const std::string twice = "open <|open|>think<|sep|> and close <|close|>think<|sep|>... no, <|open|>think<|sep|> again";
+  EXPECT_EQ(quoting("r" + kThinkEnd + kResp + twice + kRespEnd + kMsgEnd, auto_choice(true)).content,
+            "open ... no, <|open|>think<|sep|> again");
+  EXPECT_EQ(quoting(kResp + "close with <|close|>think<|sep|>, then <|open|>think<|sep|>" + kRespEnd, auto_choice(false)).content,
+            "close with <|close|>think<|sep|>, then <|open|>think<|sep|>");
+}
+
+TEST(ParseQuotedMarkers, OtherChannelsMarkersQuotedInTheReplyStayVerbatim) {
+  for (bool thinking : {true, false}) {
+    SCOPED_TRACE(thinking ? "thinking" : "no thinking");
+    const std::string head = (thinking ? "r" + kThinkEnd : "") + kResp;
+    // A response opener inside the response channel (vLLM's body runs from the first).
+    const std::string reopen = "a reply opens with <|open|>response<|sep|> and ends with the close";
+    EXPECT_EQ(quoting(head + reopen + kRespEnd + kMsgEnd, auto_choice(thinking)).content, reopen);
+    // Argument, call-close, json and unknown tags; bare markers with no tag around them.
+    const std::string tags =
+        "write <|open|>argument key=\"k\" type=\"string\"<|sep|>v<|close|>argument<|sep|>, "
+        "<|open|>json type=\"object\"<|sep|>{}<|close|>json<|sep|>, <|close|>call<|sep|>, <|open|>foo<|sep|>";
+    EXPECT_EQ(quoting(head + tags + kRespEnd + kMsgEnd, auto_choice(thinking)).content, tags);
+    const std::string bare = "the markers are <|open|>, <|close|> and <|sep|>.";
+    EXPECT_EQ(quoting(head + bare + kRespEnd + kMsgEnd, auto_choice(thinking)).content, bare);
+    EXPECT_EQ(quoting(head + bare + kRespEnd + kMsgEnd, none_choice(thinking)).content, bare);
+    // A marker cut off by another marker before its <|sep|> is text too.
+    EXPECT_EQ(quoting(head + "x <|open|>think y " + kRespEnd + kMsgEnd, auto_choice(thinking)).content, "x <|open|>think y ");
+  }
+  // SGLang's test_quoted_call_token_without_attributes_survives strips the marker and its
+  // name ("calls open with , then attributes"); vLLM's tool parser keeps the reply as
+  // generated, and so does moonrun.
+  EXPECT_EQ(quoting("calls open with <|open|>call, then attributes", auto_choice(false)).content,
+            "calls open with <|open|>call, then attributes");
+  // In the reasoning, too: vLLM's reasoning is the think channel's text as generated.
+  ParsedMessage m = quoting("args read <|open|>argument key=\"k\"<|sep|> and <|sep|>" + kThinkEnd + kResp + "ok" + kRespEnd,
+                            auto_choice(true));
+  EXPECT_EQ(m.reasoning, "args read <|open|>argument key=\"k\"<|sep|> and <|sep|>");
+  EXPECT_EQ(m.content, "ok");
+}
+
+TEST(ParseQuotedMarkers, RealMarkupStillNeverShows) {
+  // Markup where it is a tag, or cut off where it could still have become one, never
+  // reaches the text (parse() checks every marker spelling).
+  for (bool thinking : {true, false}) {
+    SCOPED_TRACE(thinking ? "thinking" : "no thinking");
+    const std::string head = thinking ? "r" + kThinkEnd : "";
+    // The prompt's openers repeated before any reply text are layout.
+    EXPECT_EQ(parse(head + kResp + kResp + "hi" + kRespEnd + kMsgEnd, auto_choice(thinking)).content, "hi");
+    EXPECT_EQ(parse(head + "<|open|>message role=\"assistant\"<|sep|>" + kResp + "hi" + kRespEnd + kMsgEnd, auto_choice(thinking)).content,
+              "hi");
+    // Cut off by max_tokens while it could still become a tag: nothing of it.
+    EXPECT_EQ(parse(head + kResp + "done<|close|>resp", auto_choice(thinking)).content, "done");
+    EXPECT_EQ(parse(head + kResp + "done<|open|>tool", auto_choice(thinking)).content, "done");
+    EXPECT_EQ(parse(head + kResp + "done<|open|>", auto_choice(thinking)).content, "done");
+    // Text between channels, and the tools channel's markup, stay out.
+    ParsedMessage m = parse(head + kResp + "a" + kRespEnd + "<|sep|> x <|open|>foo<|sep|>" + kTools +
+                                call("get_time", "") + "<|sep|>" + kToolsEnd + kMsgEnd,
+                            auto_choice(thinking));
+    EXPECT_EQ(m.content, "a");
+    EXPECT_EQ(m.tool_calls.size(), 1u);
+  }
+  // Without a response channel, a stray response close is dropped (vLLM's
+  // _strip_response_content), and the text around it is the reply's.
+  EXPECT_EQ(parse("r" + kThinkEnd + "plain" + kRespEnd + kMsgEnd, auto_choice(true)).content, "plain");
   // Call syntax after the quoted opener ends the reply there, as anywhere in the reply
   // (SGLang's _CALL_OPEN_RE), and is no call.
-  ParsedMessage cut = parse(kResp + quote + " " + call("get_time", arg("tz", "string", "UTC")) + " tail" + kMsgEnd, auto_choice(false));
-  EXPECT_EQ(cut.content, "see  and the rest ");
+  const std::string quote = "see <|open|>think<|sep|> and the rest";
+  ParsedMessage cut = quoting(kResp + quote + " " + call("get_time", arg("tz", "string", "UTC")) + " tail" + kMsgEnd, auto_choice(false));
+  EXPECT_EQ(cut.content, quote + " ");
   EXPECT_TRUE(cut.tool_calls.empty());
   // A think channel that closes inside the reply is not the reply (SGLang's kimik3
   // reasoning detector never folds reasoning into it).
