@@ -507,11 +507,14 @@ class CudaOps final : public Ops {
     check(!with_conf || ((conf_w.cols == h.cols || conf_w.cols == h.cols + r) && h.rows == logits.rows &&
                          conf.rows == logits.rows),
           "dspark_markov: confidence weights " + shape(conf_w) + ", h " + shape(h));
-    cuda::dspark_markov(logits.as<float>(), static_cast<int>(logits.rows / block), static_cast<int>(V), w1.as<float>(),
+    ScratchScope scope(*this);
+    const int n_blocks = static_cast<int>(logits.rows / block);
+    const Tensor part = scratch((cuda::dspark_markov_scratch_bytes(n_blocks, static_cast<int>(V)) + 3) / 4, 1, DType::I32);
+    cuda::dspark_markov(logits.as<float>(), n_blocks, static_cast<int>(V), w1.as<float>(),
                         w2.as<float>(), static_cast<int>(r), ids, block, n_slots,
                         with_conf ? h.as<float>() : nullptr, static_cast<int>(h.cols),
                         with_conf ? conf_w.as<float>() : nullptr, static_cast<int>(conf_w.cols), conf_b,
-                        tokens.as<int32_t>(), with_conf ? conf.as<float>() : nullptr, stream_);
+                        tokens.as<int32_t>(), with_conf ? conf.as<float>() : nullptr, part.data, stream_);
   }
   void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) override {
     const int R = static_cast<int>(rows.rows.size()), V = static_cast<int>(logits.cols);

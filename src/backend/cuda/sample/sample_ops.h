@@ -63,11 +63,14 @@ struct DeviceRowEdits {
 void apply_logit_edits(float* logits, int n_rows, int vocab, const DeviceRowEdits* rows, const TokenCount* history,
                        const TokenBias* biases, const uint32_t* masks, int mask_words, cudaStream_t stream);
 
-// DSpark's Markov and confidence heads (Ops::dspark_markov, dspark_markov.cu): one block of
-// threads per draft block, its slots in order. conf_w may be null (no confidence head);
-// conf_cols is H or H + rank. Every pointer is device memory; no synchronisation.
+// DSpark's Markov and confidence heads (Ops::dspark_markov, dspark_markov.cu): per slot, a
+// pass over the vocabulary on many thread blocks, then a pick per draft block. conf_w may be
+// null (no confidence head); conf_cols is H or H + rank. scratch: device memory of
+// dspark_markov_scratch_bytes(n_blocks, vocab). Every pointer is device memory; no
+// synchronisation.
+int64_t dspark_markov_scratch_bytes(int n_blocks, int vocab);
 void dspark_markov(float* logits, int n_blocks, int vocab, const float* w1, const float* w2, int rank,
                    const int32_t* ids, int block, int n_slots, const float* h, int hidden, const float* conf_w,
-                   int conf_cols, float conf_b, int32_t* tokens, float* conf, cudaStream_t stream);
+                   int conf_cols, float conf_b, int32_t* tokens, float* conf, void* scratch, cudaStream_t stream);
 
 }  // namespace moonrun::cuda
