@@ -168,6 +168,26 @@ void ProfiledOps::mla_attention(const Tensor& q, const Matrix& kv_b, const Batch
   timed(std::string("mla_attention (") + phase(batch) + ")", cache_bytes + bytes_of(kv_b) + bytes_of(q) + bytes_of(o),
         flops, [&] { in_.mla_attention(q, kv_b, batch, cache, shape, mode, o); });
 }
+// The DSA ops are timed by bytes of their tensors only: their cost models come with the
+// CUDA kernels (issue 38, item 3).
+void ProfiledOps::dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps,
+                                  const BatchView& batch, KvLayer cache) {
+  timed("dsa_index_store", 2.0 * bytes_of(k), 0, [&] { in_.dsa_index_store(k, norm_w, norm_b, eps, batch, cache); });
+}
+void ProfiledOps::dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
+                                   const DsaIndexerShape& shape, Tensor scores) {
+  timed(std::string("dsa_index_scores (") + phase(batch) + ")", bytes_of(q) + bytes_of(weights) + bytes_of(scores), 0,
+        [&] { in_.dsa_index_scores(q, weights, batch, cache, shape, scores); });
+}
+void ProfiledOps::dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) {
+  timed("dsa_topk", bytes_of(scores) + bytes_of(indices), 0, [&] { in_.dsa_topk(scores, batch, indices); });
+}
+void ProfiledOps::mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                                       const MlaShape& shape, MlaMode mode, const Tensor& indices, Tensor o) {
+  timed(std::string("mla_sparse_attention (") + phase(batch) + ")",
+        bytes_of(q) + bytes_of(kv_b) + bytes_of(indices) + bytes_of(o), 0,
+        [&] { in_.mla_sparse_attention(q, kv_b, batch, cache, shape, mode, indices, o); });
+}
 void ProfiledOps::router_topk(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor ids,
                               Tensor weights) {
   timed("router_topk", bytes_of(logits) + bytes_of(ids) + bytes_of(weights), 0,

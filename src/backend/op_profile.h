@@ -86,6 +86,13 @@ class ProfiledOps final : public Ops {
   void mla_store(const Tensor& ckv, const Tensor& norm_w, float eps, const BatchView& batch, KvLayer cache) override;
   void mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache, const MlaShape& shape,
                      MlaMode mode, Tensor o) override;
+  void dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps, const BatchView& batch,
+                       KvLayer cache) override;
+  void dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
+                        const DsaIndexerShape& shape, Tensor scores) override;
+  void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) override;
+  void mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                            const MlaShape& shape, MlaMode mode, const Tensor& indices, Tensor o) override;
   void router_topk(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor ids,
                    Tensor weights) override;
   void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertMatrices& w1,

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <climits>
+#include <cmath>
 #include <functional>
 #include <span>
 #include <stdexcept>
@@ -72,6 +73,16 @@ struct MlaShape {
 inline int mla_prefill_key_block(int n_new_tokens) {
   return n_new_tokens > 8192 ? (n_new_tokens + 127) / 128 * 128 : 8192;
 }
+
+// The lightning indexer of DeepSeek Sparse Attention (Kimi K3.1: 32 heads x 128, no RoPE;
+// model/kimi_k31.h). One key head per token (MQA), cached beside the latent rows.
+struct DsaIndexerShape {
+  int num_heads = 0;
+  int head_dim = 0;
+  // The reference's scale on the per-head weights (DeepSeek-V3.2-Exp Indexer:
+  // weights_proj(x) * n_heads^-1/2 * softmax_scale, softmax_scale = head_dim^-1/2).
+  float weight_scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(num_heads) * head_dim)); }
+};
 
 class Ops {
  public:
@@ -204,6 +215,40 @@ class Ops {
   // q [T, H*(nope+rope)] F32, kv_b [H*(nope+v), kv_lora], o [T, H*v] F32.
   virtual void mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
                              const MlaShape& shape, MlaMode mode, Tensor o) = 0;
+
+  // ---- DSA (DeepSeek Sparse Attention: MLA over each query's top-k keys; issue 38) ------
+  // Not yet on every backend: the defaults throw, so a backend without them fails by name.
+  // Indexer keys live in their own paged pool, one row of head_dim per token, on the latent
+  // cache's page table (BatchSeq::page_start) and page size.
+  //
+  // Writes each new token's indexer key LayerNorm(k) * w + b (torch LayerNorm, eps given:
+  // K3.1 uses rms_norm_eps) at its position. k [T, head_dim] F32 (the wk output); w, b [1, head_dim].
+  virtual void dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps,
+                               const BatchView& batch, KvLayer cache) {
+    throw BackendError("dsa_index_store: not implemented by this backend");
+  }
+  // Index scores I[t, s] = sum_h weights[t, h] * shape.weight_scale() * ReLU(q[t, h] . key[s])
+  // over each new token's causal range s in [0, pos_t]; column s of row t is position s of
+  // its sequence, and columns past pos_t hold -inf. q [T, H * head_dim] F32 (wq_b output),
+  // weights [T, H] F32 (weights_proj output, unscaled), scores [T, C] F32 with C at least
+  // the longest sequence's n_past + n_new.
+  virtual void dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
+                                const DsaIndexerShape& shape, Tensor scores) {
+    throw BackendError("dsa_index_scores: not implemented by this backend");
+  }
+  // Each query's top k = indices.cols positions by score among [0, pos_t], as increasing
+  // positions followed by -1 when fewer than k are visible (then every visible one is kept).
+  // Of equal scores the lower position is kept. scores as dsa_index_scores'; indices [T, k] I32.
+  virtual void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) {
+    throw BackendError("dsa_topk: not implemented by this backend");
+  }
+  // mla_attention with each query reading only the positions in its row of indices [T, k]
+  // I32 (dsa_topk's form: positions within its causal range, then -1s), as the reference
+  // masks the others' scores to -inf. With every visible position listed it is mla_attention.
+  virtual void mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                                    const MlaShape& shape, MlaMode mode, const Tensor& indices, Tensor o) {
+    throw BackendError("mla_sparse_attention: not implemented by this backend");
+  }
 
   // ---- MoE ---------------------------------------------------------------------------
   // Top-k per token from router logits [T, E] F32 and bias [1, E] (may be empty):

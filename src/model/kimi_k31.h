@@ -5,6 +5,14 @@
 // This step lists the indexer's tensors (for verify, plan and the loader to come); the
 // sparse-attention forward is issue 38's next step, so the family row has no build yet.
 //
+// What exists now for that forward (issue 38, build item 2, CPU only): the backend ops
+// dsa_index_store (LayerNorm'd indexer keys into their own paged pool on the latent cache's
+// pages), dsa_index_scores, dsa_topk and mla_sparse_attention (backend/ops.h; CPU in
+// backend/cpu/dsa.h and MLA's own kernels with a selection), tested against double loops
+// from DeepSeek-V3.2-Exp's Indexer in tests/unit/backend/dsa_ops_test.cpp. Not yet: the
+// indexer pool in the cache's row kinds (plan, prefix cache, snapshots, preemption), the
+// layer that calls the ops, reference fixtures, and CUDA (those ops throw there).
+//
 // The indexer of one DSA layer, under "<layer>.self_attn.indexer.", as DeepSeek-V3.2's
 // Indexer (transformers models/deepseek_v32, DeepSeek-V3.2-Exp inference/model.py) names
 // and shapes it, without RoPE (the issue: "no RoPE"):

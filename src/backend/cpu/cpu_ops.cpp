@@ -7,6 +7,7 @@
 
 #include "backend/cpu/activations.h"
 #include "backend/cpu/attn_res.h"
+#include "backend/cpu/dsa.h"
 #include "backend/cpu/kda.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/mla.h"
@@ -318,37 +319,128 @@ void CpuOps::mla_store(const Tensor& ckv, const Tensor& norm_w, float eps, const
   }
 }
 
-void CpuOps::mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
-                           const MlaShape& shape, MlaMode mode, Tensor o) {
+namespace {
+
+// A sequence's cache rows [0, n_positions) as F32 row pointers; an fp8 cache's rows are
+// widened into `widened`, which must outlive the pointers.
+void cache_rows_f32(const KvLayer& cache, const BatchView& batch, const BatchSeq& seq, int n_positions,
+                 std::vector<const float*>& rows, std::vector<float>& widened) {
+  const int W = cache.row_width;
+  rows.resize(n_positions);
+  if (cache.dtype == DType::F8_E4M3) widened.resize(static_cast<size_t>(n_positions) * W);
+  for (int p = 0; p < n_positions; ++p) {
+    const int64_t at = cache_row_index(cache, batch, seq, p);
+    if (cache.dtype == DType::F32) {
+      rows[p] = static_cast<const float*>(cache.base) + at;
+      continue;
+    }
+    const uint8_t* src = static_cast<const uint8_t*>(cache.base) + at;
+    float* dst = widened.data() + static_cast<size_t>(p) * W;
+    for (int i = 0; i < W; ++i) dst[i] = f8e4m3_to_f32(src[i]);
+    rows[p] = dst;
+  }
+}
+
+// Dense MLA (selected null) and sparse MLA (DSA: indices [T, k] I32) share this loop and the
+// kernels under it, so the two cannot drift apart.
+void attend_mla(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache, const MlaShape& shape,
+                MlaMode mode, const Tensor* selected, Tensor o) {
   const int H = shape.num_heads;
   const int64_t q_width = static_cast<int64_t>(H) * (shape.nope + shape.rope), o_width = static_cast<int64_t>(H) * shape.v_dim;
   MR_CHECK(q.cols == q_width && o.cols == o_width) << "mla_attention shapes";
   MR_CHECK(kv_b.out == H * (shape.nope + shape.v_dim) && kv_b.in == shape.kv_lora) << "kv_b shape";
   check_cache_dtype(cache);
-  const int W = cache.row_width;
+  const int k = selected ? static_cast<int>(selected->cols) : 0;
+  if (selected) {
+    MR_CHECK(selected->dtype == DType::I32 && selected->rows == q.rows && k > 0) << "mla_sparse_attention indices shape";
+    // The kernels trust the lists: a position outside the causal range would read a future
+    // key or another sequence's row, and a repeated one would count its key twice.
+    std::vector<char> listed;
+    for (int t = 0; t < batch.n_tokens(); ++t) {
+      const int32_t* sel = selected->as<int32_t>() + static_cast<int64_t>(t) * k;
+      bool padding = false;
+      listed.assign(batch.positions[t] + 1, 0);
+      for (int j = 0; j < k; ++j) {
+        MR_CHECK(sel[j] <= batch.positions[t] && (sel[j] >= 0 || sel[j] == -1) && !(padding && sel[j] >= 0) &&
+                 (sel[j] < 0 || !listed[sel[j]]))
+            << "mla_sparse_attention: token " << t << " at position " << batch.positions[t] << " lists " << sel[j]
+            << " (entries must be distinct positions in the causal range [0, position], then -1s)";
+        padding = sel[j] < 0;
+        if (!padding) listed[sel[j]] = 1;
+      }
+      MR_CHECK(sel[0] >= 0) << "mla_sparse_attention: token " << t << " selects no key";
+    }
+  }
   std::vector<const float*> rows;
   std::vector<float> widened;  // an fp8 cache's rows of one sequence, as F32
   for (int s = 0; s < batch.n_seqs(); ++s) {
     const BatchSeq& seq = batch.seqs[s];
-    const int n_positions = seq.n_past + seq.n_new;
-    rows.resize(n_positions);
-    if (cache.dtype == DType::F8_E4M3) widened.resize(static_cast<size_t>(n_positions) * W);
-    for (int p = 0; p < n_positions; ++p) {
-      const int64_t at = cache_row_index(cache, batch, seq, p);
-      if (cache.dtype == DType::F32) {
-        rows[p] = static_cast<const float*>(cache.base) + at;
-        continue;
-      }
-      const uint8_t* src = static_cast<const uint8_t*>(cache.base) + at;
-      float* dst = widened.data() + static_cast<size_t>(p) * W;
-      for (int i = 0; i < W; ++i) dst[i] = f8e4m3_to_f32(src[i]);
-      rows[p] = dst;
-    }
+    cache_rows_f32(cache, batch, seq, seq.n_past + seq.n_new, rows, widened);
     const float* qs = f32(q) + seq.token_start * q_width;
     float* os = f32(o) + seq.token_start * o_width;
+    const int32_t* sel = selected ? selected->as<int32_t>() + static_cast<int64_t>(seq.token_start) * k : nullptr;
     const bool absorbed = mode == MlaMode::kAbsorbed || (mode == MlaMode::kAuto && seq.n_new == 1);
-    if (absorbed) mla_attend_absorbed(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os);
-    else mla_attend_plain(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os);
+    if (absorbed) mla_attend_absorbed(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os, sel, k);
+    else mla_attend_plain(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os, sel, k);
+  }
+}
+
+}  // namespace
+
+void CpuOps::mla_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                           const MlaShape& shape, MlaMode mode, Tensor o) {
+  attend_mla(q, kv_b, batch, cache, shape, mode, nullptr, o);
+}
+
+// ---- DSA (the indexer's math is in cpu/dsa.h) ------------------------------------------
+
+void CpuOps::mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                                  const MlaShape& shape, MlaMode mode, const Tensor& indices, Tensor o) {
+  attend_mla(q, kv_b, batch, cache, shape, mode, &indices, o);
+}
+
+// The indexer-key pool is F32 on the CPU. The reference caches the keys in fp8 with a scale
+// per 128 values; that layout comes with the CUDA indexer (issue 38, item 3).
+void CpuOps::dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps,
+                             const BatchView& batch, KvLayer cache) {
+  const int D = static_cast<int>(k.cols);
+  MR_CHECK(cache.dtype == DType::F32 && cache.row_width == D) << "dsa_index_store: an F32 pool of rows of " << D;
+  MR_CHECK(norm_w.numel() == D && norm_b.numel() == D && k.rows == batch.n_tokens()) << "dsa_index_store shapes";
+  for (int t = 0; t < batch.n_tokens(); ++t) {
+    const BatchSeq& seq = batch.seqs[batch.token_seq[t]];
+    float* dst = static_cast<float*>(cache.base) + cache_row_index(cache, batch, seq, batch.positions[t]);
+    layernorm_row(f32(k) + static_cast<int64_t>(t) * D, D, f32(norm_w), f32(norm_b), eps, dst);
+  }
+}
+
+void CpuOps::dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
+                              const DsaIndexerShape& shape, Tensor scores) {
+  const int H = shape.num_heads, D = shape.head_dim;
+  MR_CHECK(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && q.rows == batch.n_tokens() &&
+           weights.rows == q.rows && scores.rows == q.rows)
+      << "dsa_index_scores shapes";
+  MR_CHECK(cache.dtype == DType::F32 && cache.row_width == D) << "dsa_index_scores: an F32 pool of rows of " << D;
+  std::vector<const float*> rows;
+  std::vector<float> widened;
+  for (int s = 0; s < batch.n_seqs(); ++s) {
+    const BatchSeq& seq = batch.seqs[s];
+    cache_rows_f32(cache, batch, seq, seq.n_past + seq.n_new, rows, widened);
+    cpu::dsa_index_scores(f32(q) + static_cast<int64_t>(seq.token_start) * H * D,
+                          f32(weights) + static_cast<int64_t>(seq.token_start) * H, shape, seq.n_new, seq.n_past,
+                          rows.data(), f32(scores) + seq.token_start * scores.cols, scores.cols,
+                          static_cast<int>(scores.cols));
+  }
+}
+
+void CpuOps::dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) {
+  MR_CHECK(indices.dtype == DType::I32 && indices.rows == batch.n_tokens() && scores.rows == indices.rows &&
+           indices.cols > 0)
+      << "dsa_topk shapes";
+  const int k = static_cast<int>(indices.cols);
+  for (int t = 0; t < batch.n_tokens(); ++t) {
+    const int visible = batch.positions[t] + 1;
+    MR_CHECK(visible <= scores.cols) << "dsa_topk: position " << batch.positions[t] << " past the scores' columns";
+    dsa_topk_row(f32(scores) + t * scores.cols, visible, k, indices.as<int32_t>() + static_cast<int64_t>(t) * k);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <thread>
 
 #include "common/check.h"
@@ -30,7 +31,7 @@ void softmax_inplace(float* s, int n) {
 
 // Attention with per-head keys and values expanded from the latent rows.
 void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
-                      const float* const* rows, float* o) {
+                      const float* const* rows, float* o, const int32_t* selected, int selected_cols) {
   const int H = shape.num_heads, L = shape.kv_lora, R = shape.rope;
   const int N = shape.nope, V = shape.v_dim, QD = N + R;
   const int P = n_past + n_tokens;
@@ -57,6 +58,7 @@ void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, 
       std::copy(kn + N, kn + KV, &vals[static_cast<size_t>(p) * V]);
     }
     std::vector<float> scores(static_cast<size_t>(kQueries) * P);
+    std::vector<char> kept(selected ? P : 0);
     for (int t0 = 0; t0 < n_tokens; t0 += kQueries) {
       const int nq = std::min(kQueries, n_tokens - t0);
       const int last = n_past + t0 + nq;  // the block's last query sees positions [0, last)
@@ -79,6 +81,15 @@ void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, 
         const int visible = n_past + t0 + i + 1;
         float* srow = &scores[static_cast<size_t>(i) * P];
         for (int p = 0; p < visible; ++p) srow[p] *= scale;
+        if (selected) {
+          // The reference's index mask: unselected scores become -inf before the softmax, so
+          // they take weight 0 (the query's causal range always holds a selected position).
+          const int32_t* sel = selected + static_cast<int64_t>(t0 + i) * selected_cols;
+          std::fill(kept.begin(), kept.begin() + visible, 0);
+          for (int j = 0; j < selected_cols && sel[j] >= 0; ++j) kept[sel[j]] = 1;
+          for (int p = 0; p < visible; ++p)
+            if (!kept[p]) srow[p] = -std::numeric_limits<float>::infinity();
+        }
         softmax_inplace(srow, visible);
         float* ot = o + (static_cast<int64_t>(t0 + i) * H + h) * V;
         std::fill(ot, ot + V, 0.0f);
@@ -101,7 +112,7 @@ void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, 
 
 // The same attention with kv_b absorbed: multi-query attention over the latent rows.
 void mla_attend_absorbed(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
-                         const float* const* rows, float* o) {
+                         const float* const* rows, float* o, const int32_t* selected, int selected_cols) {
   const int H = shape.num_heads, L = shape.kv_lora, R = shape.rope;
   const int N = shape.nope, V = shape.v_dim, QD = N + R;
   const int P = n_past + n_tokens;
@@ -120,14 +131,22 @@ void mla_attend_absorbed(const float* q, const float* kv_b, const MlaShape& shap
         const float* wr = W_uk + static_cast<int64_t>(n) * L;
         for (int l = 0; l < L; ++l) q_lat[l] += qn * wr[l];
       }
-      const int visible = n_past + t + 1;
-      for (int p = 0; p < visible; ++p)
-        scores[p] = (dot(q_lat.data(), rows[p], L) + dot(qt + N, rows[p] + L, R)) * scale;
-      softmax_inplace(scores.data(), visible);
+      // The keys this query reads: its causal range, or its selection (positions, then -1s).
+      const int32_t* sel = selected ? selected + static_cast<int64_t>(t) * selected_cols : nullptr;
+      int n_keys = n_past + t + 1;
+      if (sel) {
+        n_keys = 0;
+        while (n_keys < selected_cols && sel[n_keys] >= 0) ++n_keys;
+      }
+      auto key_row = [&](int i) { return rows[sel ? sel[i] : i]; };
+      for (int i = 0; i < n_keys; ++i)
+        scores[i] = (dot(q_lat.data(), key_row(i), L) + dot(qt + N, key_row(i) + L, R)) * scale;
+      softmax_inplace(scores.data(), n_keys);
       std::fill(o_lat.begin(), o_lat.end(), 0.0f);
-      for (int p = 0; p < visible; ++p) {
-        const float a = scores[p];
-        for (int l = 0; l < L; ++l) o_lat[l] += a * rows[p][l];
+      for (int i = 0; i < n_keys; ++i) {
+        const float a = scores[i];
+        const float* row = key_row(i);
+        for (int l = 0; l < L; ++l) o_lat[l] += a * row[l];
       }
       // o = W_uv o_lat
       float* ot = o + (static_cast<int64_t>(t) * H + h) * V;

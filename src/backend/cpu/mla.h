@@ -19,9 +19,15 @@ namespace moonrun::cpu {
 // rows[p] points at the cache row (kv_lora + rope floats) of position p, for p in
 // [0, n_past + n_tokens) (the new rows already written). q [n_tokens, H, nope + rope];
 // kv_b [H * (nope + v), kv_lora]; o [n_tokens, H, v]. Causal: new token t sees [0, n_past + t].
+//
+// selected (DeepSeek Sparse Attention): when not null, new token t reads only the positions
+// in selected[t * selected_cols, + selected_cols), which lie in its causal range and end at
+// the first -1; plain order masks the others' scores to -inf as the reference does, absorbed
+// order visits only those rows. One code path for dense and sparse keeps them the same math.
 void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
-                      const float* const* rows, float* o);
+                      const float* const* rows, float* o, const int32_t* selected = nullptr, int selected_cols = 0);
 void mla_attend_absorbed(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
-                         const float* const* rows, float* o);
+                         const float* const* rows, float* o, const int32_t* selected = nullptr,
+                         int selected_cols = 0);
 
 }  // namespace moonrun::cpu
