@@ -39,6 +39,7 @@ Status Scheduler::add(Request* req) {
 
 void Scheduler::preempt(Request* victim) {
   cache_.free(victim->seq_id);
+  last_paced_chunk_.erase(victim->seq_id);
   victim->state = RequestState::kWaiting;
   victim->num_computed_tokens = 0;
   victim->draft_ids.clear();
@@ -87,11 +88,14 @@ SchedulerOutput Scheduler::schedule() {
       if (n_draft > 0 && !cache_.allocate(req->seq_id, req->num_computed_tokens + 1 + n_draft)) n_draft = 0;
     }
     req->draft_ids.resize(n_draft);
-    const int n_new =
-        n_draft > 0 ? 1 + n_draft
-        : decode    ? 1
-                    : chunk(req, fair_chunk(std::min(req->num_tokens() - req->num_computed_tokens, budget),
-                                            req->num_computed_tokens, cost, attention_left));
+    int n_new = n_draft > 0 ? 1 + n_draft : 1;
+    if (!decode) {
+      // A prefill chunk: cut to the step's budget (fair chunking), then to a snapshot boundary.
+      const int fair = fair_chunk(std::min(req->num_tokens() - req->num_computed_tokens, budget),
+                                  req->num_computed_tokens, cost, attention_left, growth_cap(req, attention_left));
+      record_chunk(req, fair, attention_left);
+      n_new = chunk(req, fair);
+    }
     MR_CHECK(n_new > 0) << "running request " << req->seq_id << " has nothing to compute";
     bool fits = false;
     while (true) {
@@ -147,8 +151,21 @@ SchedulerOutput Scheduler::schedule() {
   return out;
 }
 
-int Scheduler::fair_chunk(int n_new, int from, const PrefillBudget& cost, double& left) const {
+int Scheduler::growth_cap(const Request* req, double left) const {
+  if (left == HUGE_VAL) return INT_MAX;
+  const auto it = last_paced_chunk_.find(req->seq_id);
+  return it == last_paced_chunk_.end() ? INT_MAX
+                                       : std::max(kMinFairChunkTokens, static_cast<int>(it->second * kMaxFairChunkGrowth));
+}
+
+void Scheduler::record_chunk(const Request* req, int n, double left) {
+  if (left == HUGE_VAL) last_paced_chunk_.erase(req->seq_id);  // unpaced: no cap next time
+  else last_paced_chunk_[req->seq_id] = n;
+}
+
+int Scheduler::fair_chunk(int n_new, int from, const PrefillBudget& cost, double& left, int cap) const {
   if (left == HUGE_VAL) return n_new;
+  n_new = std::min(n_new, cap);
   const auto spent = [&](int64_t n) {
     return cost.per_token * static_cast<double>(n) + cost.per_pair * static_cast<double>(attention_pairs(from, n));
   };
@@ -186,6 +203,7 @@ void Scheduler::on_step_done(const SchedulerOutput& out) {
 
 void Scheduler::remove(Request* req) {
   cache_.free(req->seq_id);
+  last_paced_chunk_.erase(req->seq_id);
   auto r = std::find(running_.begin(), running_.end(), req);
   if (r != running_.end()) running_.erase(r);
   auto w = std::find(waiting_.begin(), waiting_.end(), req);

@@ -23,8 +23,10 @@
 //     snapshotted for later requests (the cache says where).
 // Pure logic over token counts and the cache manager: the unit tests drive it without a
 // model.
+#include <climits>
 #include <cstdint>
 #include <deque>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/cache_manager.h"
@@ -67,6 +69,12 @@ class Scheduler {
   // A prefill chunk gets at least this many tokens under the attention budget, so a prompt
   // always advances.
   static constexpr int kMinFairChunkTokens = 32;
+  // A paced prompt's next chunk is at most this many times its last paced one. Its chunks can
+  // only shrink as its prefix grows (each token attends over more), so a chunk much larger
+  // than the last is a cost model gone wrong (the pacer's fit is ill-conditioned when every
+  // step sits at the target), and one such chunk late in a 1M prompt is a 1 s stall. The
+  // margin lets a chunk cut too short (a step with more decodes, a pessimistic fit) recover.
+  static constexpr double kMaxFairChunkGrowth = 1.25;
   // Fair chunking by time (engine/prefill_pacer.h): this step's prefill may cost `budget`
   // (seconds, say) with a cost of per_token a token and per_pair a query-key pair; the
   // decodes scheduled first spend per_token each from it. budget <= 0: the config's
@@ -95,7 +103,11 @@ class Scheduler {
   int chunk(const Request* req, int n_new, int from = -1) const;
   // n_new cut to the budget left at the step's costs (a prefill chunk from `from`), which it
   // spends.
-  int fair_chunk(int n_new, int from, const PrefillBudget& cost, double& left) const;
+  // cap: the most tokens the chunk may bring (kMaxFairChunkGrowth).
+  int fair_chunk(int n_new, int from, const PrefillBudget& cost, double& left, int cap = INT_MAX) const;
+  // The cap on req's chunk under `left`, and the chunk it got (recorded when paced).
+  int growth_cap(const Request* req, double left) const;
+  void record_chunk(const Request* req, int n, double left);
   // Queues a state snapshot when the step ends req's chunk at an uncached block boundary.
   void plan_snapshot(const Request* req, int n_new);
 
@@ -105,6 +117,7 @@ class Scheduler {
   std::vector<Request*> running_;  // admission order
   int64_t num_preemptions_ = 0;
   PrefillBudget paced_;
+  std::unordered_map<int64_t, int> last_paced_chunk_;  // seq_id -> its last chunk cut by the budget
 };
 
 }  // namespace moonrun

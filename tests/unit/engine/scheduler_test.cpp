@@ -285,5 +285,40 @@ TEST(Scheduler, FairChunkingLeavesAPromptAloneWhole) {
   EXPECT_EQ(out.seqs[0].n_new_tokens, Scheduler::kMinFairChunkTokens) << "6144 cached: 32 tokens already exceed 1e5 pairs";
 }
 
+// A cost model gone wrong for a step (the pacer's fit, ill-conditioned when every step sits
+// at the target, can price a pair far too low) must not hand a late chunk the whole token
+// budget: a paced prompt's chunk grows by at most kMaxFairChunkGrowth a step, then recovers.
+TEST(Scheduler, FairChunkingBoundsAChunkToItsLastTimesTheGrowth) {
+  Fixture f(test_pool(1100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 4096});
+  Request* stream = f.add(5);
+  f.step();  // the stream decodes from here on
+  Request* longp = f.add(12000);
+  // A budget of 3e6 pairs (per token 0, per pair 1): the first chunks are the pairs'.
+  f.sched.set_prefill_budget({3e6, 0.0, 1.0});
+  int last = 0;
+  for (int i = 0; i < 3; ++i) {
+    const SchedulerOutput out = f.step();
+    ASSERT_EQ(out.seqs.size(), 2u);
+    last = out.seqs[1].n_new_tokens;
+  }
+  ASSERT_LT(last, 1000);
+  // The model now prices a pair 1000 times lower: without the bound the chunk would be 4095.
+  f.sched.set_prefill_budget({3e6, 0.0, 1e-3});
+  for (int i = 0; i < 4; ++i) {
+    const SchedulerOutput out = f.step();
+    ASSERT_EQ(out.seqs.size(), 2u);
+    EXPECT_EQ(out.seqs[0].req, stream);
+    const int n = out.seqs[1].n_new_tokens;
+    EXPECT_LE(n, static_cast<int>(last * Scheduler::kMaxFairChunkGrowth)) << "step " << i;
+    EXPECT_GT(n, last) << "step " << i << ": a chunk cut too short still recovers";
+    last = n;
+  }
+  // Alone again (the stream finished), the prompt takes whole chunks at once.
+  f.sched.remove(stream);
+  const int left = longp->num_prompt_tokens() - longp->num_computed_tokens;
+  ASSERT_GT(left, 1000);
+  EXPECT_EQ(f.step().seqs[0].n_new_tokens, std::min(4096, left));
+}
+
 }  // namespace
 }  // namespace moonrun
