@@ -81,6 +81,10 @@ export async function launchBrowser({ width = 1280, height = 900 } = {}) {
       await new Promise((r) => setTimeout(r, 200));
       await page.waitFor("document.readyState === 'complete'");
     },
+    // Calls fn(params) on each event of this page named method (Fetch.requestPaused, ...).
+    on(method, fn) {
+      listeners.push((msg) => { if (msg.sessionId === sessionId && msg.method === method) fn(msg.params); });
+    },
     async screenshot(file) {
       const { data } = await page.send('Page.captureScreenshot', { format: 'png' });
       fs.mkdirSync(path.dirname(file), { recursive: true });

@@ -172,7 +172,9 @@ function usageLine(u, seconds) {
   if (images) parts.push(`image ${images}`);
   parts.push(`completion ${u.completion_tokens}`);
   parts.push(`reasoning ${u.completion_tokens_details?.reasoning_tokens ?? 0}`);
-  if (seconds > 0) parts.push(`${(u.completion_tokens / seconds).toFixed(1)} tok/s`);
+  // Under 50 ms from the first token to the last, the chunks came in one burst (a buffering
+  // proxy, a one-token answer): that is no decode speed, so none is shown.
+  if (seconds >= 0.05) parts.push(`${(u.completion_tokens / seconds).toFixed(1)} tok/s`);
   return parts.join(' · ');
 }
 
