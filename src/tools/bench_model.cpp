@@ -128,6 +128,23 @@ StepBytes decode_step_bytes(const ModelConfig& c, int64_t weight_bytes, bool bf1
   return b;
 }
 
+double decode_step_flops(const ModelConfig& c, const StepBytes& bytes, bool bf16_weights, int batch, int tokens_each,
+                         int context) {
+  const double wbytes = bf16_weights ? 2.0 : 4.0;
+  const double tokens = static_cast<double>(batch) * tokens_each;
+  // bytes.dense counts the batch's embedding rows beside the weights: not multiplied.
+  const double dense_params = std::max(0.0, bytes.dense - batch * c.hidden_size * wbytes) / wbytes;
+  int moe_layers = 0;
+  for (const LayerSpec& l : c.layers) moe_layers += l.mlp == MlpKind::moe ? 1 : 0;
+  const double expert_params = 3.0 * c.moe_intermediate_size * c.expert_io_dim();
+  const double linear = 2.0 * tokens * (dense_params + static_cast<double>(moe_layers) * c.num_experts_per_token * expert_params);
+  // Each token sees the context plus the tokens before it in its own step (at most k more).
+  const double seen = context + (tokens_each - 1) / 2.0;
+  const double attention = tokens * seen * c.num_mla_layers * c.num_attention_heads * 2.0 *
+                           (c.mla_cache_row() + c.kv_lora_rank);
+  return linear + attention;
+}
+
 Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   if (c.batches.empty()) return invalid_argument("--batch: at least one batch size");
   for (int b : c.batches)
@@ -282,8 +299,14 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     if (ro.tp_size == 1)  // one device's bytes (rt.weight_bytes is one rank's)
       f.bytes = decode_step_bytes(rt.config, rt.weight_bytes, rt.dtype_name == "bfloat16", rt.cache.layout, b,
                                   c.context_tokens, &f.expected_experts);
+    if (ro.tp_size == 1)
+      f.flops = decode_step_flops(rt.config, f.bytes, rt.dtype_name == "bfloat16", b, 1 + k, c.context_tokens);
     if (report.copy_gb_s > 0 && ro.tp_size == 1) {
-      f.floor_tok_s = b / (f.bytes.total() / (report.copy_gb_s * 1e9));
+      // The floor is the slower of moving the step's bytes and computing its FLOPs.
+      const double bytes_s = f.bytes.total() / (report.copy_gb_s * 1e9);
+      const double flops_s = report.bf16_tflops > 0 ? f.flops / (report.bf16_tflops * 1e12) : 0.0;
+      f.floor_binds = flops_s > bytes_s ? "flops" : "bytes";
+      f.floor_tok_s = b / std::max(bytes_s, flops_s);
       f.floor_ratio = f.tok_s / f.floor_tok_s;
     }
     if (profiling) {
@@ -399,22 +422,24 @@ std::string format_model_bench(const ModelBenchReport& r) {
       s += line;
     }
   } else {
-    s += "floor = the bytes a step must move (dense weights once + expected distinct experts + KV rows + KDA state "
-         "read and written) / copy bandwidth\n\n";
+    s += "floor = max(the bytes a step must move (dense weights once + expected distinct experts + KV rows + KDA "
+         "state read and written) / copy bandwidth, the FLOPs it must compute (weights x tokens + MLA attention over "
+         "the context) / bf16 GEMM peak); \"binds\" says which\n\n";
   }
   const bool peer = r.peer.has_value();
   if (r.tp_size == 1) {
-    s += "| batch | step (ms) | tok/s | vs b=1 | MB/step (dense + experts + kv + state) | experts/layer | floor tok/s | "
-         "achieved / floor";
-    s += peer ? " | llama.cpp tok/s | moonrun / llama.cpp | issue's floor tok/s |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n"
-              : " |\n|---:|---:|---:|---:|---|---:|---:|---:|\n";
+    s += "| batch | step (ms) | tok/s | vs b=1 | MB/step (dense + experts + kv + state) | experts/layer | GFLOP/step | "
+         "binds | floor tok/s | achieved / floor";
+    s += peer ? " | llama.cpp tok/s | moonrun / llama.cpp | issue's floor tok/s |\n|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|\n"
+              : " |\n|---:|---:|---:|---:|---|---:|---:|---|---:|---:|\n";
   }
   for (const DecodeFigure& f : r.decode) {
     if (r.tp_size > 1) break;  // printed above, without the floor
-    std::snprintf(line, sizeof line, "| %d | %.3f | %.1f | %.2fx | %.1f (%.1f + %.1f + %.1f + %.1f) | %.1f | %.0f | %.2f |",
+    std::snprintf(line, sizeof line,
+                  "| %d | %.3f | %.1f | %.2fx | %.1f (%.1f + %.1f + %.1f + %.1f) | %.1f | %.1f | %s | %.0f | %.2f |",
                   f.batch, f.step_ms, f.tok_s, f.speedup_vs_b1, f.bytes.total() / 1e6, f.bytes.dense / 1e6,
                   f.bytes.experts / 1e6, f.bytes.kv_cache / 1e6, f.bytes.state / 1e6, f.expected_experts,
-                  f.floor_tok_s, f.floor_ratio);
+                  f.flops / 1e9, f.floor_binds, f.floor_tok_s, f.floor_ratio);
     s += line;
     if (peer) {
       const double p = peer_at(r.peer->decode_tok_s, f.batch);
@@ -551,8 +576,10 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
                          {{"dense", f.bytes.dense}, {"experts", f.bytes.experts}, {"kv_cache", f.bytes.kv_cache},
                           {"state", f.bytes.state}}},
                         {"expected_experts_per_layer", f.expected_experts},
+                        {"flops", f.flops},
                         {"floor_tok_s", f.floor_tok_s},
                         {"floor_ratio", f.floor_ratio},
+                        {"floor_binds", f.floor_binds},
                         {"profiled_step_ms", f.profiled_step_ms},
                         {"ops", ops_json(f.ops, r.copy_gb_s, r.bf16_tflops)}};
     j["decode"].push_back(d);

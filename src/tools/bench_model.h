@@ -62,8 +62,12 @@ struct DecodeFigure {
   double tok_s = 0;          // batch / step time
   double speedup_vs_b1 = 0;  // tok_s / tok_s at batch 1 (0 when batch 1 was not run)
   StepBytes bytes;           // what the floor counts
-  double floor_tok_s = 0;    // batch / (bytes / measured copy bandwidth); 0 without it
+  double flops = 0;          // what a step must compute (decode_step_flops)
+  // batch / max(bytes / measured copy bandwidth, flops / measured bf16 GEMM peak): the step
+  // can beat neither; 0 without the measurements. floor_binds says which side set it.
+  double floor_tok_s = 0;
   double floor_ratio = 0;    // tok_s / floor_tok_s
+  const char* floor_binds = "bytes";  // "bytes" or "flops"
   double expected_experts = 0;  // distinct experts per MoE layer, uniform routing
   std::vector<OpFigure> ops;    // the profiled step, largest first
   double profiled_step_ms = 0;  // the ops' sum in the profiled (eager, synchronised) steps
@@ -107,6 +111,15 @@ std::optional<PeerFigures> k3_slice_peer(const ModelConfig& config);
 // Bytes a decode step of `batch` sequences at `context` tokens must move (see StepBytes).
 StepBytes decode_step_bytes(const ModelConfig& config, int64_t weight_bytes, bool bf16_weights,
                             const CacheLayout& layout, int batch, int context, double* expected_experts = nullptr);
+
+// FLOPs a decode step of `batch` sequences, each bringing `tokens_each` tokens (1, or 1 + k
+// verified drafts) at `context` cached tokens, must compute: 2 per multiply-add of the dense
+// weights (from bytes.dense) and of each token's top-k experts, and the absorbed MLA
+// attention over the context (scores over kv_lora + rope, values over kv_lora, every head,
+// every full-attention layer). At long contexts the attention is what can bind: with 96
+// heads a cached byte costs ~181 FLOPs, on the H200's ridge (issue 47).
+double decode_step_flops(const ModelConfig& config, const StepBytes& bytes, bool bf16_weights, int batch,
+                         int tokens_each, int context);
 
 // The causal attention FLOPs of an n-token prompt through the model's full-attention
 // layers (scores and weighted values of every visible pair, every head).
