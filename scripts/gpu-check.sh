@@ -24,6 +24,8 @@
 #   the whole check is these calls, each with the same --prebuilt DIR (and OUT per call):
 #     --part ops --part demo --part slice
 #     --part long  (issue #35: long prompts and long contexts on the slice; LONG_PARTS picks some)
+#     --part spec  (issue #37: speculative decoding through serve on the demo model, 1 and 32
+#                  streams, with MOONRUN_DEBUG_STEP_PHASES logs; the slice's verify steps)
 #     --part sanitize
 #     --part e2e  with E2E_FILES="api errors load lifecycle disconnect structured sampling_params"
 #     --part e2e  with E2E_FILES="responses messages vision attacks shutdown operator multinode"
@@ -39,8 +41,8 @@ while [[ $# -gt 0 ]]; do
     --prebuilt) PREBUILT=$(cd "$2" && pwd); shift 2 ;;
     --part)
       case ${2:-} in
-        ops|demo|slice|long|sanitize|e2e|parallel) PARTS+=" $2 " ;;
-        *) echo "gpu-check: --part takes ops, demo, slice, long, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
+        ops|demo|slice|long|spec|sanitize|e2e|parallel) PARTS+=" $2 " ;;
+        *) echo "gpu-check: --part takes ops, demo, slice, long, spec, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
       esac
       shift 2 ;;
     *) BUILD=$1; shift ;;
@@ -197,6 +199,29 @@ fi
 # 4. compute-sanitizer on the op tests (small shapes: the K3-size cases are slow under it).
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 FILTER=${SANITIZE_FILTER:--*K3*:*k3*:*Fixtures*}
+# 3c. Speculative decoding (issue #37): the demo model through serve, one stream and 32, with
+#     and without drafts (SPEC_METHODS, default "dspark suffix"; k = 4 and 7), each server's
+#     step-phase log kept; then the K3-width slice's verify steps for k = 1, 2, 4, 8 at batch 1
+#     and 8 beside its decode step. Figures: $OUT/spec-demo.json, $OUT/k3-slice-verify.json.
+if want spec; then
+  t0=$(date +%s)
+  MOONRUN_DEBUG_STEP_PHASES=1 timeout "${SPEC_TIMEOUT:-300}" python3 bench/spec_decode_serve.py --exe "$EXE" --device cuda \
+    --methods ${SPEC_METHODS:-dspark suffix} --k 4 7 --max-tokens 256 --server-logs "$OUT/spec-logs" \
+    --json-out "$OUT/spec-demo.json" >"$OUT/spec-demo.log" 2>&1
+  rc=$?
+  row "serve: speculation, demo ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+    "$(grep -E '^\| (dspark|suffix|ngram)' "$OUT/spec-demo.log" | awk -F'|' '{printf "%s 1x %s 32x %s; ", $2, $7, $8}')"
+  grep -E '^\|' "$OUT/spec-demo.log"
+  SLICE=${SLICE_DIR:-/tmp/k3-slice}
+  [[ -f $SLICE/config.json ]] || "$EXE" make-slice --config kimi-k3 --layers kda-dense,kda-moe,mla-moe --out "$SLICE" >"$OUT/make-slice.log" 2>&1
+  t0=$(date +%s)
+  "$EXE" bench-model --model "$SLICE" --device cuda --batch 1,8 --context 4096 --steps 16 --draft-tokens 1,2,4,8 \
+    --no-profile --json-out "$OUT/k3-slice-verify.json" >"$OUT/k3-slice-verify.log" 2>&1
+  rc=$?
+  row "slice verify steps k=1..8 ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$OUT/k3-slice-verify.log"
+  grep -A12 "speculative verify" "$OUT/k3-slice-verify.log"
+fi
+
 for tool in $(want sanitize && echo memcheck racecheck); do
   if [[ ${SKIP_SANITIZE:-0} == 1 ]]; then
     row "compute-sanitizer $tool" skip "SKIP_SANITIZE=1"
