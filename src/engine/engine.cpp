@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <span>
 #include <string>
 
+#include "common/debug_phases.h"
 #include "common/log.h"
 
 namespace moonrun {
@@ -472,34 +472,6 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
   }
 }
 
-namespace {
-// MOONRUN_DEBUG_STEP_PHASES=1: where a step's host time goes (drafting, scheduling and
-// input building, the runner, postprocessing), logged every 200 steps and when the engine falls idle. For measuring the
-// engine's own overhead per step (speculation adds drafting and k + 1 rows to check).
-struct StepPhases {
-  bool on = std::getenv("MOONRUN_DEBUG_STEP_PHASES") != nullptr;
-  double draft = 0, prepare = 0, forward = 0, post = 0;
-  int64_t steps = 0;
-  static double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
-  // Every 200 steps, and whenever the engine falls idle (one request's steps, run alone).
-  void report(bool idle) {
-    if (++steps < 200 && !(idle && steps >= 8)) return;
-    const double us = 1e6 / static_cast<double>(steps);
-    MR_LOG(INFO) << "step phases over the last " << steps << " steps" << (idle ? " (then idle)" : "")
-                 << ", us a step: drafts " << draft * us << ", schedule+inputs " << prepare * us << ", runner "
-                 << forward * us << ", postprocess " << post * us;
-    draft = prepare = forward = post = 0;
-    steps = 0;
-  }
-};
-StepPhases& step_phases() {
-  static StepPhases p;
-  return p;
-}
-}  // namespace
-
 double Engine::now_seconds() const {
   if (config_.clock) return config_.clock();
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -510,16 +482,12 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   const double t0 = config_.auto_stand_aside || paced ? now_seconds() : 0;
   step_speculates_ = false;
   step_decoding_ = 0;
-  StepPhases& phases = step_phases();
-  double tp = phases.on ? StepPhases::now() : 0;
-  auto lap = [&](double& into) {
-    if (!phases.on) return;
-    const double t = StepPhases::now();
-    into += t - tp;
-    tp = t;
-  };
+  // MOONRUN_DEBUG_STEP_PHASES=1: where a step's host time goes (speculation adds drafting and
+  // k + 1 rows to check); the runner and the draft split theirs further.
+  static DebugPhases phases("engine step", {"drafts", "schedule+inputs", "runner", "postprocess"});
+  phases.start();
   MR_RETURN_IF_ERROR(propose_drafts());
-  lap(phases.draft);
+  phases.mark(0);
   if (paced && pacer_.ready()) {
     const auto [fixed_s, per_token_s, per_pair_s] = pacer_.fit();
     scheduler_.set_prefill_budget({config_.max_prefill_step_ms / 1e3 - std::max(fixed_s, 0.0),
@@ -541,10 +509,10 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
       prefill_pairs += Scheduler::attention_pairs(s.req->num_computed_tokens, s.n_new_tokens);
   StepInput input;
   prepare_inputs(scheduled, input);
-  lap(phases.prepare);
+  phases.mark(1);
   StepOutput result;
   MR_RETURN_IF_ERROR(forward(input, result));
-  lap(phases.forward);
+  phases.mark(2);
   if (paced) pacer_.record(scheduled.n_tokens, prefill_pairs, now_seconds() - t0);
   // The snapshots taken after this forward become cached prefixes of their prompts.
   cache_.commit_snapshots([this](int64_t seq) -> std::span<const int32_t> {
@@ -553,8 +521,8 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   });
   const int64_t generated_before = totals_.generation_tokens_total;
   postprocess(scheduled, result, outputs);
-  lap(phases.post);
-  if (phases.on) phases.report(!has_work());
+  phases.mark(3);
+  phases.done(!has_work());
   ++totals_.steps_total;
   if (config_.auto_stand_aside && (drafts_ || config_.speculative.method == SpecMethod::kDSpark)) {
     // Only pure decode steps of the batch the verdict was for measure the two kinds.
