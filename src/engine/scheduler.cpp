@@ -54,8 +54,10 @@ SchedulerOutput Scheduler::schedule() {
   int budget = config_.max_tokens_per_step > 0 ? config_.max_tokens_per_step : INT_MAX;
   // Fair chunking: the step's prefill budget, in the pacer's cost (seconds) or in pairs. A
   // request alone on the server keeps whole chunks: cutting them would slow it and spare no
-  // one (its TTFT alone is the baseline fair chunking is held to).
-  const bool shared = running_.size() + waiting_.size() > 1;
+  // one (its TTFT alone is the baseline fair chunking is held to). Alone means for a while
+  // (kFairCompanySteps): company that left a step ago is likely coming back.
+  steps_alone_ = running_.size() + waiting_.size() > 1 ? 0 : std::min(steps_alone_ + 1, kFairCompanySteps);
+  const bool shared = steps_alone_ < kFairCompanySteps;
   const PrefillBudget cost = !shared ? PrefillBudget{}
                              : paced_.budget > 0 ? paced_
                              : config_.max_prefill_attention_pairs > 0

@@ -75,6 +75,12 @@ class Scheduler {
   // step sits at the target), and one such chunk late in a 1M prompt is a 1 s stall. The
   // margin lets a chunk cut too short (a step with more decodes, a pessimistic fit) recover.
   static constexpr double kMaxFairChunkGrowth = 1.25;
+  // A prompt counts as alone only after this many steps without company. Streams that end
+  // together and come back with their next request a few milliseconds later leave the
+  // prompt alone for a step or two; an unpaced chunk there (8,192 tokens late in a 1M
+  // prompt: ~1.1 s) was every such stream's next wait, 1 % of their gaps (the p99 of
+  // bench/long_prompt_serve.py's 8 streams). 64 paced steps are ~2 s at a 30 ms target.
+  static constexpr int kFairCompanySteps = 64;
   // Fair chunking by time (engine/prefill_pacer.h): this step's prefill may cost `budget`
   // (seconds, say) with a cost of per_token a token and per_pair a query-key pair; the
   // decodes scheduled first spend per_token each from it. budget <= 0: the config's
@@ -118,6 +124,7 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   PrefillBudget paced_;
   std::unordered_map<int64_t, int> last_paced_chunk_;  // seq_id -> its last chunk cut by the budget
+  int steps_alone_ = kFairCompanySteps;  // schedule() calls since more than one request was in
 };
 
 }  // namespace moonrun

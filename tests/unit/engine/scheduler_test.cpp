@@ -313,11 +313,39 @@ TEST(Scheduler, FairChunkingBoundsAChunkToItsLastTimesTheGrowth) {
     EXPECT_GT(n, last) << "step " << i << ": a chunk cut too short still recovers";
     last = n;
   }
-  // Alone again (the stream finished), the prompt takes whole chunks at once.
+  // The stream finished: the step after is still paced (it may be back; the next test).
   f.sched.remove(stream);
-  const int left = longp->num_prompt_tokens() - longp->num_computed_tokens;
-  ASSERT_GT(left, 1000);
-  EXPECT_EQ(f.step().seqs[0].n_new_tokens, std::min(4096, left));
+  ASSERT_GT(longp->num_prompt_tokens() - longp->num_computed_tokens, 1000);
+  EXPECT_LE(f.step().seqs[0].n_new_tokens, static_cast<int>(last * Scheduler::kMaxFairChunkGrowth));
+}
+
+// Streams that end together and send their next request a moment later leave a long prompt
+// alone for a step or two. Those steps stay paced: one whole chunk there is a second-long
+// stall for every stream's next request (what bench/long_prompt_serve.py's p99 measured).
+// Only kFairCompanySteps steps without company make the prompt "alone" again.
+TEST(Scheduler, FairChunkingKeepsPacingWhileCompanyMayComeBack) {
+  Fixture f(test_pool(2000, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 2048,
+                                     .max_prefill_attention_pairs = 100'000});
+  Request* stream = f.add(5);
+  Request* longp = f.add(24000);
+  for (int i = 0; i < 4; ++i) f.step();
+  ASSERT_GT(longp->num_computed_tokens, 0);
+  const auto long_chunk = [&](const SchedulerOutput& out) {
+    for (const ScheduledSeq& s : out.seqs)
+      if (s.req == longp) return s.n_new_tokens;
+    return 0;
+  };
+  // The stream leaves and its next request arrives two steps later.
+  f.sched.remove(stream);
+  for (int i = 0; i < 2; ++i) EXPECT_LT(long_chunk(f.step()), 2048) << "alone for " << i + 1 << " step(s)";
+  Request* next = f.add(5);
+  EXPECT_LT(long_chunk(f.step()), 2048);
+  f.step();  // the newcomer decodes
+  f.sched.remove(next);
+  // Alone for good: paced until kFairCompanySteps steps have passed, then whole chunks.
+  for (int i = 1; i < Scheduler::kFairCompanySteps; ++i) ASSERT_LT(long_chunk(f.step()), 2048) << "step " << i;
+  ASSERT_GT(longp->num_prompt_tokens() - longp->num_computed_tokens, 2048);
+  EXPECT_EQ(long_chunk(f.step()), 2048);
 }
 
 }  // namespace
