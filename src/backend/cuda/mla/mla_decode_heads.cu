@@ -20,11 +20,17 @@
 // flight. fp32 softmax and accumulators, bf16 operands (Q and P rounded), as the grouped
 // kernel of mla_attention.cu, which stays for what this one does not take (fp8 caches,
 // other widths, GPUs without sm_90a).
+#include <cuda.h>  // CUtensorMap (the encoder comes through the runtime's driver entry point)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 #include "backend/cuda/common/bulk_copy.cuh"
 #include "backend/cuda/common/cuda_check.h"
@@ -32,6 +38,7 @@
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/wgmma.cuh"
 #include "backend/cuda/mla/mla_device.cuh"
+#include "common/check.h"
 
 namespace moonrun::cuda {
 
@@ -328,6 +335,317 @@ __global__ void combine_kernel(const HeadsArgs a) {
   }
 }
 
+
+// ---- the warp-specialised variant (MOONRUN_MLA_DECODE_TMA=1; off by default until measured) --
+// The kernel above runs both warpgroups in lock-step through one chain a round (load issue,
+// wait, S^T, swap, two softmax barriers, O^T): ncu on the 1M decode saw 20 % of DRAM
+// bandwidth and ~9,000 cycles a 64-row round against ~2,200 of memory time. This one
+// removes the chain's couplings:
+//   - a producer warp loads each round with TMA tensor copies (cp.async.bulk.tensor, one per
+//     16 rows x 64 columns: a page of 16 positions is 16 consecutive cache rows) into the
+//     same 128-byte swizzle, completing on a "full" mbarrier per buffer; consumers free a
+//     buffer on an "empty" one. No consumer thread computes a row address.
+//   - the two consumer warpgroups split the block's heads (24 each at 48), not the dims:
+//     S^T over all 576 dims for its own heads, softmax, O^T over all 512 dims for its own
+//     heads. No swap of S^T halves, no block barrier in the loop (two 128-thread barriers
+//     a round, for the column maxima and P^T): the groups drift apart and the tensor pipe
+//     serves one while the other is in its softmax.
+// The same products in the same precision (bf16 operands, fp32 softmax and accumulators),
+// the same partial outputs and combine kernel.
+constexpr int kTmaRows = 16;                       // rows of one TMA box (a 16-token page)
+constexpr int kTmaConsumers = 256;                 // two consumer warpgroups
+constexpr int kTmaThreads = kTmaConsumers + 32;    // and one producer warp
+
+template <int NW>
+__host__ __device__ constexpr size_t tma_smem_bytes() {
+  return 1024 + 2 * static_cast<size_t>(kRoundBytes) +  // rows, two buffers
+         static_cast<size_t>(kBlocks) * 2 * NW * 128 +   // Q, [block][2 NW heads][64]
+         2 * static_cast<size_t>(NW) * 128 +             // P^T, one [NW][64 keys] a group
+         2 * 2 * 4 * static_cast<size_t>(NW) * 4 +       // column maxima [parity][group][warp][NW]
+         4 * 8;                                          // mbarriers: full[2], empty[2]
+}
+
+// D[64 x N] (+)= A[64 x 16] B[16 x N] for the consumer's N = NW heads.
+template <int N, bool kTransA>
+__device__ __forceinline__ void mma_w(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (N == 8) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransA ? 1 : 0));
+  } else if constexpr (N == 16) {
+    wgmma::mma_m64n16k16_ss<kTransA>(d, a, b, accumulate);
+  } else {
+    static_assert(N == 24);
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %14, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1, %15, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransA ? 1 : 0));
+  }
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, int col, int row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_address(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_address(bar))
+      : "memory");
+}
+
+// grid (head blocks, splits, tokens), kTmaThreads threads: warps 0-7 the two consumer
+// warpgroups (heads NW w .. NW w + NW - 1 of the block), warp 8 the producer.
+template <int NW>
+__global__ void __launch_bounds__(kTmaThreads, 1) decode_heads_tma_kernel(const HeadsArgs a,
+                                                                          const __grid_constant__ CUtensorMap rows_map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int NH = 2 * NW, NJ = NW / 8;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* rows = smem;                       // [2][kRoundBytes]
+  unsigned char* q_s = rows + 2 * kRoundBytes;      // [kBlocks][NH][128 B]
+  unsigned char* pt_s = q_s + kBlocks * NH * 128;   // [2 groups][NW][128 B]
+  float* red = reinterpret_cast<float*>(pt_s + 2 * NW * 128);  // [2 parity][2 groups][4 warps][NW]
+  uint64_t* full = reinterpret_cast<uint64_t*>(red + 2 * 2 * 4 * NW);
+  uint64_t* empty = full + 2;
+
+  const int t = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * a.heads_per_block;
+  if (!computes(a.batch, t, a.only_short_seqs)) return;  // uniform over the block
+  const int heads_here = min(a.heads_per_block, a.num_heads - h0);
+  const int32_t* pages = a.batch.page_table + a.batch.seqs[a.batch.token_seq[t]].page_start;
+  const int visible = a.batch.positions[t] + 1;
+  const int span = ((visible + a.n_splits - 1) / a.n_splits + kKeys - 1) / kKeys * kKeys;
+  const int begin = min(visible, split * span), end = min(visible, begin + span);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+  for (int i = tid; i < NH * (kRow / 8); i += kTmaThreads) {
+    const int hh = i / (kRow / 8), c = i % (kRow / 8);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (hh < heads_here) {
+      const float4* src = reinterpret_cast<const float4*>(a.q_abs + (static_cast<int64_t>(t) * a.num_heads + h0 + hh) * kRow + 8 * c);
+      const float4 x = src[0], y = src[1];
+      __nv_bfloat162 p0 = __floats2bfloat162_rn(x.x, x.y), p1 = __floats2bfloat162_rn(x.z, x.w);
+      __nv_bfloat162 p2 = __floats2bfloat162_rn(y.x, y.y), p3 = __floats2bfloat162_rn(y.z, y.w);
+      v = make_uint4(*reinterpret_cast<uint32_t*>(&p0), *reinterpret_cast<uint32_t*>(&p1),
+                     *reinterpret_cast<uint32_t*>(&p2), *reinterpret_cast<uint32_t*>(&p3));
+    }
+    *reinterpret_cast<uint4*>(q_s + (c / 8) * (NH * 128) + sw128_offset(hh, 8 * (c % 8))) = v;
+  }
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(&full[b], 1);                   // the producer's arrive (with the bytes)
+      mbar_init(&empty[b], kTmaConsumers / 32);  // lane 0 of each consumer warp
+    }
+  }
+  fence_view_async_shared();
+  __syncthreads();  // the last block-wide barrier: from here the roles run on their own
+
+  if (warp == kTmaConsumers / 32) {
+    // Producer: round i into buffer i % 2, once the consumers have freed its last use.
+    if (lane == 0) {
+      const int ps = a.cache.page_size;
+      for (int i = 0, c0 = begin; c0 < end; ++i, c0 += kKeys) {
+        const int b = i & 1, n = min(kKeys, end - c0);
+        if (i >= 2) mbar_wait(&empty[b], ((i >> 1) - 1) & 1);
+        const int groups = (n + kTmaRows - 1) / kTmaRows;
+        mbar_arrive_expect_tx(&full[b], static_cast<uint32_t>(groups * kBlocks * kTmaRows * 128));
+        unsigned char* buf = rows + b * kRoundBytes;
+        for (int g = 0; g < groups; ++g) {
+          const int p = c0 + kTmaRows * g;
+          const int row = pages[p / ps] * ps + p % ps;
+          for (int blk = 0; blk < kBlocks; ++blk)
+            tma_load_2d(buf + blk * kBlockBytes + g * kTmaRows * 128, &rows_map, 64 * blk, row, &full[b]);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup wg, its warp wl; heads NW wg + 8j + 2tq (+1) of the block.
+  const int wg = warp / 4, wl = warp % 4, g = lane / 4, tq = lane % 4;
+  const uint32_t q_base = smem_address(q_s) + wg * NW * 128, pt_base = smem_address(pt_s) + wg * NW * 128;
+  unsigned char* pt = pt_s + wg * NW * 128;
+  float acc[8][NW / 2];  // O^T: dims 64 mt + 16 wl + g (+8), heads 8j + 2tq (+1)
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) acc[mt][i] = 0.0f;
+  float m[NJ][2], l_part[NJ][2];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) m[j][0] = m[j][1] = -INFINITY, l_part[j][0] = l_part[j][1] = 0.0f;
+  const int ka = 16 * wl + g, kb = ka + 8;  // this thread's keys in a round
+
+  for (int i = 0, c0 = begin; c0 < end; ++i, c0 += kKeys) {
+    const int b = i & 1, n = min(kKeys, end - c0);
+    unsigned char* cur = rows + b * kRoundBytes;
+    mbar_wait(&full[b], (i >> 1) & 1);
+    if (n < kKeys) {
+      // The last round of a split: rows past n hold a partial page's unwritten rows or an
+      // older round's; zero them (P is 0 there, and 0 * a stale NaN would not be). Both
+      // groups write the same zeros.
+      for (int idx = tid % 128; idx < (kKeys - n) * (kRow / 8); idx += 128) {
+        const int r = n + idx / (kRow / 8), c = idx % (kRow / 8);
+        *reinterpret_cast<uint4*>(cur + (c / 8) * kBlockBytes + sw128_offset(r, 8 * (c % 8))) = make_uint4(0, 0, 0, 0);
+      }
+      fence_view_async_shared();
+      group_barrier(wg);
+    }
+    const uint32_t rb = smem_address(cur);
+    float s[NW / 2];
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      const int blk = k / 4, off = 32 * (k % 4);
+      mma_w<NW, false>(s, wgmma::desc_sw128(rb + blk * kBlockBytes + off),
+                       wgmma::desc_sw128(q_base + blk * (NH * 128) + off), k > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    // Scores in base 2, keys past n masked; column maxima over the thread's two keys, the
+    // lane groups, then the 4 warps through shared memory.
+    float* red_now = red + ((i & 1) * 2 + wg) * 4 * NW;
+    float v[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[j][e] = (e < 2 ? ka : kb) < n ? s[4 * j + e] * a.scale_log2 : -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = fmaxf(v[j][e], v[j][2 + e]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        if (g == 0) red_now[wl * NW + 8 * j + 2 * tq + e] = mx;
+      }
+    }
+    group_barrier(wg);
+    float f[NJ][2];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + 2 * tq + e;
+        float m_new = m[j][e];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, red_now[w * NW + col]);
+        const float p_a = exp2f(v[j][e] - m_new), p_b = exp2f(v[j][2 + e] - m_new);  // 0 past n
+        f[j][e] = exp2f(m[j][e] - m_new);  // 0 on the first round (m = -inf)
+        m[j][e] = m_new;
+        l_part[j][e] = l_part[j][e] * f[j][e] + p_a + p_b;
+        *reinterpret_cast<bf16*>(pt + sw128_offset(col, ka)) = __float2bfloat16_rn(p_a);
+        *reinterpret_cast<bf16*>(pt + sw128_offset(col, kb)) = __float2bfloat16_rn(p_b);
+      }
+    }
+    fence_view_async_shared();  // P^T, written by ordinary stores, is read by the MMAs next
+    group_barrier(wg);
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        acc[mt][4 * j] *= f[j][0];
+        acc[mt][4 * j + 1] *= f[j][1];
+        acc[mt][4 * j + 2] *= f[j][0];
+        acc[mt][4 * j + 3] *= f[j][1];
+      }
+    wgmma::fence();
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+      for (int k = 0; k < kKeys / 16; ++k)
+        mma_w<NW, true>(acc[mt], wgmma::desc_sw128_mn(rb + mt * kBlockBytes + 2048 * k, kBlockBytes),
+                        wgmma::desc_sw128(pt_base + 32 * k), true);
+    wgmma::commit();
+    wgmma::wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) wgmma::fence_operands(acc[mt]);
+    if (lane == 0) mbar_arrive(&empty[b]);  // this warp is done with the buffer
+  }
+  // Denominators: over the lane groups, then the 4 warps (red's parity-0 half is free now:
+  // every warp of the group is past its last round's barriers).
+  group_barrier(wg);
+  float* red_l = red + wg * 4 * NW;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_part[j][e];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      if (g == 0) red_l[wl * NW + 8 * j + 2 * tq + e] = l;
+    }
+  group_barrier(wg);
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * j + 2 * tq + e, hh = NW * wg + col;
+      if (hh >= heads_here) continue;
+      const float l = red_l[col] + red_l[NW + col] + red_l[2 * NW + col] + red_l[3 * NW + col];
+      const int64_t th = static_cast<int64_t>(t) * a.num_heads + h0 + hh;
+      const float inv_l = a.n_splits == 1 ? 1.0f / l : 1.0f;
+      float* dst = a.n_splits == 1 ? a.o_lat + th * kLatent : a.part_acc + (th * a.n_splits + split) * kLatent;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        const int d = 64 * mt + 16 * wl + g;
+        dst[d] = acc[mt][4 * j + e] * inv_l;
+        dst[d + 8] = acc[mt][4 * j + 2 + e] * inv_l;
+      }
+      if (a.n_splits > 1 && wl == 0 && g == 0) {
+        a.part_ml[(th * a.n_splits + split) * 2] = m[j][e] * 0.6931471805599453f;  // natural log for the merge
+        a.part_ml[(th * a.n_splits + split) * 2 + 1] = l;
+      }
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+// The cache pool of a layer as a 2D tensor [rows, 576] bf16 (row stride 1152 bytes), boxes
+// of 16 rows x 64 columns in the 128-byte swizzle. The pool's extent is not known here;
+// TMA checks nothing but the declared extent (rows past it read as zeros), and every row a
+// page table names is inside the pool, so the extent is declared as large as the encoder
+// allows. One map per pool base, made once (an encode is a host call, no stream).
+const CUtensorMap& rows_tensor_map(const void* base) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, CUtensorMap> maps;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = maps.find(base);
+  if (it != maps.end()) return it->second;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    MR_CHECK(fn != nullptr && q == cudaDriverEntryPointSuccess) << "cuTensorMapEncodeTiled unavailable";
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof map);
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kRow), cuuint64_t{1} << 31};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kRow) * sizeof(bf16)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTmaRows)}, elem[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MR_CHECK(r == CUDA_SUCCESS) << "cuTensorMapEncodeTiled failed: " << static_cast<int>(r);
+  return maps.emplace(base, map).first->second;
+}
+
+bool tma_switch_from_env() {
+  const char* v = std::getenv("MOONRUN_MLA_DECODE_TMA");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+bool g_use_tma = tma_switch_from_env();
+
 // Blocks of at most 48 heads, as even as 16-head steps allow.
 int heads_per_block(int num_heads) {
   const int blocks = (num_heads + kMaxHeads - 1) / kMaxHeads;
@@ -335,6 +653,9 @@ int heads_per_block(int num_heads) {
 }
 
 }  // namespace
+
+void set_mla_decode_tma(bool on) { g_use_tma = on; }
+bool mla_decode_tma() { return g_use_tma; }
 
 bool mla_decode_heads_applies(const MlaShape& shape, DType cache_dtype) {
   int device = 0;
@@ -367,13 +688,24 @@ void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, c
   a.part_acc = partials;
   a.part_ml = partials + static_cast<size_t>(n_tokens) * shape.num_heads * a.n_splits * kLatent;
   const dim3 grid((shape.num_heads + a.heads_per_block - 1) / a.heads_per_block, a.n_splits, n_tokens);
-  auto launch = [&](auto kernel, int nh) {
-    allow_dynamic_smem(kernel, smem_bytes(nh));
-    kernel<<<grid, kHeadsThreads, smem_bytes(nh), stream>>>(a);
-  };
-  if (a.heads_per_block == 16) launch(decode_heads_kernel<16>, 16);
-  else if (a.heads_per_block == 32) launch(decode_heads_kernel<32>, 32);
-  else launch(decode_heads_kernel<48>, 48);
+  if (g_use_tma && cache.page_size_tokens % kTmaRows == 0 && reinterpret_cast<uintptr_t>(cache.base) % 16 == 0) {
+    const CUtensorMap& map = rows_tensor_map(cache.base);
+    auto launch = [&](auto kernel, size_t smem) {
+      allow_dynamic_smem(kernel, smem);
+      kernel<<<grid, kTmaThreads, smem, stream>>>(a, map);
+    };
+    if (a.heads_per_block == 16) launch(decode_heads_tma_kernel<8>, tma_smem_bytes<8>());
+    else if (a.heads_per_block == 32) launch(decode_heads_tma_kernel<16>, tma_smem_bytes<16>());
+    else launch(decode_heads_tma_kernel<24>, tma_smem_bytes<24>());
+  } else {
+    auto launch = [&](auto kernel, int nh) {
+      allow_dynamic_smem(kernel, smem_bytes(nh));
+      kernel<<<grid, kHeadsThreads, smem_bytes(nh), stream>>>(a);
+    };
+    if (a.heads_per_block == 16) launch(decode_heads_kernel<16>, 16);
+    else if (a.heads_per_block == 32) launch(decode_heads_kernel<32>, 32);
+    else launch(decode_heads_kernel<48>, 48);
+  }
   CUDA_CHECK_LAUNCH();
   if (a.n_splits > 1) {
     combine_kernel<<<dim3(n_tokens, shape.num_heads), kThreads, 0, stream>>>(a);

@@ -104,6 +104,11 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
 // read once a token, the context split over mla_decode_heads_splits(n_tokens, H) blocks.
 bool mla_decode_heads_applies(const MlaShape& shape, DType cache_dtype);
 int mla_decode_heads_splits(int n_tokens, int num_heads);
+// The warp-specialised variant of that kernel (TMA producer warp, consumer warpgroups split
+// by heads; mla_decode_heads.cu): on with MOONRUN_MLA_DECODE_TMA=1 or set_mla_decode_tma
+// (the op tests run both), off by default until it is measured faster.
+void set_mla_decode_tma(bool on);
+bool mla_decode_tma();
 void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
                       const KvLayer& cache, bool only_short_seqs, float* o_lat, float* partials,
                       cudaStream_t stream);
