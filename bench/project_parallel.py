@@ -17,17 +17,43 @@ two nodes every all-reduce crosses them). Issue #19 replaces it with measured fi
                      the embedding table one row per token) + the experts this rank's batch
                      touches (E/EP (1 - (1 - k/E)^b) per MoE layer) + KV rows and KDA state.
 
-Usage: bench/project_parallel.py --moonrun build/moonrun --measured bench/results/k3-slice-h200.json
+The plans side by side (issue #41), from `moonrun plan --pp-size/--split-* --json`'s stages:
+today's flat TP over every GPU against TP 8 inside a node x PP across nodes, each with the
+LatentMoE projections and the router replicated (as the loader does) or TP-split. Per stage s
+of a plan, at m tokens a micro-batch:
+
+  t_s(m)  = bytes_s(m) / (copy bandwidth x floor_ratio(m))
+            + sum over its collectives of count x (latency + wire(bytes_per_token x m))
+  latency = --inter-node-us / --ethernet-us when the stage's TP group spans nodes, else
+            --nvlink-us; wire = NCCL's hierarchical ring: 2(g-1)/g x S / NVLink inside the
+            node, then 2(N-1)/N x S / the node's network bandwidth across N nodes (half of
+            that for an all-gather)
+  hop     = latency + m x hop bytes / the node's network bandwidth, per stage boundary
+  batch 1 : step = sum_s t_s(1) + hops (the stages take turns)
+  batch B : PP micro-batches of B/PP tokens (PP 1: one of B); each micro-batch's next token
+            waits for its last one, so a micro-batch comes round every
+            max(sum_s t_s + hops, PP x max_s t_s); tok/s = B / that period.
+floor_ratio at a micro-batch size that was not measured: interpolated in log2(batch).
+
+Usage: bench/project_parallel.py --moonrun build/moonrun --measured bench/results/k3-slice-h200.json \
+           --plans-json-out bench/results/parallel-plans-projection.json
 """
 import argparse
+import datetime
 import json
+import math
 import subprocess
 import sys
 
 
-def plan(moonrun, gpu, tp, ep, nodes):
-    out = subprocess.run([moonrun, "plan", "--model", "kimi-k3", "--gpu", gpu, "--tp-size", str(tp), "--ep-size",
-                          str(ep), "--nnodes", str(nodes), "--json"], capture_output=True, text=True)
+def plan(moonrun, gpu, tp, ep, nodes, pp=1, split=False):
+    cmd = [moonrun, "plan", "--model", "kimi-k3", "--gpu", gpu, "--tp-size", str(tp), "--ep-size", str(ep),
+           "--nnodes", str(nodes), "--json"]
+    if pp > 1:
+        cmd += ["--pp-size", str(pp)]
+    if split:
+        cmd += ["--split-latent-moe", "--split-router"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
     if not out.stdout.strip():
         sys.exit(f"moonrun plan failed: {out.stderr.strip()}")
     return json.loads(out.stdout)
@@ -59,6 +85,135 @@ def step_bytes(p, cfg, batch, context):
     return dense, experts, kv, state
 
 
+def floor_ratio(ratio, m):
+    """The measured share of the bandwidth floor at m tokens; log2-interpolated between
+    the measured batch sizes, clamped at the ends."""
+    bs = sorted(ratio)
+    if m <= bs[0]:
+        return ratio[bs[0]]
+    if m >= bs[-1]:
+        return ratio[bs[-1]]
+    for lo, hi in zip(bs, bs[1:]):
+        if lo <= m <= hi:
+            f = (math.log2(m) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+            return ratio[lo] + f * (ratio[hi] - ratio[lo])
+
+
+def stage_bytes(st, p, cfg, m, context):
+    """One GPU of stage `st` in a step of m tokens: its weights (the experts m tokens touch,
+    one embedding row a token), its MLA rows and KDA state (read and written)."""
+    t = cfg.get("text_config", cfg)
+    E, k = t["num_experts"], t["num_experts_per_token"]
+    dense = experts = 0.0
+    for g in st["groups"]:
+        if g["name"].startswith("vision"):
+            continue  # text decode does not read the tower
+        if g["shard"] == "EP":
+            experts += g["per_gpu_bytes"]  # every expert of this GPU's group, whole layers
+        else:
+            dense += g["per_gpu_bytes"]
+    if st["embedding"]:
+        dense -= t["vocab_size"] * t["hidden_size"] * 2 / p["tp"]  # one row a token, not the table
+    experts *= 1 - (1 - k / E) ** m
+    kv = m * context * st["kv_bytes_per_token"]
+    state = 2 * m * st["kda_state_per_gpu_bytes_per_sequence"]
+    return dense + experts + kv + state
+
+
+def wire_s(nbytes, all_gather, ranks, gpn, cross, a, net_gb_s):
+    """Seconds one collective's bytes take on the wire (NCCL's hierarchical ring)."""
+    f = 1.0 if all_gather else 2.0
+    inside = min(ranks, gpn)
+    t = f * (inside - 1) / inside * nbytes / (a.nvlink_gb_s * 1e9) if inside > 1 else 0.0
+    if cross:
+        n = ranks // gpn
+        t += f * (n - 1) / n * nbytes / (net_gb_s * 1e9)
+    return t
+
+
+def project_plan(p, cfg, batch, context, bw, ratio, a, cross_us, net_gb_s):
+    pp, gpn = p["pp"], p["gpus_per_node"]
+    stages = p["pipeline"]["stages"]
+    m = max(1, batch // pp) if batch > 1 else 1
+    micro = batch // m
+    kern, coll, t_stage = [], [], []
+    for st in stages:
+        kms = stage_bytes(st, p, cfg, m, context) / (bw * floor_ratio(ratio, m)) * 1e3
+        lat = cross_us if st["collectives_cross_nodes"] else a.nvlink_us
+        cms = 0.0
+        for c in st["collectives"]:
+            w = wire_s(c["bytes_per_token"] * m, c["kind"] == "all_gather", p["tp"], gpn,
+                       st["collectives_cross_nodes"], a, net_gb_s)
+            cms += c["count"] * (lat * 1e-3 + w * 1e3)
+        kern.append(kms)
+        coll.append(cms)
+        t_stage.append(kms + cms)
+    hop_ms = 0.0
+    for h in p["pipeline"]["hops"]:
+        lat = cross_us if h["cross_node"] else a.nvlink_us
+        hop_ms += lat * 1e-3 + m * h["bytes_per_token"] / ((net_gb_s if h["cross_node"] else a.nvlink_gb_s) * 1e9) * 1e3
+    period = max(sum(t_stage) + hop_ms, micro * max(t_stage))
+    return {"micro_batches": micro, "micro_batch_tokens": m, "kernel_ms": sum(kern), "collective_ms": sum(coll),
+            "hop_ms": hop_ms, "stage_ms": t_stage, "period_ms": period,
+            "tok_s_per_sequence": 1e3 / period, "tok_s": batch * 1e3 / period}
+
+
+def plans_table(a, cfg, measured, copy, ratio):
+    """Today's flat TP against TP 8 x PP, with and without the split projections/router."""
+    clusters = [
+        ("16 x H200 (2 nodes, NVLink + InfiniBand)", "H200", 16, 2, copy, a.inter_node_us, a.ib_node_gb_s),
+        ("32 x H100 (4 nodes, TCP Ethernet: the seed)", "H100", 32, 4, copy * 3.35 / 4.8, a.ethernet_us,
+         a.ethernet_node_gb_s),
+    ]
+    batches = [int(b) for b in a.plan_batches.split(",")]
+    print(f"\n## The plans side by side (issue #41): projection, not a measurement\n")
+    print(f"Assumed (all parameters of this script): across nodes {a.inter_node_us} us a collective over InfiniBand "
+          f"at {a.ib_node_gb_s} GB/s a node, {a.ethernet_us} us over TCP Ethernet at {a.ethernet_node_gb_s} GB/s a "
+          f"node; inside a node {a.nvlink_us} us a collective at {a.nvlink_gb_s} GB/s a GPU over NVLink. "
+          f"Measured: copy bandwidth {measured['copy_tb_s']:.2f} TB/s (H100: x 3.35/4.8), floor shares "
+          + ", ".join(f"b={b} {ratio[b]:.2f}" for b in sorted(ratio)) + f"; {a.context} tokens of context.\n")
+    print("| cluster | plan | GB a GPU (busiest stage) | collectives a step (across nodes) | hops | batch | "
+          "kernels (ms) | collectives (ms) | hops (ms) | token period (ms) | tok/s a sequence | tok/s total | vs today |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for name, gpu, gpus, nodes, bw, cross_us, net in clusters:
+        plans = [("TP%d (today)" % gpus, gpus, 1, False), ("TP%d + split LatentMoE/router" % gpus, gpus, 1, True),
+                 ("TP8 x PP%d" % (gpus // 8), 8, gpus // 8, False),
+                 ("TP8 x PP%d + split LatentMoE/router" % (gpus // 8), 8, gpus // 8, True)]
+        today = {}
+        for label, tp, pp, split in plans:
+            p = plan(a.moonrun, gpu, tp, tp, nodes, pp, split)
+            pl = p["pipeline"]
+            for b in batches:
+                r = project_plan(p, cfg, b, a.context, bw, ratio, a, cross_us, net)
+                if pp == 1 and not split:
+                    today[b] = r["tok_s"]
+                r.update({"cluster": name, "gpu": gpu, "plan": label, "tp": tp, "ep": tp, "pp": pp,
+                          "split_latent_moe_and_router": split, "batch": b,
+                          "weights_per_gpu_bytes": pl["max_stage_per_gpu_bytes"],
+                          "collectives_per_step": pl["collectives_per_step"],
+                          "cross_node_collectives_per_step": pl["cross_node_collectives_per_step"],
+                          "hops_per_step": len(pl["hops"]),
+                          "latent_moe_split_saves_per_gpu_bytes": pl["latent_moe_split_saves_per_gpu_bytes"],
+                          "router_split_saves_per_gpu_bytes": pl["router_split_saves_per_gpu_bytes"],
+                          "vs_today": r["tok_s"] / today[b]})
+                rows.append(r)
+                print(f"| {name} | {label} | {pl['max_stage_per_gpu_bytes'] / 1e9:.2f} | "
+                      f"{pl['collectives_per_step']} ({pl['cross_node_collectives_per_step']}) | {len(pl['hops'])} | "
+                      f"{b} | {r['kernel_ms']:.2f} | {r['collective_ms']:.2f} | {r['hop_ms']:.2f} | "
+                      f"{r['period_ms']:.2f} | {r['tok_s_per_sequence']:.1f} | {r['tok_s']:,.0f} | "
+                      f"{r['vs_today']:.2f} |")
+    # What each split saves a GPU per step, at TP 8 (a stage of TP8 x PP2) and at TP 16.
+    print()
+    for tp, pp in ((8, 2), (16, 1)):
+        p = plan(a.moonrun, "H200", tp, tp, 2, pp, False)["pipeline"]
+        print(f"TP {tp} x PP {pp}: splitting saves a GPU each step {p['latent_moe_split_saves_per_gpu_bytes'] / 1e9:.2f} GB "
+              f"(LatentMoE projections) and {p['router_split_saves_per_gpu_bytes'] / 1e9:.2f} GB (router), "
+              f"= {p['latent_moe_split_saves_per_gpu_bytes'] / (copy * ratio[1]) * 1e3:.2f} and "
+              f"{p['router_split_saves_per_gpu_bytes'] / (copy * ratio[1]) * 1e3:.2f} ms at the b=1 H200 rate")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moonrun", default="build/moonrun")
@@ -69,7 +224,17 @@ def main():
                     help="assumed: one small all-reduce across nodes over InfiniBand")
     ap.add_argument("--ethernet-us", type=float, default=250.0,
                     help="assumed: one small all-reduce across nodes over TCP Ethernet (the seed's cluster)")
+    ap.add_argument("--nvlink-us", type=float, default=10.0,
+                    help="assumed: one small collective inside a node over NVLink (NCCL, 8 GPUs)")
+    ap.add_argument("--nvlink-gb-s", type=float, default=450.0,
+                    help="assumed: NVLink bandwidth a GPU, one direction (H100/H200: 900 GB/s both ways)")
+    ap.add_argument("--ib-node-gb-s", type=float, default=400.0,
+                    help="assumed: a node's InfiniBand bandwidth (8 x 400 Gb/s NDR)")
+    ap.add_argument("--ethernet-node-gb-s", type=float, default=12.5,
+                    help="assumed: a node's TCP Ethernet bandwidth (100 GbE, the seed's cluster)")
+    ap.add_argument("--plan-batches", default="1,128", help="batch sizes of the plans table")
     ap.add_argument("--json-out", default="")
+    ap.add_argument("--plans-json-out", default="", help="the plans table as JSON")
     a = ap.parse_args()
     measured = json.load(open(a.measured))
     cfg = json.load(open(a.config))
@@ -108,6 +273,14 @@ def main():
             rows.append(row)
             print(f"| {name} | {b} | {total / 1e9:.2f} | {kern_ms:.2f} | {coll_ms:.2f} | {step_ms:.2f} | "
                   f"{1e3 / step_ms:.1f} | {b * 1e3 / step_ms:,.0f} | {1e3 / step_ms / 5.8:.1f}x |")
+    plan_rows = plans_table(a, cfg, measured, copy, ratio)
+    if a.plans_json_out:
+        assumed = {k: getattr(a, k) for k in ("inter_node_us", "ethernet_us", "nvlink_us", "nvlink_gb_s",
+                                              "ib_node_gb_s", "ethernet_node_gb_s")}
+        json.dump({"what": "projection, not a measurement", "date": datetime.date.today().isoformat(),
+                   "source": a.measured, "commit": measured.get("commit"), "context_tokens": a.context,
+                   "copy_tb_s": measured["copy_tb_s"], "floor_ratio": ratio, "assumed": assumed,
+                   "rows": plan_rows}, open(a.plans_json_out, "w"), indent=1)
     if a.json_out:
         json.dump({"source": a.measured, "commit": measured.get("commit"), "context_tokens": a.context,
                    "collectives_per_step": collectives, "assumed_latency_us":

@@ -17,7 +17,8 @@ struct PlanArgs {
   std::string gpu;
   int gpus_per_node = 0;  // 0: 8, or --tp-size when it is smaller
   int nodes = 0;          // 0: from --tp-size, else 1
-  int tp = 0, ep = 0;
+  int tp = 0, ep = 0, pp = 1;
+  bool split_latent_moe = false, split_router = false;
   double mem_fraction = 0.85;
   int64_t context_length = 0;
   std::string kv_dtype = "auto";
@@ -45,8 +46,10 @@ int run_plan(PlanArgs a) {
     return 2;
   }
   // The cluster: from --nnodes x --gpus-per-node, or from --tp-size as `serve` would run it.
-  if (a.gpus_per_node == 0) a.gpus_per_node = a.tp > 0 && a.nodes == 0 && a.tp < 8 ? a.tp : 8;
-  if (a.nodes == 0) a.nodes = a.tp > 0 ? std::max(1, (a.tp + a.gpus_per_node - 1) / a.gpus_per_node) : 1;
+  // Every GPU runs one rank of one stage: tp x pp GPUs.
+  const int ranks = a.tp * a.pp;
+  if (a.gpus_per_node == 0) a.gpus_per_node = a.tp > 0 && a.nodes == 0 && ranks < 8 ? ranks : 8;
+  if (a.nodes == 0) a.nodes = a.tp > 0 ? std::max(1, (ranks + a.gpus_per_node - 1) / a.gpus_per_node) : 1;
   auto model = tools::load_plan_model(a.model);
   if (!model) {
     std::fprintf(stderr, "moonrun plan: %s\n", model.status().message().c_str());
@@ -60,6 +63,9 @@ int run_plan(PlanArgs a) {
   in.nodes = a.nodes;
   in.tp = a.tp;
   in.ep = a.ep;
+  in.pp = a.pp;
+  in.split_latent_moe = a.split_latent_moe;
+  in.split_router = a.split_router;
   in.mem_fraction = a.mem_fraction;
   in.context_length = a.context_length;
   in.kv_dtype_bytes = a.kv_dtype.rfind("fp8", 0) == 0 ? 1 : 2;
@@ -81,7 +87,7 @@ int run_plan(PlanArgs a) {
 void add_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   auto* cmd = app.add_subcommand(
-      "plan", "Will a model fit a cluster: weights per GPU under TP x EP, valid TP sizes, KV/KDA cache room, cost. "
+      "plan", "Will a model fit a cluster: weights per GPU under TP x EP x PP (by stage and group), the collectives a decode step issues, valid TP sizes, KV/KDA cache room, cost. "
               "Exit 0 fits, 1 does not fit, 2 usage error");
   cmd->add_option("model", args->positional, "the model (same as --model-path)");
   cmd->add_option("--model-path,--model", args->model,
@@ -92,6 +98,12 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--ep-size,--expert-parallel-size,--ep", args->ep, "expert-parallel size (default: = TP)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--pp-size,--pipeline-parallel-size,--pp", args->pp,
+                  "pipeline stages: TP x EP inside each, layers split so stages carry balanced bytes (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--split-latent-moe", args->split_latent_moe,
+                "plan the LatentMoE down/up projections split over TP instead of replicated");
+  cmd->add_flag("--split-router", args->split_router, "plan the fp32 router split over TP (by expert) instead of replicated");
   cmd->add_option("--nnodes,--nodes", args->nodes, "number of nodes")->check(CLI::PositiveNumber);
   cmd->add_option("--gpus-per-node", args->gpus_per_node, "GPUs per node (default 8)")->check(CLI::PositiveNumber);
   cmd->add_option("--mem-fraction-static,--gpu-memory-utilization,--mem-fraction", args->mem_fraction,

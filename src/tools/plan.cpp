@@ -71,6 +71,87 @@ std::string tp_failure(const PlanModelShape& s, int t) {
   return "";
 }
 
+// Per stage: the layers, what one GPU holds by group, the collectives a decode step issues
+// and the hops between stages (issue #41). Bytes per token: a step of T tokens sends T x.
+std::string format_pipeline(const Plan& p) {
+  const PipelinePlan& pl = p.pipeline;
+  std::ostringstream o;
+  char buf[320];
+  const PipelineOptions& opt = pl.opt;
+  o << "\nPer GPU by stage (TP " << p.tp << " x EP " << p.ep << " x PP " << p.pp
+    << "; LatentMoE projections " << (opt.split_latent_moe ? "TP-split" : "replicated") << ", router "
+    << (opt.split_router ? "TP-split" : "replicated") << ")\n";
+  for (const PipelineStage& st : pl.stages) {
+    std::snprintf(buf, sizeof buf, "  stage %d: layers %d-%d (%lld MLA, %lld KDA, %lld MoE)%s%s, GPUs %d-%d: %s a GPU\n",
+                  st.index, st.first_layer, st.end_layer - 1, (long long)st.n_mla, (long long)st.n_kda,
+                  (long long)st.n_moe, st.has_embedding ? " + embedding" : "", st.has_head ? " + head" : "",
+                  st.index * p.tp, (st.index + 1) * p.tp - 1, gb(double(st.per_gpu_bytes)).c_str());
+    o << buf;
+    for (const StageGroupBytes& g : st.groups) {
+      std::snprintf(buf, sizeof buf, "    %-46s %-10s %14s\n", g.name.c_str(),
+                    g.split_by_option ? "TP (split)" : shard_name(g.shard), gb(double(g.per_gpu_bytes)).c_str());
+      o << buf;
+    }
+    std::snprintf(buf, sizeof buf, "    collectives a decode step: %lld%s\n", (long long)st.collectives_per_step,
+                  st.collectives_per_step == 0 ? ""
+                  : st.collectives_cross_nodes ? ", every one across nodes"
+                                               : ", inside one node");
+    o << buf;
+    for (const StageCollective& c : st.collectives) {
+      std::snprintf(buf, sizeof buf, "      %4lld x %-44s %8s a token\n", (long long)c.count, c.what.c_str(),
+                    with_commas(int64_t(c.bytes_per_token)).c_str());
+      o << buf;
+    }
+    std::snprintf(buf, sizeof buf, "    caches on this stage: KV %s B a token, KDA state %s a sequence a GPU\n",
+                  with_commas(int64_t(st.kv_bytes_per_token)).c_str(),
+                  gb(double(st.kda_state_per_gpu_bytes_per_seq)).c_str());
+    o << buf;
+  }
+  for (const StageHop& h : pl.hops) {
+    std::snprintf(buf, sizeof buf, "  hop stage %d -> %d: %s B a token (attention-residual state, fp32), %s\n",
+                  h.from_stage, h.from_stage + 1, with_commas(int64_t(h.bytes_per_token)).c_str(),
+                  h.cross_node ? "across nodes" : "inside one node");
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, "  a decode step: %lld collectives (%lld across nodes), %zu activation hop(s)\n",
+                (long long)pl.collectives_per_step, (long long)pl.cross_node_collectives_per_step, pl.hops.size());
+  o << buf;
+  o << "  splitting over TP " << p.tp << " would save a GPU of the busiest stage, each step: LatentMoE projections "
+    << gb(double(pl.latent_moe_split_saves_per_gpu)) << ", router " << gb(double(pl.router_split_saves_per_gpu))
+    << " (for one all-gather a MoE layer)\n";
+  return o.str();
+}
+
+json pipeline_to_json(const PipelinePlan& pl) {
+  json stages = json::array();
+  for (const PipelineStage& st : pl.stages) {
+    json groups = json::array(), colls = json::array();
+    for (const StageGroupBytes& g : st.groups)
+      groups.push_back({{"name", g.name}, {"shard", g.split_by_option ? "TP" : shard_name(g.shard)},
+                        {"split_by_option", g.split_by_option}, {"per_gpu_bytes", g.per_gpu_bytes}});
+    for (const StageCollective& c : st.collectives)
+      colls.push_back({{"what", c.what}, {"kind", c.all_gather ? "all_gather" : "all_reduce"}, {"count", c.count},
+                       {"bytes_per_token", c.bytes_per_token}});
+    stages.push_back({{"stage", st.index}, {"first_layer", st.first_layer}, {"end_layer", st.end_layer},
+                      {"mla_layers", st.n_mla}, {"kda_layers", st.n_kda}, {"moe_layers", st.n_moe},
+                      {"dense_mlp_layers", st.n_dense_mlp}, {"embedding", st.has_embedding}, {"head", st.has_head},
+                      {"per_gpu_bytes", st.per_gpu_bytes}, {"groups", groups},
+                      {"kv_bytes_per_token", st.kv_bytes_per_token},
+                      {"kda_state_per_gpu_bytes_per_sequence", st.kda_state_per_gpu_bytes_per_seq},
+                      {"collectives", colls}, {"collectives_per_step", st.collectives_per_step},
+                      {"collectives_cross_nodes", st.collectives_cross_nodes}});
+  }
+  json hops = json::array();
+  for (const StageHop& h : pl.hops)
+    hops.push_back({{"from_stage", h.from_stage}, {"bytes_per_token", h.bytes_per_token}, {"cross_node", h.cross_node}});
+  return {{"pp", pl.opt.pp}, {"split_latent_moe", pl.opt.split_latent_moe}, {"split_router", pl.opt.split_router},
+          {"stages", stages}, {"hops", hops}, {"max_stage_per_gpu_bytes", pl.max_stage_per_gpu_bytes},
+          {"collectives_per_step", pl.collectives_per_step},
+          {"cross_node_collectives_per_step", pl.cross_node_collectives_per_step},
+          {"latent_moe_split_saves_per_gpu_bytes", pl.latent_moe_split_saves_per_gpu},
+          {"router_split_saves_per_gpu_bytes", pl.router_split_saves_per_gpu}};
+}
+
 }  // namespace
 
 Result<Plan> make_plan(const PlanInputs& in) {
@@ -86,15 +167,20 @@ Result<Plan> make_plan(const PlanInputs& in) {
   p.in = in;
   p.total_gpus = in.gpus_per_node * in.nodes;
   // The seeds' shape: one flat group, TP over every GPU for attention and dense weights, EP
-  // over the same GPUs (or a divisor of them) for routed experts (no pipeline parallelism
-  // in K3): the world is the TP group, as in SGLang.
-  p.tp = in.tp > 0 ? in.tp : p.total_gpus;
+  // over the same GPUs (or a divisor of them) for routed experts: the world is the TP group,
+  // as in SGLang. With --pp-size, `pp` such groups of tp GPUs, one per pipeline stage.
+  if (in.pp < 1) return invalid_argument("--pp-size must be at least 1");
+  p.pp = in.pp;
+  if (p.pp > s.n_layers && s.n_layers > 0)
+    return invalid_argument("--pp-size " + std::to_string(p.pp) + " is more stages than the model's " +
+                            std::to_string(s.n_layers) + " layers");
+  p.tp = in.tp > 0 ? in.tp : p.total_gpus / p.pp;
   p.ep = in.ep > 0 ? in.ep : p.tp;
-  if (p.tp != p.total_gpus)
-    return invalid_argument("--tp-size " + std::to_string(p.tp) + " but the cluster has " + std::to_string(in.nodes) +
-                            " node(s) x " + std::to_string(in.gpus_per_node) + " GPUs = " + std::to_string(p.total_gpus) +
-                            ": TP spans every GPU of every node (K3 has no pipeline parallelism); set --nnodes or "
-                            "--gpus-per-node to match");
+  if (p.tp * p.pp != p.total_gpus)
+    return invalid_argument("--tp-size " + std::to_string(p.tp) + " x --pp-size " + std::to_string(p.pp) +
+                            " but the cluster has " + std::to_string(in.nodes) + " node(s) x " +
+                            std::to_string(in.gpus_per_node) + " GPUs = " + std::to_string(p.total_gpus) +
+                            ": TP x PP spans every GPU of every node; set --nnodes or --gpus-per-node to match");
   if (p.ep < 1 || p.tp % p.ep != 0)
     return invalid_argument("--ep-size " + std::to_string(p.ep) + " must divide --tp-size " + std::to_string(p.tp));
   p.context_length = in.context_length > 0 ? in.context_length
@@ -131,6 +217,19 @@ Result<Plan> make_plan(const PlanInputs& in) {
   }
   p.weights_per_gpu_bytes = tp_bytes / p.tp + ep_share + rep_bytes;
 
+  // ---- stages, bytes by group, per-step traffic. Without PP or a split option the figure
+  // above stands (it is exact for a checkpoint); otherwise the busiest stage's GPU.
+  std::vector<WeightGroup> unlisted;  // groups the model's name table lacks: the vision tower
+  for (const WeightGroup& g : w.groups)
+    if (g.name.rfind("vision", 0) == 0) unlisted.push_back(g);
+  PipelineOptions popt;
+  popt.tp = p.tp, popt.ep = p.ep, popt.pp = p.pp, popt.gpus_per_node = in.gpus_per_node;
+  popt.split_latent_moe = in.split_latent_moe, popt.split_router = in.split_router;
+  popt.kv_dtype_bytes = in.kv_dtype_bytes;
+  p.pipeline = plan_pipeline(s, popt, unlisted);
+  const bool staged = p.pp > 1 || in.split_latent_moe || in.split_router;
+  if (staged) p.weights_per_gpu_bytes = p.pipeline.max_stage_per_gpu_bytes;
+
   // ---- memory per GPU.
   p.usable_per_gpu_bytes = in.gpu.usable_bytes;
   p.budget_per_gpu_bytes = uint64_t(double(in.gpu.usable_bytes) * in.mem_fraction);
@@ -152,6 +251,15 @@ Result<Plan> make_plan(const PlanInputs& in) {
   p.kda_state_bytes_per_seq = p.kda_recurrent_bytes_per_seq +
                               uint64_t(s.n_kda_layers) * 3 * uint64_t(std::max<int64_t>(s.kda_conv_kernel - 1, 0)) * P * 2;
   p.kda_state_per_gpu_bytes_per_seq = p.kda_state_bytes_per_seq / p.tp;
+  if (p.pp > 1) {
+    // A layer's MLA pages and KDA state live on its stage: size the pool by the stage that
+    // needs the most per token and per sequence (every stage's pool holds the same slots).
+    p.kv_bytes_per_token = 0, p.kda_state_per_gpu_bytes_per_seq = 0;
+    for (const PipelineStage& st : p.pipeline.stages) {
+      p.kv_bytes_per_token = std::max(p.kv_bytes_per_token, st.kv_bytes_per_token);
+      p.kda_state_per_gpu_bytes_per_seq = std::max(p.kda_state_per_gpu_bytes_per_seq, st.kda_state_per_gpu_bytes_per_seq);
+    }
+  }
   p.kv_bytes_per_seq = p.kv_bytes_per_token * uint64_t(p.context_length);
   if (p.left_per_gpu_bytes > 0) {
     if (p.kv_bytes_per_token > 0) p.pool_tokens = p.left_per_gpu_bytes / int64_t(p.kv_bytes_per_token);
@@ -222,7 +330,8 @@ std::string format_plan_table(const Plan& p) {
   };
   o << "model            : " << s.name << "\n";
   o << "cluster          : " << in.nodes << " x " << in.gpus_per_node << " " << in.gpu.label << " = "
-    << p.total_gpus << " GPUs, TP " << p.tp << " x EP " << p.ep << "\n";
+    << p.total_gpus << " GPUs, TP " << p.tp << " x EP " << p.ep
+    << (p.pp > 1 ? " x PP " + std::to_string(p.pp) : std::string()) << "\n";
   o << "context length   : " << with_commas(p.context_length) << " tokens, KV cache "
     << (in.kv_dtype_bytes == 1 ? "fp8" : "bf16") << "\n\n";
 
@@ -245,6 +354,8 @@ std::string format_plan_table(const Plan& p) {
           (s.n_experts > 0 ? " (" + std::to_string(p.experts_per_gpu) + " of " + std::to_string(s.n_experts) +
                                  " experts per GPU)"
                            : ""));
+
+  o << format_pipeline(p);
 
   o << "\nTensor parallel (TP must divide " << s.n_heads << " heads and hidden " << s.hidden
     << (s.n_kda_layers > 0 ? " and " + std::to_string(s.kda_heads) + " KDA heads" : "") << ")\n";
@@ -313,6 +424,8 @@ json plan_to_json(const Plan& p) {
       {"total_gpus", p.total_gpus},
       {"tp", p.tp},
       {"ep", p.ep},
+      {"pp", p.pp},
+      {"pipeline", pipeline_to_json(p.pipeline)},
       {"context_length", p.context_length},
       {"kv_dtype", in.kv_dtype_bytes == 1 ? "fp8" : "bf16"},
       {"mem_fraction", in.mem_fraction},

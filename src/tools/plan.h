@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "tools/plan_gpus.h"
 #include "tools/plan_model.h"
+#include "tools/plan_pipeline.h"
 
 namespace moonrun::tools {
 
@@ -28,7 +29,10 @@ struct PlanInputs {
   GpuSpec gpu;
   int gpus_per_node = 8;
   int nodes = 1;
-  int tp = 0;                     // 0: every GPU (the seeds' flat TP group)
+  int tp = 0;                     // 0: every GPU of a stage (the seeds' flat TP group)
+  int pp = 1;                     // pipeline stages (--pp-size): tp x pp = every GPU
+  bool split_latent_moe = false;  // plan the LatentMoE down/up projections TP-split
+  bool split_router = false;      // plan the fp32 router TP-split (by expert)
   int ep = 0;                     // 0: = tp
   double mem_fraction = 0.85;     // share of usable memory for weights + caches (SGLang's
                                   // --mem-fraction-static, the seed's 0.85)
@@ -45,7 +49,7 @@ struct TpCheck {
 
 struct Plan {
   PlanInputs in;
-  int total_gpus = 0, tp = 0, ep = 0;
+  int total_gpus = 0, tp = 0, ep = 0, pp = 1;
   int64_t context_length = 0;
   int tp_gcd = 0;                      // gcd of everything TP must divide
   std::vector<int> valid_tp;           // the divisors of tp_gcd
@@ -54,17 +58,21 @@ struct Plan {
   int64_t experts_per_gpu = 0;         // ceil(num_experts / EP)
 
   uint64_t checkpoint_bytes = 0;       // total download (weights + file headers)
-  uint64_t weights_per_gpu_bytes = 0;  // TP share + EP share + replicated
+  uint64_t weights_per_gpu_bytes = 0;  // TP share + EP share + replicated (the busiest stage's
+                                       // GPU under PP or a split option)
+  PipelinePlan pipeline;               // stages, bytes by group, collectives, hops (issue #41)
   uint64_t usable_per_gpu_bytes = 0;
   uint64_t budget_per_gpu_bytes = 0;   // usable x mem_fraction
   int64_t left_per_gpu_bytes = 0;      // budget - weights (negative: does not fit)
   uint64_t reserve_per_gpu_bytes = 0;  // usable - budget: activations, CUDA graphs, NCCL
 
   uint64_t kv_bytes_per_token = 0;     // MLA layers x (kv_lora + rope) x dtype; every TP rank
-                                       // holds the whole latent, so this is also per GPU
+                                       // holds the whole latent, so this is also per GPU (the
+                                       // stage with the most MLA layers under PP)
   uint64_t kda_state_bytes_per_seq = 0;       // whole model: S (fp32) + conv windows (bf16)
   uint64_t kda_recurrent_bytes_per_seq = 0;   // the S part alone
-  uint64_t kda_state_per_gpu_bytes_per_seq = 0;  // split by heads over TP
+  uint64_t kda_state_per_gpu_bytes_per_seq = 0;  // split by heads over TP (the busiest stage's
+                                                 // layers under PP)
   uint64_t kv_bytes_per_seq = 0;       // at context_length
   int64_t pool_tokens = 0;             // left / kv_bytes_per_token (no KDA state)
   int64_t concurrent_seqs = 0;         // full-length sequences that fit at once

@@ -1,0 +1,203 @@
+// Stages, per-GPU bytes by group and per-step traffic of a TP x EP x PP plan (see
+// plan_pipeline.h).
+#include "tools/plan_pipeline.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <map>
+
+#include "model/weight_spec.h"
+
+namespace moonrun::tools {
+
+namespace {
+
+constexpr const char* kLatentMoeGroup = "LatentMoE down/up projections";
+constexpr const char* kRouterGroup = "MoE router";
+
+// Bytes one GPU holds of one layer (or of what comes before / after the layers), by group.
+using GroupMap = std::map<std::string, StageGroupBytes>;
+
+void add(GroupMap& m, const std::string& name, Shard shard, bool split, uint64_t bytes) {
+  StageGroupBytes& g = m[name];
+  g.name = name;
+  g.shard = shard;
+  g.split_by_option = split;
+  g.per_gpu_bytes += bytes;
+}
+
+uint64_t total(const GroupMap& m) {
+  uint64_t t = 0;
+  for (const auto& [_, g] : m) t += g.per_gpu_bytes;
+  return t;
+}
+
+// Contiguous layers per stage, minimising the busiest stage's bytes: stage 0 also carries
+// `pre`, the last stage `post`. Exact (DP over split points); L and pp are small.
+std::vector<int> balanced_bounds(const std::vector<uint64_t>& layer, uint64_t pre, uint64_t post, int pp) {
+  const int L = int(layer.size());
+  std::vector<uint64_t> prefix(size_t(L) + 1, 0);
+  for (int i = 0; i < L; ++i) prefix[size_t(i) + 1] = prefix[size_t(i)] + layer[size_t(i)];
+  auto cost = [&](int a, int b) {
+    return prefix[size_t(b)] - prefix[size_t(a)] + (a == 0 ? pre : 0) + (b == L ? post : 0);
+  };
+  constexpr uint64_t kInf = std::numeric_limits<uint64_t>::max();
+  // best[s][j]: stages 0..s-1 over layers [0, j), each stage at least one layer.
+  std::vector<std::vector<uint64_t>> best(size_t(pp) + 1, std::vector<uint64_t>(size_t(L) + 1, kInf));
+  std::vector<std::vector<int>> from(size_t(pp) + 1, std::vector<int>(size_t(L) + 1, -1));
+  best[0][0] = 0;
+  for (int s = 1; s <= pp; ++s)
+    for (int j = s; j <= L; ++j)
+      for (int i = s - 1; i < j; ++i) {
+        if (best[size_t(s) - 1][size_t(i)] == kInf) continue;
+        const uint64_t c = std::max(best[size_t(s) - 1][size_t(i)], cost(i, j));
+        if (c < best[size_t(s)][size_t(j)]) best[size_t(s)][size_t(j)] = c, from[size_t(s)][size_t(j)] = i;
+      }
+  std::vector<int> bounds(size_t(pp) + 1, L);  // stage s = [bounds[s], bounds[s+1])
+  for (int s = pp, j = L; s > 0; --s) {
+    bounds[size_t(s)] = j;
+    j = from[size_t(s)][size_t(j)];
+    bounds[size_t(s) - 1] = j;
+  }
+  return bounds;
+}
+
+}  // namespace
+
+PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& opt,
+                           const std::vector<WeightGroup>& extra_replicated) {
+  const ModelConfig& cfg = shape.config;
+  const int L = cfg.num_hidden_layers;
+  const int tp = std::max(opt.tp, 1), ep = std::max(opt.ep, 1), pp = std::clamp(opt.pp, 1, std::max(L, 1));
+  PipelinePlan out;
+  out.opt = opt;
+
+  // ---- every tensor's bytes on one GPU of the stage that holds it.
+  const int64_t E = shape.n_experts;
+  const double expert_share =
+      E > 0 ? double((E + ep - 1) / ep) / double(E) / double(std::max(tp / ep, 1)) : 0.0;  // busiest rank
+  std::vector<GroupMap> layer(size_t(std::max(L, 0)));
+  GroupMap pre, post;  // embedding (+ vision) on stage 0; final norm, output mix, lm_head last
+  std::vector<uint64_t> replicated_latent(size_t(std::max(L, 0)), 0), replicated_router(size_t(std::max(L, 0)), 0);
+  const std::string layer_prefix = cfg.tensor_prefix + "layers.";
+  for (const TensorSpec& t : weight_spec(cfg)) {
+    const std::string role = role_of_tensor(t.name, &cfg);
+    const Shard shard = shard_of_rule(t.shard);
+    const bool split = (opt.split_latent_moe && role == kLatentMoeGroup) || (opt.split_router && role == kRouterGroup);
+    const uint64_t n = t.nbytes();
+    uint64_t bytes = n;
+    if (shard == Shard::kTensorParallel || split) bytes = n / uint64_t(tp);
+    else if (shard == Shard::kExpertParallel) bytes = uint64_t(double(n) * expert_share);
+    GroupMap* into = &post;
+    int li = -1;
+    if (t.name.rfind(layer_prefix, 0) == 0) {
+      li = std::atoi(t.name.c_str() + layer_prefix.size());
+      if (li >= 0 && li < L) into = &layer[size_t(li)];
+    } else if (t.name.find("embed_tokens") != std::string::npos) {
+      into = &pre;
+    }
+    add(*into, role, shard, split, bytes);
+    if (into != &pre && into != &post) {
+      if (role == kLatentMoeGroup) replicated_latent[size_t(li)] += n;
+      if (role == kRouterGroup) replicated_router[size_t(li)] += n;
+    }
+  }
+  for (const WeightGroup& g : extra_replicated) add(pre, g.name, g.shard, false, g.bytes);
+
+  // ---- stages: contiguous layers, balanced bytes.
+  std::vector<uint64_t> layer_bytes;
+  for (const GroupMap& m : layer) layer_bytes.push_back(total(m));
+  const std::vector<int> bounds = L > 0 ? balanced_bounds(layer_bytes, total(pre), total(post), pp)
+                                        : std::vector<int>(size_t(pp) + 1, 0);
+
+  // Collective messages, per token. The forward's sums run in fp32 (model/layers: o_proj,
+  // the MLPs and the routed experts' weighted sum all reduce an fp32 [T, width]).
+  const uint64_t hidden_f32 = uint64_t(cfg.hidden_size) * 4;
+  const uint64_t latent_f32 = uint64_t(cfg.expert_io_dim()) * 4;
+  const uint64_t P = uint64_t(shape.kda_heads) * uint64_t(shape.kda_head_dim);
+  const uint64_t kda_layer_state = P * uint64_t(shape.kda_head_dim) * 4 +
+                                   3 * uint64_t(std::max<int64_t>(shape.kda_conv_kernel - 1, 0)) * P * 2;
+  const uint64_t mla_row = uint64_t(shape.kv_lora_rank + shape.qk_rope_head_dim) * uint64_t(opt.kv_dtype_bytes);
+
+  for (int s = 0; s < pp; ++s) {
+    PipelineStage st;
+    st.index = s;
+    st.first_layer = bounds[size_t(s)];
+    st.end_layer = bounds[size_t(s) + 1];
+    st.has_embedding = s == 0;
+    st.has_head = s == pp - 1;
+    GroupMap groups;
+    auto merge = [&](const GroupMap& m) {
+      for (const auto& [name, g] : m) add(groups, name, g.shard, g.split_by_option, g.per_gpu_bytes);
+    };
+    if (st.has_embedding) merge(pre);
+    uint64_t stage_latent = 0, stage_router = 0;
+    for (int i = st.first_layer; i < st.end_layer; ++i) {
+      merge(layer[size_t(i)]);
+      stage_latent += replicated_latent[size_t(i)];
+      stage_router += replicated_router[size_t(i)];
+      const LayerSpec& ls = cfg.layers[size_t(i)];
+      if (ls.attn == LayerKind::mla) {
+        ++st.n_mla;
+        st.kv_bytes_per_token += mla_row + (ls.dsa_index >= 0 ? uint64_t(shape.dsa_key_bytes) : 0);
+      } else {
+        ++st.n_kda;
+        st.kda_state_per_gpu_bytes_per_seq += kda_layer_state / uint64_t(tp);
+      }
+      if (ls.mlp == MlpKind::moe) ++st.n_moe;
+      else ++st.n_dense_mlp;
+    }
+    if (st.has_head) merge(post);
+    for (auto& [_, g] : groups) {
+      st.groups.push_back(g);
+      st.per_gpu_bytes += g.per_gpu_bytes;
+    }
+    const uint64_t keep = uint64_t(tp);
+    out.latent_moe_split_saves_per_gpu = std::max(out.latent_moe_split_saves_per_gpu, stage_latent - stage_latent / keep);
+    out.router_split_saves_per_gpu = std::max(out.router_split_saves_per_gpu, stage_router - stage_router / keep);
+
+    // ---- the stage's collectives: where the forward sums over its TP group (docs/
+    // architecture.md, "Parallelism"), none at TP 1.
+    if (tp > 1) {
+      auto coll = [&](const std::string& what, bool gather, int64_t count, uint64_t bytes) {
+        if (count > 0) st.collectives.push_back({what, gather, count, bytes});
+      };
+      if (st.has_embedding) coll("vocab-parallel embedding all-reduce", false, 1, hidden_f32);
+      coll("attention o_proj all-reduce", false, st.n_mla + st.n_kda, hidden_f32);
+      coll("dense MLP down all-reduce", false, st.n_dense_mlp, hidden_f32);
+      coll("routed experts' sum all-reduce", false, st.n_moe, latent_f32);
+      // The split LatentMoE up projection is row-parallel: its partial sum rides the shared
+      // experts' all-reduce, so it costs nothing extra when there are shared experts.
+      const bool shared = cfg.num_shared_experts > 0;
+      coll(shared ? "shared experts (+ split latent up) all-reduce" : "split latent up all-reduce", false,
+           shared || opt.split_latent_moe ? st.n_moe : 0, hidden_f32);
+      // The split down projection's output and the split router's logits: one all-gather
+      // of both per MoE layer (the experts need the whole latent row, the top-k every logit).
+      const uint64_t gathered = (opt.split_latent_moe ? uint64_t(cfg.expert_io_dim()) * 2 : 0) +
+                                (opt.split_router ? uint64_t(E) * 4 : 0);
+      if (gathered > 0) coll("split latent down / router all-gather", true, st.n_moe, gathered);
+      if (st.has_head) coll("lm_head logits all-gather", true, 1, uint64_t(cfg.vocab_size) * 4);
+    }
+    for (const auto& c : st.collectives) st.collectives_per_step += c.count;
+    // Stage s sits on GPUs [s*tp, (s+1)*tp): it spans nodes when its first and last GPU differ.
+    const int gpn = std::max(opt.gpus_per_node, 1);
+    st.collectives_cross_nodes = (s * tp) / gpn != ((s + 1) * tp - 1) / gpn;
+    out.collectives_per_step += st.collectives_per_step;
+    if (st.collectives_cross_nodes) out.cross_node_collectives_per_step += st.collectives_per_step;
+    out.max_stage_per_gpu_bytes = std::max(out.max_stage_per_gpu_bytes, st.per_gpu_bytes);
+
+    if (s + 1 < pp) {
+      // What the next stage needs of each token: with Attention Residuals (K3_SPEC.md
+      // section 2) the running prefix and every completed block summary, not one hidden row.
+      // A summary is appended at each layer i with i % B == 0, so ceil(end / B) of them.
+      const int B = cfg.attn_res_block_size;
+      const uint64_t rows = B > 0 ? 1 + uint64_t((st.end_layer + B - 1) / B) : 1;
+      out.hops.push_back({s, rows * hidden_f32, (s * tp) / gpn != ((s + 1) * tp) / gpn});
+    }
+    out.stages.push_back(std::move(st));
+  }
+  return out;
+}
+
+}  // namespace moonrun::tools

@@ -1,0 +1,209 @@
+// Issue #41: `moonrun plan --pp-size` and the split LatentMoE / router options, on the full
+// K3 config. What the projection (bench/project_parallel.py) rests on: per-GPU bytes by
+// stage and group, the collectives a decode step issues and which cross nodes, the hops.
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tools/plan.h"
+
+namespace moonrun::tools {
+namespace {
+
+using nlohmann::json;
+
+const Result<LoadedModel>& kimi_k3() {
+  static const Result<LoadedModel> m = load_plan_model("kimi-k3");
+  return m;
+}
+
+Plan plan_for(const std::string& gpu, int nodes, int tp, int pp, bool split_latent = false, bool split_router = false) {
+  const auto& m = kimi_k3();
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  PlanInputs in;
+  in.shape = m->shape;
+  in.weights = m->weights;
+  in.gpu = *find_gpu(gpu);
+  in.gpus_per_node = 8;
+  in.nodes = nodes;
+  in.tp = tp;
+  in.pp = pp;
+  in.split_latent_moe = split_latent;
+  in.split_router = split_router;
+  auto p = make_plan(in);
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return *p;
+}
+
+uint64_t group_bytes(const PipelineStage& st, const std::string& name) {
+  for (const auto& g : st.groups)
+    if (g.name == name) return g.per_gpu_bytes;
+  return 0;
+}
+
+uint64_t layer_group_bytes(const PipelinePlan& pl, const std::string& name) {
+  uint64_t t = 0;
+  for (const auto& st : pl.stages) t += group_bytes(st, name);
+  return t;
+}
+
+// Without PP or a split, the per-tensor sum by stage is the figure plan always printed.
+TEST(PlanPipeline, OneStageIsThePlanWeightsPerGpu) {
+  Plan p = plan_for("H200", 2, 16, 1);
+  ASSERT_EQ(p.pipeline.stages.size(), 1u);
+  EXPECT_NEAR(double(p.pipeline.max_stage_per_gpu_bytes), double(p.weights_per_gpu_bytes), 1e6);
+  const PipelineStage& st = p.pipeline.stages[0];
+  EXPECT_EQ(st.first_layer, 0);
+  EXPECT_EQ(st.end_layer, 93);
+  EXPECT_EQ(st.n_mla + st.n_kda, 93);
+  EXPECT_EQ(st.n_moe, 92);
+  EXPECT_EQ(st.kv_bytes_per_token, p.kv_bytes_per_token);
+}
+
+// PP 2 halves what a GPU holds of the layers: the two stages' groups add up to one stage's
+// at the same TP, and the busiest stage is within one layer of half.
+TEST(PlanPipeline, TwoStagesHalveThePerGpuLayerBytes) {
+  Plan one = plan_for("H200", 1, 8, 1);
+  Plan two = plan_for("H200", 2, 8, 2);
+  ASSERT_EQ(two.pipeline.stages.size(), 2u);
+  const auto& s0 = two.pipeline.stages[0];
+  const auto& s1 = two.pipeline.stages[1];
+  EXPECT_EQ(s0.first_layer, 0);
+  EXPECT_EQ(s0.end_layer, s1.first_layer);
+  EXPECT_EQ(s1.end_layer, 93);
+  EXPECT_TRUE(s0.has_embedding && !s0.has_head && s1.has_head && !s1.has_embedding);
+  const double whole = double(one.pipeline.max_stage_per_gpu_bytes);
+  EXPECT_NEAR(double(s0.per_gpu_bytes + s1.per_gpu_bytes), whole, 1e6);
+  const double one_layer = whole / 93 * 1.5;  // a MoE layer, with slack for the dense first
+  EXPECT_LE(double(two.pipeline.max_stage_per_gpu_bytes), whole / 2 + one_layer);
+  EXPECT_EQ(two.weights_per_gpu_bytes, two.pipeline.max_stage_per_gpu_bytes);
+  // Each group splits by layer: the replicated LatentMoE projections of one GPU halve too.
+  const uint64_t latent = layer_group_bytes(one.pipeline, "LatentMoE down/up projections");
+  EXPECT_GT(latent, 9'000'000'000u);  // 9.45 GB replicated on every rank today
+  EXPECT_EQ(layer_group_bytes(two.pipeline, "LatentMoE down/up projections"), latent);
+  EXPECT_NEAR(double(group_bytes(s0, "LatentMoE down/up projections")), latent / 2.0, latent / 92.0 * 2);
+  // Caches live with their layers: the stages' KV rows and KDA state add up to the model's.
+  EXPECT_EQ(s0.kv_bytes_per_token + s1.kv_bytes_per_token, one.pipeline.stages[0].kv_bytes_per_token);
+  EXPECT_EQ(s0.n_mla + s1.n_mla, 24);
+  EXPECT_EQ(s0.n_kda + s1.n_kda, 69);
+}
+
+// Split router bytes = replicated / TP; the LatentMoE projections the same; the savings
+// the plan states are the difference.
+TEST(PlanPipeline, SplitRouterAndLatentMoeAreReplicatedOverTp) {
+  for (int tp : {8, 16}) {
+    const int nodes = tp / 8;
+    Plan rep = plan_for("H200", nodes, tp, 1);
+    Plan split = plan_for("H200", nodes, tp, 1, true, true);
+    const auto& r = rep.pipeline.stages[0];
+    const auto& s = split.pipeline.stages[0];
+    const uint64_t router = group_bytes(r, "MoE router"), latent = group_bytes(r, "LatentMoE down/up projections");
+    EXPECT_NEAR(double(router), 1.18e9, 0.01e9);  // fp32 [896, 7168] x 92 layers (+ bias)
+    EXPECT_NEAR(double(group_bytes(s, "MoE router")), double(router) / tp, 92.0 * tp);
+    EXPECT_NEAR(double(group_bytes(s, "LatentMoE down/up projections")), double(latent) / tp, 92.0 * 2 * tp);
+    EXPECT_NEAR(double(rep.pipeline.router_split_saves_per_gpu), double(router) * (1 - 1.0 / tp), 1e3);
+    EXPECT_NEAR(double(rep.pipeline.latent_moe_split_saves_per_gpu), double(latent) * (1 - 1.0 / tp), 1e3);
+    EXPECT_NEAR(double(r.per_gpu_bytes - s.per_gpu_bytes),
+                double(rep.pipeline.router_split_saves_per_gpu + rep.pipeline.latent_moe_split_saves_per_gpu), 1e4);
+    // One all-gather a MoE layer carries the latent row (bf16) and the logits (fp32).
+    EXPECT_EQ(split.pipeline.collectives_per_step, rep.pipeline.collectives_per_step + 92);
+  }
+  // One option alone: only its group moves.
+  Plan router_only = plan_for("H200", 2, 16, 1, false, true);
+  Plan rep = plan_for("H200", 2, 16, 1);
+  EXPECT_EQ(group_bytes(router_only.pipeline.stages[0], "LatentMoE down/up projections"),
+            group_bytes(rep.pipeline.stages[0], "LatentMoE down/up projections"));
+}
+
+// The step's collectives: 93 attention + 92 x (routed + shared) + 1 dense MLP + embedding
+// + lm_head gather = 280, the count the measured slice gives (3 a layer + 1). Flat TP 16 over
+// two nodes sends all of them across; TP 8 x PP 2 none, and one hop instead.
+TEST(PlanPipeline, CollectivesAndHops) {
+  Plan flat = plan_for("H200", 2, 16, 1);
+  EXPECT_EQ(flat.pipeline.collectives_per_step, 280);
+  EXPECT_EQ(flat.pipeline.cross_node_collectives_per_step, 280);
+  EXPECT_TRUE(flat.pipeline.hops.empty());
+
+  Plan pp2 = plan_for("H200", 2, 8, 2);
+  EXPECT_EQ(pp2.pipeline.collectives_per_step, 280);
+  EXPECT_EQ(pp2.pipeline.cross_node_collectives_per_step, 0);
+  ASSERT_EQ(pp2.pipeline.hops.size(), 1u);
+  const StageHop& hop = pp2.pipeline.hops[0];
+  EXPECT_TRUE(hop.cross_node);
+  // The attention-residual state: the prefix and ceil(end / 12) block summaries, fp32.
+  const int end = pp2.pipeline.stages[0].end_layer;
+  EXPECT_EQ(hop.bytes_per_token, uint64_t(1 + (end + 11) / 12) * 7168 * 4);
+
+  // 32 x H100: TP 8 x PP 4, three hops, each across nodes.
+  Plan pp4 = plan_for("H100", 4, 8, 4);
+  EXPECT_EQ(pp4.pipeline.hops.size(), 3u);
+  for (const auto& h : pp4.pipeline.hops) EXPECT_TRUE(h.cross_node);
+  EXPECT_EQ(pp4.pipeline.cross_node_collectives_per_step, 0);
+  EXPECT_EQ(pp4.pipeline.collectives_per_step, 280);
+  // Four nodes, two stages of 16: each stage's TP group spans two nodes.
+  Plan tp16pp2 = plan_for("H100", 4, 16, 2);
+  EXPECT_EQ(tp16pp2.pipeline.cross_node_collectives_per_step, 280);
+  EXPECT_TRUE(tp16pp2.pipeline.hops[0].cross_node);
+
+  // TP 1 has no collectives.
+  Plan single = plan_for("B300", 1, 1, 8);
+  EXPECT_EQ(single.pipeline.collectives_per_step, 0);
+  EXPECT_EQ(single.pipeline.hops.size(), 7u);
+  EXPECT_FALSE(single.pipeline.hops[0].cross_node);
+}
+
+TEST(PlanPipeline, TpTimesPpMustBeTheCluster) {
+  const auto& m = kimi_k3();
+  ASSERT_TRUE(m.is_ok());
+  PlanInputs in;
+  in.shape = m->shape;
+  in.weights = m->weights;
+  in.gpu = *find_gpu("H200");
+  in.nodes = 2;
+  in.tp = 16;
+  in.pp = 2;
+  auto p = make_plan(in);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("TP x PP spans every GPU"), std::string::npos) << p.status().message();
+  in.tp = 0;  // TP = the GPUs of a stage
+  auto q = make_plan(in);
+  ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+  EXPECT_EQ(q->tp, 8);
+  in.pp = 200;
+  EXPECT_FALSE(make_plan(in).is_ok());
+}
+
+std::string run(const std::string& args, int* rc) {
+  std::string out;
+  FILE* p = popen((std::string(MOONRUN_EXE) + " plan " + args + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *rc = WEXITSTATUS(pclose(p));
+  return out;
+}
+
+TEST(PlanPipelineCli, PpSizeSetsTheNodesAndPrintsStages) {
+  int rc = 0;
+  std::string out = run("kimi-k3 --gpu H200 --tp-size 8 --pp-size 2 --split-router --json", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  json j = json::parse(out);
+  EXPECT_EQ(j["nodes"].get<int>(), 2);
+  EXPECT_EQ(j["pp"].get<int>(), 2);
+  EXPECT_EQ(j["pipeline"]["stages"].size(), 2u);
+  EXPECT_TRUE(j["pipeline"]["split_router"].get<bool>());
+  EXPECT_FALSE(j["pipeline"]["split_latent_moe"].get<bool>());
+  EXPECT_EQ(j["pipeline"]["hops"].size(), 1u);
+
+  out = run("kimi-k3 --gpu H200 --tp-size 8 --pp-size 2", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("TP 8 x EP 8 x PP 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("stage 1: layers"), std::string::npos) << out;
+  EXPECT_NE(out.find("hop stage 0 -> 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("280 collectives (0 across nodes)"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace moonrun::tools
