@@ -116,7 +116,8 @@ std::string format_pipeline(const Plan& p) {
   std::snprintf(buf, sizeof buf, "  a decode step: %lld collectives (%lld across nodes), %zu activation hop(s)\n",
                 (long long)pl.collectives_per_step, (long long)pl.cross_node_collectives_per_step, pl.hops.size());
   o << buf;
-  o << "  splitting over TP " << p.tp << " would save a GPU of the busiest stage, each step: LatentMoE projections "
+  if (p.tp > 1)  // at TP 1 there is nothing to split
+    o << "  splitting over TP " << p.tp << " would save a GPU of the busiest stage, each step: LatentMoE projections "
     << gb(double(pl.latent_moe_split_saves_per_gpu)) << ", router " << gb(double(pl.router_split_saves_per_gpu))
     << " (for one all-gather a MoE layer)\n";
   return o.str();
