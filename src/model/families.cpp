@@ -40,6 +40,24 @@ Result<std::unique_ptr<Model>> build_k3(Ops& ops, const Checkpoint& ckpt, const 
                                            TensorParallel{options.rank, options.world_size}));
 }
 
+// K3.1: K3's forward with a DSA layer in each full-attention layer (model/kimi_k31.h). The
+// DSA ops exist on the CPU only; CUDA throws by name at the first DSA layer.
+Result<std::unique_ptr<Model>> build_k31(Ops& ops, const Checkpoint& ckpt, const ModelConfig& cfg,
+                                         const LoadOptions& options) {
+  WeightLoader loader(ops, ckpt, cfg, options);
+  uint64_t total = 0;
+  for (const TensorSpec& t : weight_spec(cfg)) total += t.nbytes();
+  loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size));
+  const size_t before = ops.allocated_bytes();
+  KimiK31Weights weights;
+  describe_kimi_k31_weights(cfg, weights, loader);
+  MR_RETURN_IF_ERROR(loader.finish());
+  ops.synchronize();
+  return std::unique_ptr<Model>(new KimiK3(cfg, std::move(weights.k3), ops.allocated_bytes() - before,
+                                           TensorParallel{options.rank, options.world_size},
+                                           std::move(weights.indexers)));
+}
+
 // The K2 forward runs on the CPU backend and on CUDA, with bf16 experts or the released
 // checkpoints' INT4 pack-quantized ones (the CPU's moe_experts dequantises them on the fly,
 // CUDA's in registers: moe/expert_linear.cu).
@@ -89,10 +107,9 @@ const std::vector<ModelFamilyRow>& model_families() {
       // K3.1: K3 + DeepSeek Sparse Attention in the full-attention layers (issue 38). The
       // architecture is the card's; the model_type "kimi_k31" is this table's guess (no public
       // K3.1 config.json could be read), matched by either name. K3's chat format (issue 38:
-      // "the chat format and parsers as K3's"). No forward yet: load_model refuses in one
-      // line before reading any weight.
+      // "the chat format and parsers as K3's").
       {Family::kimi_k31, "kimi_k31", {{"kimi_k31", "KimiK31ForConditionalGeneration"}}, "kimi_k3",
-       parse_kimi_k31_config, describe_k31, nullptr, "the K3.1 sparse-attention forward is issue 38's next step"},
+       parse_kimi_k31_config, describe_k31, build_k31, nullptr},
   };
   return rows;
 }

@@ -137,7 +137,8 @@ void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSi
 
 // ---- the model ---------------------------------------------------------------------------
 
-KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes, TensorParallel tp)
+KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes, TensorParallel tp,
+               std::vector<DsaIndexerWeights> indexers)
     : cfg_(cfg),
       w_(std::move(weights)),
       weight_bytes_(weight_bytes),
@@ -145,12 +146,16 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
       vocab_begin_(static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
       kda_shape_(kda_shape(cfg)),
       mla_dims_(mla_dims(cfg)),
+      indexers_(std::move(indexers)),
+      dsa_dims_{{cfg.dsa.index_n_heads, cfg.dsa.index_head_dim}, cfg.dsa.index_topk, cfg.dsa.k_norm_eps},
       moe_dims_(moe_dims(cfg)),
       act_(activation_params(cfg)),
       vision_(cfg, std::move(w_.vision)) {
   // check_parallel_split() made sure these divide.
   kda_shape_.num_heads /= tp.size;
   mla_dims_.attn.num_heads /= tp.size;
+  MR_CHECK(indexers_.size() == static_cast<size_t>(cfg.num_dsa_layers))
+      << indexers_.size() << " DSA indexers for " << cfg.num_dsa_layers << " DSA layers";
 }
 
 CacheSpec KimiK3::cache_spec() const {
@@ -158,6 +163,10 @@ CacheSpec KimiK3::cache_spec() const {
   spec.state_floats_per_slot = cfg_.num_kda_layers * kda_state_floats(kda_shape_);
   spec.kv_layers = cfg_.num_mla_layers;
   spec.kv_row_width = cfg_.mla_cache_row();
+  // K3.1: each DSA layer's indexer keys, a row kind on the latent rows' pages.
+  spec.index_layers = cfg_.num_dsa_layers;
+  spec.index_row_width = cfg_.num_dsa_layers > 0 ? cfg_.dsa.index_head_dim : 0;
+  spec.index_dtype = DType::F32;  // the CPU's dsa_index_store; FP8 + scale comes with CUDA (issue 38)
   return spec;
 }
 
@@ -246,6 +255,11 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     return KvLayer{pools.kv.rows_view(spec.mla_index * layer_rows, layer_rows).data, pools.kv.dtype,
                    pools.page_size_tokens, static_cast<int>(pools.kv.cols)};
   };
+  auto keys_of = [&](const LayerSpec& spec) {  // a DSA layer's indexer keys, on the same pages
+    const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;
+    return KvLayer{pools.index_kv.rows_view(spec.dsa_index * layer_rows, layer_rows).data, pools.index_kv.dtype,
+                   pools.page_size_tokens, static_cast<int>(pools.index_kv.cols)};
+  };
 
   Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
   ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
@@ -311,6 +325,9 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     if (spec.attn == LayerKind::kda) {
       const KdaSavedInputs save = saved_of(spec);
       kda_forward(ops, lw.kda, kda_shape_, xa, batch, state_of(spec), kda_mode_, a, saving ? &save : nullptr);
+    } else if (spec.dsa_index >= 0) {
+      dsa_forward(ops, lw.mla, indexers_[spec.dsa_index], mla_dims_, dsa_dims_, xa, batch, kv_of(spec),
+                  keys_of(spec), mla_mode_, a);
     } else mla_forward(ops, lw.mla, mla_dims_, xa, batch, kv_of(spec), mla_mode_, a);
 
     // 3. The running sum: restarts at each block start under AttnRes (plain residual without).

@@ -2,10 +2,13 @@
 // The Kimi K3 text model (K3_SPEC.md §2, the reference's KimiLinearModel), written once
 // against the ops: embeddings -> per layer [AttnRes mix -> input_layernorm -> KDA or MLA ->
 // prefix update -> AttnRes mix -> post_attention_layernorm -> dense MLP or MoE] -> output
-// AttnRes mix -> norm -> lm_head. Also runs Kimi Linear (plain residuals, no latent MoE).
+// AttnRes mix -> norm -> lm_head. Also runs Kimi Linear (plain residuals, no latent MoE), and
+// Kimi K3.1 (model/kimi_k31.h): given the indexers, its full-attention layers are DSA layers
+// (model/layers/dsa.h), everything else K3's.
 #include <memory>
 #include <vector>
 
+#include "model/layers/dsa.h"
 #include "model/layers/kda.h"
 #include "model/layers/mla.h"
 #include "model/layers/mlp.h"
@@ -51,7 +54,9 @@ struct TensorParallel {
 
 class KimiK3 final : public Model {
  public:
-  KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes, TensorParallel tp = {});
+  // indexers: K3.1's, one per DSA layer (LayerSpec::dsa_index); empty for K3 and Kimi Linear.
+  KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes, TensorParallel tp = {},
+         std::vector<DsaIndexerWeights> indexers = {});
 
   const ModelConfig& config() const override { return cfg_; }
   CacheSpec cache_spec() const override;
@@ -87,6 +92,8 @@ class KimiK3 final : public Model {
   int64_t taps_stride_rows_ = 0;  // this rank's first vocabulary row (embedding, lm_head)
   KdaShape kda_shape_;  // this rank's heads
   MlaDims mla_dims_;    // this rank's heads
+  std::vector<DsaIndexerWeights> indexers_;  // K3.1's DSA layers (replicated: kimi_k31.h)
+  DsaDims dsa_dims_;
   MoeDims moe_dims_;
   ActivationParams act_;
   KdaMode kda_mode_ = KdaMode::kAuto;

@@ -2,16 +2,11 @@
 // Kimi K3.1 (moonshotai/Kimi-K3.1-Pro; issue 38): K3's text model (model/kimi_k3.h) whose
 // full-attention layers use gated DeepSeek Sparse Attention: K3's gated MLA projections plus
 // a lightning indexer that picks, per query, the top `index_topk` keys the attention reads.
-// This step lists the indexer's tensors (for verify, plan and the loader to come); the
-// sparse-attention forward is issue 38's next step, so the family row has no build yet.
-//
-// What exists now for that forward (issue 38, build item 2, CPU only): the backend ops
-// dsa_index_store (LayerNorm'd indexer keys into their own paged pool on the latent cache's
-// pages), dsa_index_scores, dsa_topk and mla_sparse_attention (backend/ops.h; CPU in
-// backend/cpu/dsa.h and MLA's own kernels with a selection), tested against double loops
-// from DeepSeek-V3.2-Exp's Indexer in tests/unit/backend/dsa_ops_test.cpp. Not yet: the
-// indexer pool in the cache's row kinds (plan, prefix cache, snapshots, preemption), the
-// layer that calls the ops, reference fixtures, and CUDA (those ops throw there).
+// The forward is K3's (model/kimi_k3.cpp) with the DSA layer (model/layers/dsa.h) in each
+// full-attention layer; the indexer keys are a row kind of the paged cache beside the
+// latent rows (CacheSpec::index_layers), so the prefix cache and preemption, which hand out
+// and share pages, carry them with the latent rows. CPU only: the CUDA ops throw (issue 38,
+// item 3).
 //
 // The indexer of one DSA layer, under "<layer>.self_attn.indexer.", as DeepSeek-V3.2's
 // Indexer (transformers models/deepseek_v32, DeepSeek-V3.2-Exp inference/model.py) names
@@ -31,17 +26,10 @@
 
 #include "backend/tensor.h"
 #include "model/kimi_k3.h"
+#include "model/layers/dsa.h"
 #include "model/weight_spec.h"
 
 namespace moonrun {
-
-struct DsaIndexerWeights {
-  Matrix wq_b;          // [n_heads * head_dim, q_lora_rank]
-  Matrix wk;            // [head_dim, hidden]
-  Tensor k_norm;        // [1, head_dim] F32 (LayerNorm weight)
-  Tensor k_norm_bias;   // [1, head_dim] F32
-  Matrix weights_proj;  // [n_heads, hidden]
-};
 
 struct KimiK31Weights {
   KimiK3Weights k3;

@@ -17,14 +17,26 @@
 
 namespace moonrun {
 
-// Per-sequence cache needs, in backend-neutral terms.
+// Per-sequence cache needs, in backend-neutral terms. The row kinds of the paged pool share
+// one page table: a page id addresses the same tokens' rows in every kind, so the page
+// allocator, the prefix cache (shared pages) and preemption (freed pages) cover every kind
+// at once, and the bytes per token (what sizes the pool and what `plan` counts) sum them.
 struct CacheSpec {
   int64_t state_floats_per_slot = 0;  // fixed-size recurrent state of one sequence (F32), all layers
-  int kv_layers = 0;                  // layers that keep a paged KV row per token
+  int kv_layers = 0;                  // layers that keep a paged KV row per token (MLA's latent)
   int kv_row_width = 0;               // values per token per such layer
+  // DSA indexer keys (K3.1): per token and DSA layer one row of index_row_width values in
+  // index_dtype, whatever the latent's dtype (the CPU keeps them F32).
+  int index_layers = 0;
+  int index_row_width = 0;
+  DType index_dtype = DType::F32;
   int64_t state_bytes_per_slot() const { return state_floats_per_slot * 4; }
   int64_t kv_bytes_per_token(DType kv_dtype) const {
-    return static_cast<int64_t>(kv_layers) * kv_row_width * static_cast<int64_t>(dtype_size_bytes(kv_dtype));
+    return static_cast<int64_t>(kv_layers) * kv_row_width * static_cast<int64_t>(dtype_size_bytes(kv_dtype)) +
+           index_bytes_per_token();
+  }
+  int64_t index_bytes_per_token() const {
+    return static_cast<int64_t>(index_layers) * index_row_width * static_cast<int64_t>(dtype_size_bytes(index_dtype));
   }
 };
 
@@ -32,6 +44,7 @@ struct CacheSpec {
 struct CachePools {
   Tensor state;  // [num_slots, state_floats_per_slot] F32
   Tensor kv;     // [kv_layers * num_pages * page_size_tokens, kv_row_width]
+  Tensor index_kv;  // [index_layers * num_pages * page_size_tokens, index_row_width]; same pages as kv
   // Speculative decoding: what a verifying step saved of its draft rows for a state rollback,
   // [capacity rows, Model::replay_floats_per_token()] F32; empty when nothing is saved.
   Tensor replay;

@@ -34,6 +34,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::unique_ptr<Ops> op
     if (spec.kv_layers > 0)
       r->pools_.kv = ops->alloc(static_cast<int64_t>(spec.kv_layers) * pages * cache.page_size_tokens,
                                 spec.kv_row_width, cache.layout.kv_dtype.value_or(ops->act_dtype()), "KV pages");
+    if (spec.index_layers > 0)
+      r->pools_.index_kv = ops->alloc(static_cast<int64_t>(spec.index_layers) * pages * cache.page_size_tokens,
+                                      spec.index_row_width, spec.index_dtype, "DSA indexer-key pages");
     // Speculative decoding: every verified row of a step, saved for the next one's rollbacks.
     const int64_t replay_floats = model->replay_floats_per_token();
     if (options.num_speculative_tokens > 0 && replay_floats > 0 && spec.state_floats_per_slot > 0) {

@@ -40,4 +40,16 @@ struct MlaWeights {
 void mla_forward(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tensor& x, const BatchView& batch,
                  KvLayer cache, MlaMode mode, Tensor out, const Tensor& rope_cos_sin = Tensor{});
 
+// mla_forward's two ends, for a layer that picks the keys its attention reads (DSA,
+// model/layers/dsa.h): the same projections and cache rows, the same gated output, so the
+// dense and sparse layers cannot drift apart. Both allocate in the caller's scratch scope.
+struct MlaQueries {
+  Tensor q;         // [T, H*(nope+rope)] F32, rotated when rope_cos_sin is given
+  Tensor q_latent;  // [T, q_lora_rank] act dtype: RMSNorm(q_a(x)), what q_b reads; empty without q LoRA
+};
+MlaQueries mla_queries_and_store(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tensor& x,
+                                 const BatchView& batch, KvLayer cache, const Tensor& rope_cos_sin = Tensor{});
+// o [T, H*v] F32 (the attention's output) -> out [T, hidden] F32: the gate, o_proj, the TP sum.
+void mla_output(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tensor& x, const Tensor& o, Tensor out);
+
 }  // namespace moonrun

@@ -1,7 +1,7 @@
 // The K3.1 row of the family table (issue 38, step 1): Kimi K3.1-Pro's config (K3's plus a
 // dsa_config), the DSA indexer's tensors in the weight listing, verify on a synthetic K3.1
-// checkpoint, plan's cache bytes (latent rows + indexer keys) and weight totals, and the one
-// line serve and generate answer until the sparse-attention forward is built.
+// checkpoint, plan's cache bytes (latent rows + indexer keys) and weight totals, and generate
+// running the forward.
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -267,24 +267,13 @@ std::pair<int, std::string> run_moonrun(const std::string& args, const fs::path&
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, err};
 }
 
-// serve and generate (both through load_model, which asks the family row before any weight
-// is read) refuse a K3.1 checkpoint in one line.
-TEST(KimiK31Load, ServeAndGenerateRefuseInOneLineUntilTheForwardIsBuilt) {
+// generate loads a K3.1 checkpoint and runs its forward on the CPU (the DSA layers included);
+// kimi_k31_forward_test.cpp checks what it computes.
+TEST(KimiK31Load, GenerateRunsTheForwardOnTheCpu) {
   const fs::path dir = temp_dir("load");
   write_checkpoint(dir, tiny_k31());
-  const std::string line = "the K3.1 sparse-attention forward is issue 38's next step";
-
-  auto [gst, gerr] = run_moonrun("generate --model " + dir.string() + " --token-ids 1,2 --max-tokens 1", dir);
-  EXPECT_NE(gst, 0);
-  EXPECT_EQ(gerr.find('\n'), gerr.size() - 1) << gerr;  // exactly one line
-  EXPECT_NE(gerr.find(dir.string() + ": KimiK31ForConditionalGeneration: " + line), std::string::npos) << gerr;
-
-  auto [sst, serr] = run_moonrun("serve --model-path " + dir.string() + " --port 0 --device cpu", dir);
-  EXPECT_EQ(sst, 2) << serr;
-  // serve logs its start-up lines first; the refusal is one line of its own, the last.
-  std::string last = serr.substr(0, serr.size() - 1);
-  last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
-  EXPECT_EQ(last, "moonrun serve: " + dir.string() + ": KimiK31ForConditionalGeneration: " + line) << serr;
+  auto [gst, gerr] = run_moonrun("generate --model " + dir.string() + " --device cpu --token-ids 1,2 --max-tokens 2", dir);
+  EXPECT_EQ(gst, 0) << gerr;
   fs::remove_all(dir);
 }
 

@@ -1,0 +1,40 @@
+#pragma once
+// Gated DeepSeek Sparse Attention (Kimi K3.1's full-attention layers; issue 38), written once
+// against the ops: K3's gated MLA (layers/mla.h) whose attention reads, per query, only the
+// keys a lightning indexer picks (DeepSeek-V3.2-Exp inference/model.py Indexer; transformers
+// models/deepseek_v32), without the indexer's RoPE (K3.1 has none):
+//   q_I[t]   = wq_b(q_latent[t])            [n_heads, head_dim]  (q_latent = RMSNorm(q_a(x)), MLA's)
+//   k_I[s]   = LayerNorm(wk(x[s]))          [head_dim]           cached per token (its own pool)
+//   w[t]     = weights_proj(x[t])           [n_heads]
+//   I[t, s]  = sum_h w[t, h] (n_heads head_dim)^-1/2 ReLU(q_I[t, h] . k_I[s]),  s <= pos_t
+//   keys(t)  = the top index_topk positions by I[t, .] (all of them when pos_t + 1 <= index_topk)
+//   o        = MLA over keys(t) only, then MLA's gate and o_proj.
+// The CPU reference always scores and selects, even where everything fits (selecting every
+// visible key is dense attention: the test that ties this layer to K3's runs this path).
+#include "backend/ops.h"
+#include "model/layers/mla.h"
+
+namespace moonrun {
+
+// One DSA layer's indexer, under "<layer>.self_attn.indexer." (model/kimi_k31.h lists them).
+struct DsaIndexerWeights {
+  Matrix wq_b;          // [n_heads * head_dim, q_lora_rank]
+  Matrix wk;            // [head_dim, hidden]
+  Tensor k_norm;        // [1, head_dim] F32 (LayerNorm weight)
+  Tensor k_norm_bias;   // [1, head_dim] F32
+  Matrix weights_proj;  // [n_heads, hidden]
+};
+
+struct DsaDims {
+  DsaIndexerShape indexer;  // heads, head_dim
+  int topk = 0;             // index_topk: keys each query reads
+  float k_norm_eps = 1e-6f;  // the key LayerNorm's eps (K3.1: rms_norm_eps)
+};
+
+// x [T, hidden] act dtype (input_layernorm'ed) -> out [T, hidden] F32. Writes the new tokens'
+// latent rows into `latent` and their indexer keys into `keys` (this layer's pages of each
+// pool, one page table), then attends over each query's selected rows.
+void dsa_forward(Ops& ops, const MlaWeights& w, const DsaIndexerWeights& iw, const MlaDims& mla, const DsaDims& dsa,
+                 const Tensor& x, const BatchView& batch, KvLayer latent, KvLayer keys, MlaMode mode, Tensor out);
+
+}  // namespace moonrun
