@@ -257,7 +257,9 @@ class Ops {
                            Tensor weights) = 0;
   // Stacked experts just uploaded (each once, before any moe_experts over them): rewrite
   // them into this backend's own layout. The CPU keeps the checkpoint's; CUDA re-lays each
-  // word of MXFP4 codes pair-ready for the bf16 tensor cores (cuda/moe/mxfp4_pairs.h).
+  // word of MXFP4 codes pair-ready for the bf16 tensor cores (cuda/moe/mxfp4_pairs.h), and
+  // with MOONRUN_INT4_FAST=1 INT4 words for the same kernels (cuda/moe/int4_pairs.h, setting
+  // Matrix::backend_layout).
   virtual void repack_experts(ExpertMatrices& m) { (void)m; }
   // y[t] = sum_k weights[t, k] * w2_e(act(w1_e x[t], w3_e x[t])), e = ids[t, k], k ascending.
   // x [T, in] act dtype; y [T, in] F32. Each expert runs once over the tokens that chose it.

@@ -58,6 +58,10 @@ struct Matrix {
   // Set by whoever fills a quantized matrix; a dense tag with scales present still means
   // MXFP4 (the convention before the tag, kept for the tests and benches that build them).
   WeightFormat format = WeightFormat::dense;
+  // Set by a backend's Ops::repack_experts when it re-laid the words into a layout of its own
+  // that only it reads (CUDA's INT4 under MOONRUN_INT4_FAST=1); the CPU never sets it. MXFP4's
+  // CUDA re-layout is unconditional and leaves it unset.
+  bool backend_layout = false;
   bool empty() const { return w.empty(); }
   WeightFormat kind() const {
     if (format != WeightFormat::dense) return format;

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -923,25 +925,44 @@ TEST_P(BackendOps, DSparkMarkovHeads) {
 }
 
 // INT4 (compressed-tensors pack-quantized, group 32) routed experts, the K2 release's (issue
-// 40): the same random words and bf16 scales on both backends. Shapes: 1, 5 and 33 tokens,
-// top 2, 3 and 4 of 16 experts; widths of 1056 and 1088 inputs (33 and 34 scale groups: past
-// one group per lane, the last lanes' second group) and of 96 .. 320; 33 tokens as an
-// expert-parallel shard (experts 4 .. 11 held), whose other slots add nothing.
-TEST_P(BackendOps, Int4ExpertsMatchTheCpu) {
-  Backends& B = b();
+// 40): the same random words and bf16 scales on both backends, top K of E experts (ids
+// (5t + 3k) % (E - 3): K <= 13 distinct per token, about T K / 13 tokens an expert), `first`
+// .. `first + count` held (fewer than E: an expert-parallel shard, whose other slots add
+// nothing). fast: the words repacked with MOONRUN_INT4_FAST=1 (cuda_ops.cpp), so that the
+// MXFP4 kernels' fast paths take them where their shapes allow (bf16 x; the f32 mode's fp32 x
+// still goes to the reference kernel, which then reads the re-laid words).
+struct Int4Shape {
+  int T, K, Dm, I, first, count;
+};
+
+// Sets an environment variable for a scope, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, old_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+void int4_experts_match_the_cpu(Backends& B, const std::vector<Int4Shape>& shapes, bool fast) {
   const int E = 16;
-  struct Shape {
-    int T, K, Dm, I, first, count;
-  };
-  for (const Shape sh : {Shape{1, 2, 1056, 96, 0, E}, Shape{5, 3, 256, 1088, 0, E}, Shape{33, 4, 128, 320, 0, E},
-                         Shape{33, 4, 128, 320, 4, 8}}) {
+  for (const Int4Shape& sh : shapes) {
     const int Tn = sh.T, K = sh.K, Dn = sh.Dm, In = sh.I;
     std::vector<int32_t> ids;
     for (int t = 0; t < Tn; ++t)
       for (int k = 0; k < K; ++k) ids.push_back((t * 5 + k * 3) % (E - 3));  // distinct per token
     Pair id = put_i32(B, ids, Tn, K);
     Pair wt = put(B, optest::random_uniform(Tn * K, 80 + Tn, 0.0f, 1.0f), Tn, K);
-    Pair x = put(B, normal(static_cast<size_t>(Tn) * Dn, 81 + Tn), Tn, Dn, act());
+    Pair x = put(B, normal(static_cast<size_t>(Tn) * Dn, 81 + Tn), Tn, Dn, B.gpu->act_dtype());
     // c: the CPU's INT4; g: the GPU's INT4; d: the GPU's dense fp32 experts holding the
     // dequantised values (cpu::dequantize_int4_g32: exact in fp32).
     struct Experts {
@@ -965,6 +986,8 @@ TEST_P(BackendOps, Int4ExpertsMatchTheCpu) {
         m->stacked.out = out_f;
         m->stacked.in = in_f;
       }
+      std::optional<ScopedEnv> env;
+      if (fast) env.emplace("MOONRUN_INT4_FAST", "1");
       for (Ops* ops : {static_cast<Ops*>(&B.cpu), B.gpu.get()}) {
         ExpertMatrices& m = ops == &B.cpu ? e.c : e.g;
         m.stacked.format = WeightFormat::int4_g32_sym;
@@ -972,8 +995,11 @@ TEST_P(BackendOps, Int4ExpertsMatchTheCpu) {
         m.stacked.scales = ops->alloc(rows, in_f / 32, DType::BF16, "int4 scales");
         ops->upload(m.stacked.w, 0, words.data(), words.size() * sizeof(uint32_t));
         ops->upload(m.stacked.scales, 0, scales.data(), scales.size() * sizeof(uint16_t));
-        ops->repack_experts(m);  // as the loader does (a no-op for INT4 today)
+        ops->repack_experts(m);  // as the loader does (the fast layout only with the switch)
       }
+      // Re-laid exactly when the switch is on and the rows are whole 64-wide slices.
+      EXPECT_FALSE(e.c.stacked.backend_layout);
+      EXPECT_EQ(e.g.stacked.backend_layout, fast && in_f % 64 == 0) << out_f << "x" << in_f;
       e.d.stacked.w = testing::upload(*B.gpu, dense, rows, in_f, DType::F32);
       return e;
     };
@@ -986,20 +1012,72 @@ TEST_P(BackendOps, Int4ExpertsMatchTheCpu) {
     B.gpu->moe_experts(x.g, id.g, wt.g, w1.d, w3.d, w2.d, swiglu, y_dense);
     const std::string name = std::to_string(Tn) + "x" + std::to_string(Dn) + "x" + std::to_string(In) + "_top" +
                              std::to_string(K) + (sh.count < E ? "_shard" : "");
+    const std::string op = std::string(fast ? "moe_experts_int4_fast_" : "moe_experts_int4_") + B.mode();
     // Against the CPU twin. Both see the same fp32 weights (u4 - 8 times a bf16 scale is
-    // exact) and the same x; in f32 mode they differ only in the order of the fp32 sums (per
-    // lane and butterfly here, the CPU's matmul order there), a few ulps of the O(1) outputs,
-    // so fp32's 2e-5 (normalised to the largest output) holds with room. In bf16 mode the GPU
-    // stores h = act(gate, up) in bf16 between the projections (the CPU keeps fp32): one bf16
-    // rounding (relative 2^-9) per h entry, summed over the down projection with random signs,
-    // the same allowance as the MXFP4 experts' check above (2e-2).
-    expect_close(std::string("moe_experts_int4_") + B.mode(), name, err(B, y), B.tol(2e-2));
-    // Against the GPU's own dense fp32 reference kernel on the dequantised weights: the INT4
-    // kernel walks the same groups in the same lane order with the same fmaf chain, so the
-    // results are bit-identical (any difference is a decoding error, not rounding).
-    expect_exact(std::string("moe_experts_int4_vs_dense_") + B.mode(), name, testing::download(*B.gpu, y.g),
-                 testing::download(*B.gpu, y_dense));
+    // exact; the fast kernels multiply each group's fp32 sums of x * q by it) and the same
+    // x; in f32 mode they differ only in the order of the fp32 sums (per lane and butterfly
+    // here, the CPU's matmul order there), a few ulps of the O(1) outputs, so fp32's 2e-5
+    // (normalised to the largest output) holds with room. In bf16 mode the GPU stores h =
+    // act(gate, up) in bf16 between the projections (the CPU keeps fp32): one bf16 rounding
+    // (relative 2^-9) per h entry, summed over the down projection with random signs, the
+    // same allowance as the MXFP4 experts' check above (2e-2).
+    expect_close(op, name, err(B, y), B.tol(2e-2));
+    const std::vector<float> got = testing::download(*B.gpu, y.g), dense = testing::download(*B.gpu, y_dense);
+    if (!fast || B.f32) {
+      // Against the GPU's own dense fp32 reference kernel on the dequantised weights: the INT4
+      // reference kernel (which takes fp32 x, and every shape without the switch) walks the
+      // same groups in the same lane order with the same fmaf chain, so the results are
+      // bit-identical (any difference is a decoding error, not rounding) - re-laid words too.
+      expect_exact(op + "_vs_dense", name, got, dense);
+    } else {
+      // The fast kernels sum in another order (MMA fragments, per-group partial sums): the
+      // same bf16 h roundings apart as against the CPU.
+      double worst = 0.0, scale = 1e-30;
+      for (size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::abs(static_cast<double>(got[i]) - dense[i]));
+        scale = std::max(scale, std::abs(static_cast<double>(dense[i])));
+      }
+      expect_close(op + "_vs_dense", name, worst / scale, 2e-2);
+    }
   }
+}
+
+// Without the switch (the default): the reference kernel on the words as stored. Shapes: 1, 5
+// and 33 tokens, top 2, 3 and 4; widths of 1056 and 1088 inputs (33 and 34 scale groups: past
+// one group per lane, the last lanes' second group) and of 96 .. 320; 33 tokens as a shard.
+TEST_P(BackendOps, Int4ExpertsMatchTheCpu) {
+  const int E = 16;
+  int4_experts_match_the_cpu(b(),
+                             {{1, 2, 1056, 96, 0, E}, {5, 3, 256, 1088, 0, E}, {33, 4, 128, 320, 0, E},
+                              {33, 4, 128, 320, 4, 8}},
+                             /*fast=*/false);
+}
+
+// MOONRUN_INT4_FAST=1, decode: at most 8 tokens, so 1 .. 8 tokens an expert, the whole-tile
+// stream kernel where in % 64 == 0, out % 32 == 0 and the tile fits (moe_ops.h): 1 token x
+// top 8 (one token an expert); 8 x top 2 and 8 x top 8 (up to 8 an expert); gate/up in 1024
+// (16 slices: 8 copied, 8 read as the tail) and down in 576 (9: 1 copied); down in 256 (4
+// slices, all tail); K2's hidden width 7168 (gate/up's tile is past the stream kernel's
+// shared memory: the tensor-core kernel at one n8 fragment; down in 256 streams); a shard;
+// and 1056 x 96, neither a whole number of 64-wide slices: not re-laid, the reference kernel.
+TEST_P(BackendOps, Int4FastDecodeExpertsMatchTheCpu) {
+  const int E = 16;
+  int4_experts_match_the_cpu(b(),
+                             {{1, 8, 1024, 576, 0, E}, {8, 2, 1024, 576, 0, E}, {8, 8, 512, 256, 0, E},
+                              {4, 8, 7168, 256, 0, E}, {8, 8, 1024, 576, 4, 8}, {1, 2, 1056, 96, 0, E}},
+                             /*fast=*/true);
+}
+
+// MOONRUN_INT4_FAST=1, prefill: the register-fed tensor-core kernel (expert_linear_mma.cu;
+// INT4 does not take the wgmma kernel) at 9 .. 256 tokens (32-token tiles: 150 x top 8, ~92
+// tokens an expert; 250 x top 8, ~154) and past 256 (64-token tiles: 300 x top 8, ~185), and
+// 21 tokens with out 48 (not a multiple of 32, still of 16); K2's hidden width at 150; a shard.
+TEST_P(BackendOps, Int4FastPrefillExpertsMatchTheCpu) {
+  const int E = 16;
+  int4_experts_match_the_cpu(b(),
+                             {{150, 8, 256, 192, 0, E}, {250, 8, 512, 256, 0, E}, {300, 8, 128, 320, 0, E},
+                              {21, 4, 64, 48, 0, E}, {150, 8, 7168, 128, 0, E}, {250, 8, 256, 192, 4, 8}},
+                             /*fast=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, BackendOps, ::testing::Values(true, false),

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -54,12 +55,23 @@ StackedExperts stacked(const ExpertMatrices& m) {
   } else if (m.stacked.int4()) {
     check(m.stacked.w.dtype == DType::I32 && m.stacked.scales.dtype == DType::BF16,
           "INT4 experts: need I32 words and BF16 scales");
-    s.kind = StackedExperts::Kind::int4;
+    // Re-laid by repack_experts for the fast kernels (MOONRUN_INT4_FAST=1), or as stored.
+    s.kind = m.stacked.backend_layout ? StackedExperts::Kind::int4_pairs : StackedExperts::Kind::int4;
     s.scales = m.stacked.scales.as<uint8_t>();  // the bf16 scales' bytes (moe_ops.h)
   } else {
     s.kind = m.stacked.w.dtype == DType::BF16 ? StackedExperts::Kind::bf16 : StackedExperts::Kind::f32;
   }
   return s;
+}
+
+// MOONRUN_INT4_FAST=1: INT4 experts re-laid at load and run on the MXFP4 kernels' fast paths
+// (decode stream, tensor-core prefill; moe_ops.h), which are exact in the weights (q * scale in
+// fp32) but not yet measured on the GPU, so off by default: the reference grouped kernel then
+// reads the words as stored. Read when a matrix is repacked, so each matrix keeps the layout
+// it was loaded with (Matrix::backend_layout).
+bool int4_fast() {
+  const char* v = std::getenv("MOONRUN_INT4_FAST");
+  return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
 BatchTables tables(const BatchView& b) { return BatchTables{b.positions, b.token_seq, b.seqs, b.page_table}; }
@@ -446,6 +458,14 @@ class CudaOps final : public Ops {
 
   // ---- MoE ---------------------------------------------------------------------------
   void repack_experts(ExpertMatrices& m) override {
+    if (m.stacked.int4()) {
+      // The re-laid words come in 64-wide slices; other widths stay as stored (reference kernel).
+      if (!int4_fast() || m.stacked.backend_layout || m.stacked.in % 64 != 0) return;
+      repack_int4_words(m.stacked.w.data, m.stacked.w.nbytes(), stream_);
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      m.stacked.backend_layout = true;
+      return;
+    }
     if (!m.stacked.mxfp4()) return;
     repack_mxfp4_codes(m.stacked.w.data, m.stacked.w.nbytes(), stream_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));

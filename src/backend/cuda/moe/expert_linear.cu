@@ -20,6 +20,7 @@
 
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/common/device_info.h"
+#include "backend/cuda/moe/int4_pairs.h"
 #include "backend/cuda/moe/moe_ops.h"
 #include "backend/cuda/moe/mxfp4_pairs.h"
 
@@ -80,6 +81,19 @@ __device__ __forceinline__ void load_weight_chunk(const StackedExperts& m, int64
 #pragma unroll
       for (int i = 0; i < 8; ++i)
         w[8 * v + i] = static_cast<float>(static_cast<int>((words[v] >> (4 * i)) & 0xFu) - 8) * scale;
+  } else if constexpr (kKind == Kind::int4_pairs) {
+    // The same words re-laid at load for the fast kernels (int4_pairs.h: within 64-wide
+    // slices, so chunk c is half of slice c / 2); slice_nibble reads them back one at a time.
+    const uint32_t* slice =
+        static_cast<const uint32_t*>(m.w) + static_cast<size_t>(row) * (in / 8) + static_cast<size_t>(c / 2) * 8;
+    uint32_t words[int4_pairs::kSliceWords];
+#pragma unroll
+    for (int v = 0; v < int4_pairs::kSliceWords; ++v) words[v] = slice[v];
+    const float scale =
+        __bfloat162float(reinterpret_cast<const bf16*>(m.scales)[static_cast<size_t>(row) * (in / kChunk) + c]);
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j)
+      w[j] = static_cast<float>(static_cast<int>(int4_pairs::slice_nibble(words, 32 * (c % 2) + j)) - 8) * scale;
   } else if constexpr (kKind == Kind::bf16) {
     const uint4* p =
         reinterpret_cast<const uint4*>(static_cast<const bf16*>(m.w) + static_cast<size_t>(row) * in + c * kChunk);
@@ -160,9 +174,11 @@ __global__ void grouped_linear_kernel(const X* __restrict__ x, int x_row_div, St
 }
 
 void check_shape(const StackedExperts& w, const char* what) {
-  const bool quantized = w.kind == Kind::mxfp4 || w.kind == Kind::int4;
+  const bool quantized = w.kind == Kind::mxfp4 || w.kind == Kind::int4 || w.kind == Kind::int4_pairs;
   const bool has = w.w != nullptr && (!quantized || w.scales != nullptr);
-  if (!has || w.out <= 0 || w.in <= 0 || w.in % kChunk != 0)
+  // Re-laid INT4 words come in whole 64-wide slices (int4_pairs.h).
+  const int multiple = w.kind == Kind::int4_pairs ? 64 : kChunk;
+  if (!has || w.out <= 0 || w.in <= 0 || w.in % multiple != 0)
     throw CudaError(std::string(what) + ": need an expert matrix with in % 32 == 0, got [" + std::to_string(w.out) +
                     ", " + std::to_string(w.in) + "]");
 }
@@ -183,6 +199,7 @@ void grouped_for(const X* x, int x_row_div, const StackedExperts& m, const Exper
     case Kind::bf16: return launch_grouped<Kind::bf16>(x, x_row_div, m, groups, max_active, y, stream);
     case Kind::f32: return launch_grouped<Kind::f32>(x, x_row_div, m, groups, max_active, y, stream);
     case Kind::int4: return launch_grouped<Kind::int4>(x, x_row_div, m, groups, max_active, y, stream);
+    case Kind::int4_pairs: return launch_grouped<Kind::int4_pairs>(x, x_row_div, m, groups, max_active, y, stream);
   }
 }
 

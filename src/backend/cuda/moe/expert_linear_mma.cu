@@ -22,6 +22,13 @@
 // power of two: exact (a code has two significant bits), so the products the MMA
 // accumulates in fp32 are the CPU's code * scale * x products; only the summation order
 // differs. Weights are read once per token tile: once per step at decode batch sizes.
+//
+// INT4 (kInt4, Kind::int4_pairs: words re-laid at load, int4_pairs.h): the same loads of the
+// same bytes (a word of eight u4 is four bytes of E2M1 codes), the rows' bf16 scales of a
+// slice as one 32-bit word, x at the k thread t's re-laid words hold (8t .. 8t + 7, then
+// 32 + 8t .. 32 + 8t + 7); each group's two MMA steps sum x * q into zeroed fragments, which
+// are scaled in fp32 and added (mxfp4_rows.cuh, namespace int4): the CPU's weights q * scale
+// exactly, only the summation order differs.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -47,25 +54,32 @@ constexpr int kSlice = 64;  // k per warp iteration: two MXFP4 scale groups
 template <int kFrags>
 struct SliceLoads {
   uint2 code_a, code_b;
-  uint8_t scale_a, scale_b;
+  uint32_t scale_a, scale_b;  // MXFP4: the E8M0 byte; INT4: the slice's two bf16 scales
   uint4 x[kFrags][2];
 };
 
-template <int kFrags>
+template <bool kInt4, int kFrags>
 __device__ __forceinline__ void load_slice(SliceLoads<kFrags>& L, const uint8_t* codes_a, const uint8_t* codes_b,
                                            const uint8_t* scales_a, const uint8_t* scales_b, const bf16* const* x_rows,
                                            int n_frags, int k0, int t) {
   L.code_a = __ldg(reinterpret_cast<const uint2*>(codes_a + k0 / 2 + 8 * t));
   L.code_b = __ldg(reinterpret_cast<const uint2*>(codes_b + k0 / 2 + 8 * t));
-  // k 16t .. 16t + 15 lies in scale group k0 / 32 + t / 2.
-  L.scale_a = __ldg(scales_a + k0 / 32 + t / 2);
-  L.scale_b = __ldg(scales_b + k0 / 32 + t / 2);
+  if constexpr (kInt4) {
+    // Groups k0 / 32 and k0 / 32 + 1: bf16 scales, bytes 2 k0 / 32 .. + 3 of the row.
+    L.scale_a = __ldg(reinterpret_cast<const uint32_t*>(scales_a + k0 / 16));
+    L.scale_b = __ldg(reinterpret_cast<const uint32_t*>(scales_b + k0 / 16));
+  } else {
+    // k 16t .. 16t + 15 lies in scale group k0 / 32 + t / 2.
+    L.scale_a = __ldg(scales_a + k0 / 32 + t / 2);
+    L.scale_b = __ldg(scales_b + k0 / 32 + t / 2);
+  }
+  // INT4: thread t's k are 8t .. 8t + 7 and 32 + 8t .. 32 + 8t + 7 (int4_pairs.h).
+  const int x0 = kInt4 ? 8 * t : 16 * t, x1 = kInt4 ? 32 + 8 * t : 16 * t + 8;
 #pragma unroll
   for (int f = 0; f < kFrags; ++f) {
     if (f < n_frags && x_rows[f] != nullptr) {
-      const uint4* p = reinterpret_cast<const uint4*>(x_rows[f] + k0 + 16 * t);
-      L.x[f][0] = __ldg(p);
-      L.x[f][1] = __ldg(p + 1);
+      L.x[f][0] = __ldg(reinterpret_cast<const uint4*>(x_rows[f] + k0 + x0));
+      L.x[f][1] = __ldg(reinterpret_cast<const uint4*>(x_rows[f] + k0 + x1));
     } else {
       L.x[f][0] = L.x[f][1] = make_uint4(0, 0, 0, 0);
     }
@@ -95,8 +109,43 @@ __device__ __forceinline__ void slice_mmas(const SliceLoads<kFrags>& cur, int n_
   }
 }
 
-// grid (active experts bound, out / 16), kWarps * 32 threads.
+// The INT4 twin of slice_mmas: step s takes group s / 2 (word s / 2 of the thread's two), half
+// s % 2, x words 2s and 2s + 1 as there; each group's sums are scaled into acc in fp32.
 template <int kFrags>
+__device__ __forceinline__ void slice_mmas_int4(const SliceLoads<kFrags>& cur, int n_frags, float acc[kFrags][4]) {
+  const uint32_t wa[2] = {cur.code_a.x, cur.code_a.y}, wb[2] = {cur.code_b.x, cur.code_b.y};
+  const float sa[2] = {int4::scale_lo(cur.scale_a), int4::scale_hi(cur.scale_a)};
+  const float sb[2] = {int4::scale_lo(cur.scale_b), int4::scale_hi(cur.scale_b)};
+#pragma unroll
+  for (int G = 0; G < 2; ++G) {
+    float part[kFrags][4];
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) part[f][0] = part[f][1] = part[f][2] = part[f][3] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t a[4];
+      if (h == 0)
+        int4::a_operands<0>(wa[G], wb[G], a);
+      else
+        int4::a_operands<1>(wa[G], wb[G], a);
+#pragma unroll
+      for (int f = 0; f < kFrags; ++f) {
+        if (f >= n_frags) break;  // uniform over the warp
+        const uint4 xv = cur.x[f][G];
+        const uint32_t b0 = h == 0 ? xv.x : xv.z, b1 = h == 0 ? xv.y : xv.w;
+        mma_m16n8k16_bf16(part[f], a[0], a[1], a[2], a[3], b0, b1);
+      }
+    }
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) {
+      if (f >= n_frags) break;
+      int4::add_scaled(part[f], sa[G], sb[G], acc[f]);
+    }
+  }
+}
+
+// grid (active experts bound, out / 16), kWarps * 32 threads.
+template <bool kInt4, int kFrags>
 __global__ void __launch_bounds__(kWarps * 32)
     grouped_mxfp4_mma_kernel(const bf16* __restrict__ x, int x_row_div, StackedExperts m, ExpertGroups g,
                              float* __restrict__ y) {
@@ -111,8 +160,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint8_t* codes = static_cast<const uint8_t*>(m.w);
   const uint8_t* codes_a = codes + row_a * (in / 2);
   const uint8_t* codes_b = codes + row_b * (in / 2);
-  const uint8_t* scales_a = m.scales + row_a * (in / 32);
-  const uint8_t* scales_b = m.scales + row_b * (in / 32);
+  const int scale_bytes = kInt4 ? in / 16 : in / 32;  // a row's: bf16 or E8M0 scales
+  const uint8_t* scales_a = m.scales + row_a * scale_bytes;
+  const uint8_t* scales_b = m.scales + row_b * scale_bytes;
   const int n_slices = in / kSlice;
 
   constexpr int kTokens = 8 * kFrags;
@@ -137,14 +187,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int f = 0; f < kFrags; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
 
     SliceLoads<kFrags> next;
-    if (warp < n_slices) load_slice(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, warp * kSlice, t);
+    if (warp < n_slices) load_slice<kInt4>(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, warp * kSlice, t);
     for (int sl = warp; sl < n_slices; sl += kWarps) {
       const SliceLoads<kFrags> cur = next;
       if (sl + kWarps < n_slices)
-        load_slice(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, (sl + kWarps) * kSlice, t);
+        load_slice<kInt4>(next, codes_a, codes_b, scales_a, scales_b, x_rows, n_frags, (sl + kWarps) * kSlice, t);
       // Scales past 128 (values beyond 12) take the two-multiply path, decided per slice
       // for the warp.
-      if (__any_sync(0xffffffffu, cur.scale_a > 128 || cur.scale_b > 128))
+      if constexpr (kInt4)
+        slice_mmas_int4(cur, n_frags, acc);
+      else if (__any_sync(0xffffffffu, cur.scale_a > 128 || cur.scale_b > 128))
         slice_mmas<true>(cur, n_frags, acc);
       else
         slice_mmas<false>(cur, n_frags, acc);
@@ -181,16 +233,21 @@ __global__ void __launch_bounds__(kWarps * 32)
 }  // namespace
 
 bool grouped_mxfp4_mma_supported(const StackedExperts& m, bool x_bf16) {
-  return x_bf16 && m.kind == StackedExperts::Kind::mxfp4 && m.in % kSlice == 0 && m.out % kRows == 0;
+  return x_bf16 && (m.kind == StackedExperts::Kind::mxfp4 || m.kind == StackedExperts::Kind::int4_pairs) &&
+         m.in % kSlice == 0 && m.out % kRows == 0;
 }
 
 void grouped_mxfp4_mma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
                        int max_active, int n_tokens, float* y, cudaStream_t stream) {
   const dim3 grid(max_active, m.out / kRows);
   // An expert gets at most n_tokens slots (a token picks an expert once).
-  if (n_tokens <= 8) grouped_mxfp4_mma_kernel<1><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
-  else if (n_tokens <= 256) grouped_mxfp4_mma_kernel<2><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
-  else grouped_mxfp4_mma_kernel<4><<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
+  const int frags = n_tokens <= 8 ? 1 : (n_tokens <= 256 ? 2 : 4);
+  const bool int4 = m.kind == StackedExperts::Kind::int4_pairs;
+  auto* kernel = int4 ? (frags == 1 ? grouped_mxfp4_mma_kernel<true, 1>
+                                    : (frags == 2 ? grouped_mxfp4_mma_kernel<true, 2> : grouped_mxfp4_mma_kernel<true, 4>))
+                      : (frags == 1 ? grouped_mxfp4_mma_kernel<false, 1>
+                                    : (frags == 2 ? grouped_mxfp4_mma_kernel<false, 2> : grouped_mxfp4_mma_kernel<false, 4>));
+  kernel<<<grid, kWarps * 32, 0, stream>>>(x, x_row_div, m, groups, y);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -48,6 +48,13 @@
 // thread's next slice of x is loaded while it works on the current one. Whether any scale
 // needs the two-step multiply (mxfp4_rows.cuh) is decided once for the block, from the
 // copied scales: all of them, the tail's too, come with the tile.
+//
+// INT4 (kInt4, Kind::int4_pairs: the words re-laid at load, int4_pairs.h): the same tiles
+// and loads - a word of eight u4 is the size of four bytes of E2M1 codes, so rows, slices
+// and bulk copies are the same bytes - with bf16 scales (two bytes a group, so a row's
+// scales are in / 16 bytes) and x read at the k the re-laid words hold (k 8t .. 8t + 7 and
+// 32 + 8t .. 32 + 8t + 7 of a slice). Each group's sums are scaled in fp32 after its MMAs
+// (mxfp4_rows.cuh, int4::mma_int4_words); no two-step case.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -88,27 +95,59 @@ constexpr int kBlocksPerSm = 4;
 __host__ __device__ constexpr int tail_slices(int n_slices) { return n_slices < kWarps ? n_slices : kWarps; }
 __host__ __device__ constexpr int copied_slices(int n_slices) { return n_slices - tail_slices(n_slices); }
 __host__ __device__ constexpr int copied_code_bytes(int in) { return copied_slices(in / kSlice) * (kSlice / 2); }
+// Scale bytes of one row: E8M0 one byte a group of 32, INT4's bf16 two.
+__host__ __device__ constexpr int row_scale_bytes(int in, bool int4) { return int4 ? in / 16 : in / 32; }
 
 // Shared memory of one block: [mbarrier][32 code rows: the copied slices, each row padded by
 // kRowPad][32 x in / 32 scales], and afterwards, over the rows, warps 1..7's partial tiles.
 constexpr size_t kPartialBytes = (kWarps - 1) * kTiles * 4 * 32 * sizeof(float);
-size_t tile_smem_bytes(int in) {
-  const size_t tile = static_cast<size_t>(kRows) * (copied_code_bytes(in) + kRowPad) + static_cast<size_t>(kRows) * (in / 32);
+size_t tile_smem_bytes(int in, bool int4) {
+  const size_t tile = static_cast<size_t>(kRows) * (copied_code_bytes(in) + kRowPad) +
+                      static_cast<size_t>(kRows) * row_scale_bytes(in, int4);
   return kBarrierBytes + (tile > kPartialBytes ? tile : kPartialBytes);
 }
 
-// x[16t .. 16t + 15] of slice sl of token row xr.
+// x[16t .. 16t + 15] of slice sl of token row xr (MXFP4); INT4: x[8t .. 8t + 7] and
+// x[32 + 8t .. 32 + 8t + 7], the k of thread t's re-laid words (int4_pairs.h).
+template <bool kInt4>
 __device__ __forceinline__ void load_x(const bf16* xr, int sl, int t, uint4 v[2]) {
-  const uint4* p = reinterpret_cast<const uint4*>(xr + sl * kSlice + 16 * t);
-  v[0] = __ldg(p);
-  v[1] = __ldg(p + 1);
+  if constexpr (kInt4) {
+    v[0] = __ldg(reinterpret_cast<const uint4*>(xr + sl * kSlice + 8 * t));
+    v[1] = __ldg(reinterpret_cast<const uint4*>(xr + sl * kSlice + 32 + 8 * t));
+  } else {
+    const uint4* p = reinterpret_cast<const uint4*>(xr + sl * kSlice + 16 * t);
+    v[0] = __ldg(p);
+    v[1] = __ldg(p + 1);
+  }
+}
+
+// The weights' kind in the kernels' templates: MXFP4 with the one- or two-step scale
+// multiply, or re-laid INT4.
+enum class Mode { mxfp4, mxfp4_two_step, int4 };
+
+// One slice's MMAs for rows ra, rb of a tile: their code words ca, cb, and their scales from
+// `scales` (rows of scale_bytes, in shared memory).
+template <Mode kMode>
+__device__ __forceinline__ void slice_mma(uint2 ca, uint2 cb, const uint8_t* scales, int scale_bytes, int ra, int rb,
+                                          int sl, int t, const uint32_t xw[8], float acc[4]) {
+  if constexpr (kMode == Mode::int4) {
+    // Groups 2 sl and 2 sl + 1 of each row: one 32-bit word of two bf16 scales.
+    const uint32_t sa = *reinterpret_cast<const uint32_t*>(scales + ra * scale_bytes + 4 * sl);
+    const uint32_t sb = *reinterpret_cast<const uint32_t*>(scales + rb * scale_bytes + 4 * sl);
+    int4::mma_int4_words(ca, cb, sa, sb, xw, acc);
+  } else {
+    // k 16t .. 16t + 15 of the slice lie in scale group 2 sl + t / 2.
+    const uint32_t sa = scales[ra * scale_bytes + 2 * sl + t / 2];
+    const uint32_t sb = scales[rb * scale_bytes + 2 * sl + t / 2];
+    mxfp4::mma_mxfp4_codes<kMode == Mode::mxfp4_two_step>(ca, cb, sa, sb, xw, acc);
+  }
 }
 
 // Warp w's copied slices w, w + kWarps, ... (< n_copied) of the tile in shared memory, into
 // acc[m16 tile]. x_next holds the first one's x; each slice asks for the next one's, and the
 // last for slice `then`'s (the warp's tail slice; -1: none). (Two slices ahead was measured
 // too: no faster at 1-8 tokens.)
-template <bool kTwoStep>
+template <Mode kMode>
 __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, const uint8_t* scales, int scale_bytes,
                                             const bf16* xr, int n_copied, int then, int warp, int gid, int t,
                                             uint4 x_next[2], float acc[kTiles][4]) {
@@ -116,17 +155,14 @@ __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, co
     const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
                             x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
     const int next = sl + kWarps < n_copied ? sl + kWarps : then;
-    if (next >= 0) load_x(xr, next, t, x_next);
+    if (next >= 0) load_x<kMode == Mode::int4>(xr, next, t, x_next);
 #pragma unroll
     for (int tt = 0; tt < kTiles; ++tt) {
       const int ra = 16 * tt + gid, rb = ra + 8;
       // Thread t's codes: bytes 8t .. 8t + 7 of the slice's 32 in rows ra and rb.
       const uint2 ca = *reinterpret_cast<const uint2*>(codes + ra * stride + sl * (kSlice / 2) + 8 * t);
       const uint2 cb = *reinterpret_cast<const uint2*>(codes + rb * stride + sl * (kSlice / 2) + 8 * t);
-      // k 16t .. 16t + 15 of the slice lie in scale group 2 sl + t / 2.
-      const uint32_t sa = scales[ra * scale_bytes + 2 * sl + t / 2];
-      const uint32_t sb = scales[rb * scale_bytes + 2 * sl + t / 2];
-      mxfp4::mma_mxfp4_codes<kTwoStep>(ca, cb, sa, sb, xw, acc[tt]);
+      slice_mma<kMode>(ca, cb, scales, scale_bytes, ra, rb, sl, t, xw, acc[tt]);
     }
   }
 }
@@ -143,7 +179,7 @@ struct Jobs {
   ActivationParams act;
 };
 
-template <bool kGated>
+template <bool kGated, bool kInt4>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     grouped_mxfp4_tile_kernel(const bf16* __restrict__ x, int x_row_div, Jobs jobs, ExpertGroups g) {
   extern __shared__ uint4 smem[];
@@ -164,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const StackedExperts& m = jobs.gate;
   const int e = __ldcg(g.active + blockIdx.x);
   const int begin = __ldcg(g.offsets + e), n_slots = __ldcg(g.offsets + e + 1) - begin;  // <= kMaxTokens
-  const int in = m.in, out = m.out, code_bytes = in / 2, scale_bytes = in / 32, n_slices = in / kSlice;
+  const int in = m.in, out = m.out, code_bytes = in / 2, scale_bytes = row_scale_bytes(in, kInt4), n_slices = in / kSlice;
   const int n_copied = copied_slices(n_slices), copied = copied_code_bytes(in), stride = copied + kRowPad;
   const int tail = n_copied + warp;  // this warp's tail slice, when warp < tail_slices(n_slices)
   constexpr int kBlockRows = kGated ? 16 : kRows;  // output rows of each matrix
@@ -206,23 +242,29 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   float acc[kTiles][4] = {};
   uint4 x_next[2];
   const bool has_tail = warp < tail_slices(n_slices);
-  if (warp < n_copied) load_x(xr, warp, t, x_next);
-  else if (has_tail) load_x(xr, tail, t, x_next);
+  if (warp < n_copied) load_x<kInt4>(xr, warp, t, x_next);
+  else if (has_tail) load_x<kInt4>(xr, tail, t, x_next);
   mbar_wait(bar, 0);
   // Scales past 128 (values beyond 12) take the two-multiply path, decided once for the tile.
   // Four scales a word: a byte is > 128 when its top bit is set and its low seven are not 0.
+  // (INT4's bf16 scales are applied in fp32: no such case.)
   int big_scale = 0;
-  const uint32_t* scale_words = reinterpret_cast<const uint32_t*>(scales);
-  for (int i = tid; i < kRows * scale_bytes / 4; i += kThreads) {
-    const uint32_t w = scale_words[i];
-    big_scale |= (w & ((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u) != 0;
+  if constexpr (!kInt4) {
+    const uint32_t* scale_words = reinterpret_cast<const uint32_t*>(scales);
+    for (int i = tid; i < kRows * scale_bytes / 4; i += kThreads) {
+      const uint32_t w = scale_words[i];
+      big_scale |= (w & ((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u) != 0;
+    }
   }
   const bool two_step = __syncthreads_or(big_scale);
   const int then = has_tail ? tail : -1;
-  if (two_step)
-    tile_slices<true>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
+  if constexpr (kInt4)
+    tile_slices<Mode::int4>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
+  else if (two_step)
+    tile_slices<Mode::mxfp4_two_step>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next,
+                                      acc);
   else
-    tile_slices<false>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
+    tile_slices<Mode::mxfp4>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
   // The tail: slice `tail`'s codes from global memory (its scales came with the tile).
   if (has_tail) {
     const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
@@ -238,9 +280,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         int64_t at;
         tile_row(r, w, unused, at);
         c[tt][hh] = __ldg(reinterpret_cast<const uint2*>(w + at * code_bytes + tail * (kSlice / 2) + 8 * t));
-        sc[tt][hh] = scales[r * scale_bytes + 2 * tail + t / 2];
+        if constexpr (kInt4) sc[tt][hh] = *reinterpret_cast<const uint32_t*>(scales + r * scale_bytes + 4 * tail);
+        else sc[tt][hh] = scales[r * scale_bytes + 2 * tail + t / 2];
       }
-    if (two_step) {
+    if constexpr (kInt4) {
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt) int4::mma_int4_words(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
+    } else if (two_step) {
 #pragma unroll
       for (int tt = 0; tt < kTiles; ++tt)
         mxfp4::mma_mxfp4_codes<true>(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
@@ -290,8 +336,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x) {
   // Alignment: bulk copies need 16-byte ends (rows of in / 2 bytes, tiles of 32 x in / 32
   // scales), x rows 16-byte loads. The tile has to fit in shared memory (in <= ~12k).
-  return x_bf16 && m.kind == StackedExperts::Kind::mxfp4 && n_tokens >= 1 && n_tokens <= kMaxTokens &&
-         m.in % kSlice == 0 && m.out % kRows == 0 && tile_smem_bytes(m.in) <= 100 * 1024 &&
+  const bool int4 = m.kind == StackedExperts::Kind::int4_pairs;
+  return x_bf16 && (m.kind == StackedExperts::Kind::mxfp4 || int4) && n_tokens >= 1 && n_tokens <= kMaxTokens &&
+         m.in % kSlice == 0 && m.out % kRows == 0 && tile_smem_bytes(m.in, int4) <= 100 * 1024 &&
          reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && reinterpret_cast<uintptr_t>(m.scales) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
@@ -301,27 +348,30 @@ void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m,
   Jobs jobs;
   jobs.gate = m;
   jobs.y = y;
-  const size_t smem = tile_smem_bytes(m.in);
-  allow_dynamic_smem(grouped_mxfp4_tile_kernel<false>, smem, /*all_shared=*/true);  // kBlocksPerSm
+  const bool int4 = m.kind == StackedExperts::Kind::int4_pairs;
+  const size_t smem = tile_smem_bytes(m.in, int4);
+  auto* kernel = int4 ? grouped_mxfp4_tile_kernel<false, true> : grouped_mxfp4_tile_kernel<false, false>;
+  allow_dynamic_smem(kernel, smem, /*all_shared=*/true);  // kBlocksPerSm
   const dim3 grid(max_active, m.out / kRows);
   if (overlap_previous) {
-    launch_overlapping(grouped_mxfp4_tile_kernel<false>, grid, kThreads, smem, stream, x, x_row_div, jobs, groups);
+    launch_overlapping(kernel, grid, kThreads, smem, stream, x, x_row_div, jobs, groups);
     return;
   }
-  grouped_mxfp4_tile_kernel<false><<<grid, kThreads, smem, stream>>>(x, x_row_div, jobs, groups);
+  kernel<<<grid, kThreads, smem, stream>>>(x, x_row_div, jobs, groups);
   CUDA_CHECK_LAUNCH();
 }
 
 bool grouped_mxfp4_stream_gated_supported(const StackedExperts& gate, const StackedExperts& up, bool x_bf16,
                                           int n_tokens, const void* x) {
   return grouped_mxfp4_stream_supported(gate, x_bf16, n_tokens, x) &&
-         grouped_mxfp4_stream_supported(up, x_bf16, n_tokens, x) && gate.out == up.out && gate.in == up.in;
+         grouped_mxfp4_stream_supported(up, x_bf16, n_tokens, x) && gate.out == up.out && gate.in == up.in &&
+         gate.kind == up.kind;
 }
 
 void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExperts& gate, const StackedExperts& up,
                                 const ActivationParams& act, const ExpertGroups& groups, int max_active, bf16* h,
                                 cudaStream_t stream) {
-  if (up.out != gate.out || up.in != gate.in)
+  if (up.out != gate.out || up.in != gate.in || up.kind != gate.kind)
     throw CudaError("grouped_mxfp4_stream_gated: two shapes, [" + std::to_string(gate.out) + ", " +
                     std::to_string(gate.in) + "] and [" + std::to_string(up.out) + ", " + std::to_string(up.in) + "]");
   Jobs jobs;
@@ -329,10 +379,11 @@ void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExper
   jobs.up = up;
   jobs.h = h;
   jobs.act = act;
-  const size_t smem = tile_smem_bytes(gate.in);
-  allow_dynamic_smem(grouped_mxfp4_tile_kernel<true>, smem, /*all_shared=*/true);  // kBlocksPerSm
-  launch_overlapping(grouped_mxfp4_tile_kernel<true>, dim3(max_active, gate.out / 16), kThreads, smem, stream, x,
-                     x_row_div, jobs, groups);
+  const bool int4 = gate.kind == StackedExperts::Kind::int4_pairs;
+  const size_t smem = tile_smem_bytes(gate.in, int4);
+  auto* kernel = int4 ? grouped_mxfp4_tile_kernel<true, true> : grouped_mxfp4_tile_kernel<true, false>;
+  allow_dynamic_smem(kernel, smem, /*all_shared=*/true);  // kBlocksPerSm
+  launch_overlapping(kernel, dim3(max_active, gate.out / 16), kThreads, smem, stream, x, x_row_div, jobs, groups);
 }
 
 }  // namespace moonrun::cuda

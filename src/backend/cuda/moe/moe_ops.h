@@ -22,10 +22,11 @@ void router_topk(const float* logits, const float* bias, int n_tokens, const Rou
 // [e * out, (e + 1) * out) (backend/tensor.h ExpertMatrices). MXFP4: `w` the E2M1 codes
 // [E * out, in/2], `scales` E8M0 [E * out, in/32]; INT4 (compressed-tensors pack-quantized,
 // backend/cpu/int4.h): `w` the u32 words [E * out, in/8], `scales` the bytes of the bf16
-// scales [E * out, in/32] (kept as bytes so the MXFP4 kernels' field serves both); dense: `w`
-// bf16 or fp32 [E * out, in].
+// scales [E * out, in/32] (kept as bytes so the MXFP4 kernels' field serves both); int4_pairs:
+// the same words re-laid at load for the fast kernels (int4_pairs.h, repack_int4_words; in %
+// 64 == 0), same scales; dense: `w` bf16 or fp32 [E * out, in].
 struct StackedExperts {
-  enum class Kind { mxfp4, int4, bf16, f32 };
+  enum class Kind { mxfp4, int4, int4_pairs, bf16, f32 };
   const void* w = nullptr;
   const uint8_t* scales = nullptr;
   Kind kind = Kind::mxfp4;
@@ -56,7 +57,8 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
 // The tensor-core paths of grouped_expert_linear, which takes the first that applies.
 // Decode batches (expert_linear_stream.cu): bf16 x, MXFP4 weights, at most 8 tokens, in % 64
 // == 0, out % 32 == 0, each block's 32-row tile bulk-copied into shared memory. Otherwise
-// (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Exposed so the
+// (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Both take
+// re-laid INT4 (Kind::int4_pairs) where they take MXFP4, with the same shapes. Exposed so the
 // op tests can hold the kernels against each other.
 // overlap_previous: launched to overlap the kernel before it (common/overlap_launch.cuh),
 // which the caller may ask for only when `groups` was written before that kernel and that
@@ -93,5 +95,8 @@ void combine_experts(const float* expert_out, const float* weights, const int32_
 // Rewrites MXFP4 codes (bytes, whole 32-bit words) in place into the pair-ready layout every
 // MXFP4 kernel here reads (mxfp4_pairs.h). Once per matrix, after its upload.
 void repack_mxfp4_codes(void* codes, size_t bytes, cudaStream_t stream);
+// Rewrites INT4 words [rows, in/8] (in % 64 == 0: whole 64-wide slices) in place into the
+// layout of Kind::int4_pairs (int4_pairs.h). Once per matrix, after its upload.
+void repack_int4_words(void* words, size_t bytes, cudaStream_t stream);
 
 }  // namespace moonrun::cuda
