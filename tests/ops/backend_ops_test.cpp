@@ -523,6 +523,85 @@ TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
   }
 }
 
+// K3.1's DSA ops (issue 38) on the mixed batch (70 new tokens from position 0, one decode
+// token after 37, five after 12; pages out of order): the indexer-key store, the index
+// scores, the top-k (on the CPU's scores, so both select from the same values; once more
+// over scores on a coarse grid, where equal scores must keep the lower position) and MLA
+// over the selection. Indexer shapes: a tiny one and K3.1-Pro's 32 heads x 128.
+TEST_P(BackendOps, DsaOpsOnAMixedBatch) {
+  setenv("MOONRUN_DSA_CUDA", "1", 1);  // the kernels are off by default until checked here
+  Backends& B = b();
+  MixedBatch mb;
+  const int T = mb.n_tokens(), P = MixedBatch::kPages * MixedBatch::kPageSize, C = 70, K = 16;
+  const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
+  for (const DsaIndexerShape ish : {DsaIndexerShape{4, 32}, DsaIndexerShape{32, 128}}) {
+    const int H = ish.num_heads, D = ish.head_dim;
+    const std::string tag = std::to_string(H) + "x" + std::to_string(D);
+    // The key pool: F32 on both backends, past positions already written.
+    Pair pool = put(B, normal(static_cast<size_t>(P) * D, 60), P, D);
+    const KvLayer kc{pool.c.data, DType::F32, MixedBatch::kPageSize, D};
+    const KvLayer kg{pool.g.data, DType::F32, MixedBatch::kPageSize, D};
+    Pair k = put(B, normal(T * D, 61, 2.0f), T, D);
+    Pair nw = put(B, optest::random_uniform(D, 62, 0.7f, 1.3f), 1, D);
+    Pair nb = put(B, normal(D, 63, 0.1f), 1, D);
+    B.cpu.dsa_index_store(k.c, nw.c, nb.c, 1e-6f, vc, kc);
+    B.gpu->dsa_index_store(k.g, nw.g, nb.g, 1e-6f, vg, kg);
+    expect_close(std::string("dsa_index_store_") + B.mode(), tag, err(B, pool), 2e-6);
+
+    Pair q = put(B, normal(T * H * D, 64), T, H * D);
+    Pair w = put(B, normal(T * H, 65), T, H);
+    Pair sc = out(B, T, C);
+    B.cpu.dsa_index_scores(q.c, w.c, vc, kc, ish, sc.c);
+    B.gpu->dsa_index_scores(q.g, w.g, vg, kg, ish, sc.g);
+    {
+      // -inf past each token's position on both; the finite scores to fp32 rounding.
+      std::vector<float> got = testing::download(*B.gpu, sc.g), want = testing::download(B.cpu, sc.c);
+      size_t masks_differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        masks_differ += std::isinf(got[i]) != std::isinf(want[i]);
+        if (std::isinf(got[i])) got[i] = 0;
+        if (std::isinf(want[i])) want[i] = 0;
+      }
+      EXPECT_EQ(masks_differ, 0u) << tag;
+      expect_close(std::string("dsa_index_scores_") + B.mode(), tag, optest::normalised_error(got, want), 1e-5);
+    }
+
+    // The top-k of the same scores on both, then of scores with many ties.
+    const std::vector<float> cpu_scores = testing::download(B.cpu, sc.c);
+    std::vector<float> coarse = cpu_scores;
+    for (float& v : coarse)
+      if (!std::isinf(v)) v = std::floor(v * 0.5f);
+    for (const auto& [name, values] : {std::pair{std::string("random"), cpu_scores}, std::pair{std::string("ties"), coarse}}) {
+      Pair s2 = put(B, values, T, C);
+      Pair sel = out(B, T, K, DType::I32);
+      B.cpu.dsa_topk(s2.c, vc, sel.c);
+      B.gpu->dsa_topk(s2.g, vg, sel.g);
+      expect_exact(std::string("dsa_topk_") + B.mode(), name + "_" + tag, testing::download(*B.gpu, sel.g),
+                   testing::download(B.cpu, sel.c));
+    }
+
+    // MLA over the CPU's selection, on both.
+    const MlaShape shp{H <= 4 ? 4 : 16, 512, 128, 64, 128};
+    const int row = shp.row_width();
+    Pair sel = out(B, T, K, DType::I32);
+    B.cpu.dsa_topk(sc.c, vc, sel.c);
+    std::vector<float> sel_f = testing::download(B.cpu, sel.c);
+    std::vector<int32_t> sel_i(sel_f.begin(), sel_f.end());
+    Pair sel_both = put_i32(B, sel_i, T, K);
+    Pair cache = put(B, normal(static_cast<size_t>(P) * row, 66), P, row, act());
+    const KvLayer lc{cache.c.data, DType::F32, MixedBatch::kPageSize, row};
+    const KvLayer lg{cache.g.data, act(), MixedBatch::kPageSize, row};
+    Pair mq = put(B, normal(T * shp.num_heads * (shp.nope + shp.rope), 67), T, shp.num_heads * (shp.nope + shp.rope));
+    MatrixPair kv_b = put_matrix(B, normal(shp.num_heads * (shp.nope + shp.v_dim) * shp.kv_lora, 68, 0.2f),
+                                 shp.num_heads * (shp.nope + shp.v_dim), shp.kv_lora);
+    Pair o = out(B, T, shp.num_heads * shp.v_dim);
+    B.cpu.mla_sparse_attention(mq.c, kv_b.c, vc, lc, shp, MlaMode::kAuto, sel_both.c, o.c);
+    B.gpu->mla_sparse_attention(mq.g, kv_b.g, vg, lg, shp, MlaMode::kAuto, sel_both.g, o.g);
+    expect_close(std::string("mla_sparse_attention_") + B.mode(), "top16_" + std::to_string(shp.num_heads) + "heads",
+                 err(B, o), B.tol(2e-2));
+  }
+}
+
 // A chunk over a long cached prefix: plain-mode MLA walks the prefix in blocks of keys
 // (ops.h: mla_prefill_key_block), so a chunk after 9,000 cached positions takes two prefix
 // blocks (8,192 + 808 keys) and then its own keys, merged by log-sum-exp; in bf16 at K3's

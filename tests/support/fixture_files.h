@@ -31,11 +31,12 @@ inline std::vector<std::string> fixture_names() {
   return names;
 }
 
-// The fixtures the CUDA backend runs: every one.
+// The fixtures the CUDA backend runs: every one but K3.1's (k31-*): its DSA kernels (indexer
+// scores, top-k, sparse MLA) stay behind MOONRUN_DSA_CUDA until they pass on a GPU (issue 38).
 inline std::vector<std::string> cuda_fixture_names() {
   std::vector<std::string> names;
   for (std::string& n : fixture_names())
-    names.push_back(std::move(n));
+    if (n.rfind("k31-", 0) != 0) names.push_back(std::move(n));
   return names;
 }
 

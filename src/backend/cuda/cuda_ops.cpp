@@ -21,6 +21,7 @@
 #include "backend/cuda/dense/dense_ops.h"
 #include "backend/cuda/gemm/blas.h"
 #include "backend/cuda/kda/kda_ops.h"
+#include "backend/cuda/mla/dsa_ops.h"
 #include "backend/cuda/mla/mla_ops.h"
 #include "backend/cuda/moe/moe_ops.h"
 #include "backend/cuda/sample/sample_ops.h"
@@ -454,6 +455,68 @@ class CudaOps final : public Ops {
         k0 = k1;
       }
     }
+  }
+
+  // ---- DSA (K3.1's full-attention layers; issue 38) --------------------------------------
+  // Reference kernels first (cuda/mla/dsa_ops.cu): fp32, the indexer-key pool F32 as on the
+  // CPU, and the attention over the selection absorbed (the cache rows are keys and values),
+  // whatever `mode` asks: prefill reads at most index_topk rows a query, like a decode.
+  // Off until DsaOpsOnAMixedBatch and the K3.1 fixtures have passed on a GPU: they were
+  // written when no device could be had (issue 38's note), so by default the DSA ops still
+  // refuse, as before, rather than run unchecked; MOONRUN_DSA_CUDA=1 runs them.
+  static void require_dsa_cuda(const char* op) {
+    const char* env = std::getenv("MOONRUN_DSA_CUDA");
+    if (env == nullptr || std::strcmp(env, "1") != 0)
+      throw BackendError(std::string(op) + ": the CUDA DSA kernels are not yet checked on a GPU; MOONRUN_DSA_CUDA=1 "
+                         "runs them (issue 38), --device cpu runs K3.1 today");
+  }
+  void dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps, const BatchView& batch,
+                       KvLayer cache) override {
+    require_dsa_cuda("dsa_index_store");
+    const int D = static_cast<int>(k.cols);
+    check(cache.dtype == DType::F32 && cache.row_width == D, "dsa_index_store: an F32 pool of rows of " + std::to_string(D));
+    check(norm_w.numel() == D && norm_b.numel() == D && k.rows == batch.n_tokens(), "dsa_index_store shapes");
+    cuda::dsa_index_store(k.as<float>(), static_cast<int>(k.rows), D, norm_w.as<float>(), norm_b.as<float>(), eps,
+                          tables(batch), cache, stream_);
+  }
+  void dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
+                        const DsaIndexerShape& shp, Tensor scores) override {
+    require_dsa_cuda("dsa_index_scores");
+    const int H = shp.num_heads, D = shp.head_dim;
+    check(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && q.rows == batch.n_tokens() &&
+              weights.rows == q.rows && scores.rows == q.rows,
+          "dsa_index_scores shapes");
+    check(cache.dtype == DType::F32 && cache.row_width == D, "dsa_index_scores: an F32 pool of rows of " + std::to_string(D));
+    for (const BatchSeq& s : batch.host->seqs)
+      check(s.n_past + s.n_new <= scores.cols, "dsa_index_scores: scores narrower than a sequence's positions");
+    cuda::dsa_index_scores(q.as<float>(), weights.as<float>(), static_cast<int>(q.rows), H, D, shp.weight_scale(),
+                           tables(batch), cache, scores.as<float>(), scores.cols, stream_);
+  }
+  void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) override {
+    require_dsa_cuda("dsa_topk");
+    check(indices.dtype == DType::I32 && indices.rows == batch.n_tokens() && scores.rows == indices.rows &&
+              indices.cols > 0,
+          "dsa_topk shapes");
+    cuda::dsa_topk(scores.as<float>(), static_cast<int>(scores.rows), scores.cols, tables(batch),
+                   static_cast<int>(indices.cols), indices.as<int32_t>(), stream_);
+  }
+  void mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
+                            const MlaShape& shp, MlaMode, const Tensor& indices, Tensor o) override {
+    require_dsa_cuda("mla_sparse_attention");
+    const int H = shp.num_heads, T = static_cast<int>(q.rows);
+    check(q.cols == static_cast<int64_t>(H) * (shp.nope + shp.rope) && o.cols == static_cast<int64_t>(H) * shp.v_dim,
+          "mla_sparse_attention: q " + shape(q) + ", o " + shape(o));
+    check(kv_b.out == H * (shp.nope + shp.v_dim) && kv_b.in == shp.kv_lora && kv_b.kind() == WeightFormat::dense,
+          "mla_sparse_attention: kv_b");
+    check(indices.dtype == DType::I32 && indices.rows == q.rows && indices.cols > 0, "mla_sparse_attention: indices");
+    const KvB kvb{kv_b.w.data, kv_b.w.dtype == DType::BF16};
+    ScratchScope scope(*this);
+    Tensor q_abs = scratch(T, static_cast<int64_t>(H) * shp.row_width(), DType::F32);
+    Tensor o_lat = scratch(T, static_cast<int64_t>(H) * shp.kv_lora, DType::F32);
+    mla_absorb_query(q.as<float>(), kvb, T, shp, tables(batch), false, q_abs.as<float>(), stream_);
+    mla_attend_sparse(q_abs.as<float>(), T, shp, tables(batch), cache, indices.as<int32_t>(),
+                      static_cast<int>(indices.cols), o_lat.as<float>(), stream_);
+    mla_expand_output(o_lat.as<float>(), kvb, T, shp, tables(batch), false, o.as<float>(), stream_);
   }
 
   // ---- MoE ---------------------------------------------------------------------------

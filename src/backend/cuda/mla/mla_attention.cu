@@ -80,6 +80,30 @@ struct AbsorbedSource {
   __device__ const Cache* value(int p, int) const { return cache.at(pages, p); }
 };
 
+// Sparse absorbed mode (DSA, issue 38): token t reads only the positions listed in its row
+// of `selected` [n_tokens, k] (dsa_topk's form: increasing positions, then -1s). The
+// attention kernel's "position" j is an index into that row.
+template <typename Cache>
+struct SparseSource {
+  PagedRows<Cache> cache;
+  BatchTables batch;
+  const int32_t* selected;
+  int k, kv_lora;
+  const int32_t* pages = nullptr;  // set by bind
+  const int32_t* row = nullptr;
+  __device__ int begin() const { return 0; }
+  __device__ int bind(int t) {
+    pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
+    row = selected + static_cast<int64_t>(t) * k;
+    int n = 0;
+    while (n < k && row[n] >= 0) ++n;
+    return n;
+  }
+  __device__ const Cache* key_a(int j, int) const { return cache.at(pages, row[j]); }
+  __device__ const Cache* key_b(int j) const { return cache.at(pages, row[j]) + kv_lora; }
+  __device__ const Cache* value(int j, int) const { return cache.at(pages, row[j]); }
+};
+
 // grid (n_tokens, H, n_splits), kThreads threads, dynamic shared memory (key_a_dim + rope +
 // kChunk) floats. q [n_tokens, H, key_a_dim + rope] fp32. Split s of a token that sees
 // positions [first, visible) covers [first + s * span, first + (s + 1) * span), span =
@@ -900,6 +924,18 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
     }
     launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, n_splits, o_lat, nullptr,
                   partials, stream);
+  });
+}
+
+void mla_attend_sparse(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
+                       const KvLayer& cache, const int32_t* selected, int k, float* o_lat, cudaStream_t stream) {
+  const float scale = softmax_scale(shape.nope, shape.rope);
+  with_cache_type(cache.dtype, [&](auto tag) {
+    using Cache = typename decltype(tag)::type;
+    const SparseSource<Cache> src{paged_rows<Cache>(cache), batch, selected, k, shape.kv_lora};
+    // One split: at most k (2,048 in K3.1-Pro) rows a token, read by one block per head.
+    launch_attend(q_abs, src, n_tokens, shape.num_heads, shape.kv_lora, shape.rope, shape.kv_lora, scale, 1, o_lat,
+                  nullptr, nullptr, stream);
   });
 }
 

@@ -112,6 +112,11 @@ bool mla_decode_tma();
 void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
                       const KvLayer& cache, bool only_short_seqs, float* o_lat, float* partials,
                       cudaStream_t stream);
+// mla_attend_absorbed over only the positions each token lists in its row of selected
+// [n_tokens, k] I32 (DSA's top-k: increasing positions, then -1s), every token computed.
+// CUDA cores, fp32 products, one block per (token, head): the reference kernel (issue 38).
+void mla_attend_sparse(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
+                       const KvLayer& cache, const int32_t* selected, int k, float* o_lat, cudaStream_t stream);
 // o[t, h] = W_uv_h o_lat[t, h]; o [n_tokens, H, v] fp32.
 void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const MlaShape& shape,
                        const BatchTables& batch, bool only_short_seqs, float* o, cudaStream_t stream);
