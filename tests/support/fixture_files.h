@@ -31,14 +31,8 @@ inline std::vector<std::string> fixture_names() {
   return names;
 }
 
-// The fixtures the CUDA backend runs: every one but K3.1's (k31-*): its DSA kernels (indexer
-// scores, top-k, sparse MLA) stay behind MOONRUN_DSA_CUDA until they pass on a GPU (issue 38).
-inline std::vector<std::string> cuda_fixture_names() {
-  std::vector<std::string> names;
-  for (std::string& n : fixture_names())
-    if (n.rfind("k31-", 0) != 0) names.push_back(std::move(n));
-  return names;
-}
+// The fixtures the CUDA backend runs: every one.
+inline std::vector<std::string> cuda_fixture_names() { return fixture_names(); }
 
 // n float32 little-endian values (a caseK.f32 logits file).
 inline std::vector<float> read_f32(const std::string& path, size_t n) {

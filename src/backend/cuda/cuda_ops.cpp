@@ -461,18 +461,8 @@ class CudaOps final : public Ops {
   // Reference kernels first (cuda/mla/dsa_ops.cu): fp32, the indexer-key pool F32 as on the
   // CPU, and the attention over the selection absorbed (the cache rows are keys and values),
   // whatever `mode` asks: prefill reads at most index_topk rows a query, like a decode.
-  // Off until DsaOpsOnAMixedBatch and the K3.1 fixtures have passed on a GPU: they were
-  // written when no device could be had (issue 38's note), so by default the DSA ops still
-  // refuse, as before, rather than run unchecked; MOONRUN_DSA_CUDA=1 runs them.
-  static void require_dsa_cuda(const char* op) {
-    const char* env = std::getenv("MOONRUN_DSA_CUDA");
-    if (env == nullptr || std::strcmp(env, "1") != 0)
-      throw BackendError(std::string(op) + ": the CUDA DSA kernels are not yet checked on a GPU; MOONRUN_DSA_CUDA=1 "
-                         "runs them (issue 38), --device cpu runs K3.1 today");
-  }
   void dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps, const BatchView& batch,
                        KvLayer cache) override {
-    require_dsa_cuda("dsa_index_store");
     const int D = static_cast<int>(k.cols);
     check(cache.dtype == DType::F32 && cache.row_width == D, "dsa_index_store: an F32 pool of rows of " + std::to_string(D));
     check(norm_w.numel() == D && norm_b.numel() == D && k.rows == batch.n_tokens(), "dsa_index_store shapes");
@@ -481,7 +471,6 @@ class CudaOps final : public Ops {
   }
   void dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
                         const DsaIndexerShape& shp, Tensor scores) override {
-    require_dsa_cuda("dsa_index_scores");
     const int H = shp.num_heads, D = shp.head_dim;
     check(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && q.rows == batch.n_tokens() &&
               weights.rows == q.rows && scores.rows == q.rows,
@@ -493,7 +482,6 @@ class CudaOps final : public Ops {
                            tables(batch), cache, scores.as<float>(), scores.cols, stream_);
   }
   void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) override {
-    require_dsa_cuda("dsa_topk");
     check(indices.dtype == DType::I32 && indices.rows == batch.n_tokens() && scores.rows == indices.rows &&
               indices.cols > 0,
           "dsa_topk shapes");
@@ -502,7 +490,6 @@ class CudaOps final : public Ops {
   }
   void mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
                             const MlaShape& shp, MlaMode, const Tensor& indices, Tensor o) override {
-    require_dsa_cuda("mla_sparse_attention");
     const int H = shp.num_heads, T = static_cast<int>(q.rows);
     check(q.cols == static_cast<int64_t>(H) * (shp.nope + shp.rope) && o.cols == static_cast<int64_t>(H) * shp.v_dim,
           "mla_sparse_attention: q " + shape(q) + ", o " + shape(o));
