@@ -238,6 +238,14 @@ DraftSharedWeights KimiK3::draft_shared() const {
   return {&w_.embed_tokens, &w_.lm_head};
 }
 
+uint32_t KimiK3::graph_variant(const ForwardBatch& batch) const {
+  if (cfg_.num_dsa_layers == 0) return 0;
+  // The DSA layers' score width, a power of two: its exponent.
+  uint32_t log2_columns = 0;
+  for (int64_t c = dsa_score_columns(batch); c > 1; c >>= 1) ++log2_columns;
+  return log2_columns;
+}
+
 void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
   ScratchScope scope(ops);
   const int64_t T = batch.n_tokens(), H = cfg_.hidden_size;

@@ -61,6 +61,7 @@ class KimiK3 final : public Model {
   const ModelConfig& config() const override { return cfg_; }
   CacheSpec cache_spec() const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
+  uint32_t graph_variant(const ForwardBatch& batch) const override;
   int64_t replay_floats_per_token() const override;
   bool set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) override;
   DraftSharedWeights draft_shared() const override;

@@ -114,10 +114,16 @@ class Model {
   // captured graph replays with new rows). Only the recurrent state is written (no cache
   // rows, no logits); nothing is read from the host, so the ops may be captured.
   virtual void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools) {}
-  // Bytes of weights this rank holds on the backend.
+  // What a captured graph of `batch`'s step depends on besides the step's sequences and
+  // tokens each (the runner's graph key): a step whose value differs runs another graph.
+  // K3.1's DSA layers size their index scores by the context (a power of two at least the
+  // longest sequence's positions: layers/dsa.h, dsa_score_columns), so their graphs are one
+  // per such width; 0 for a model whose step shapes do not depend on the contexts.
+  virtual uint32_t graph_variant(const ForwardBatch& batch) const { return 0; }
   // The positions its forward can take (a table per position), 0 for no bound: the runner
   // refuses a step past it rather than read outside the table.
   virtual int64_t max_positions() const { return 0; }
+  // Bytes of weights this rank holds on the backend.
   virtual size_t weight_bytes() const = 0;
   // Step temporaries a backend with a fixed arena must set aside: the scratch of a step of
   // tokens_per_step new tokens, whatever the contexts they attend to (nothing a step keeps

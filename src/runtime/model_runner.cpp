@@ -346,7 +346,11 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
       if (draft_) draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);
     };
     if (graph) {
-      ops.run_captured(static_cast<uint64_t>(padded) | static_cast<uint64_t>(tokens_each) << 32, body);
+      // tokens_each is at most kShortSeqMaxNewTokens: bits 32..39; the model's own shape
+      // dependence (Model::graph_variant: K3.1's score width) above them.
+      const uint64_t key = static_cast<uint64_t>(padded) | static_cast<uint64_t>(tokens_each) << 32 |
+                           static_cast<uint64_t>(model_->graph_variant(batch_)) << 40;
+      ops.run_captured(key, body);
       ++graph_replays_;
     } else {
       body();

@@ -31,15 +31,10 @@ inline std::vector<std::string> fixture_names() {
   return names;
 }
 
-// The fixtures the CUDA backend runs: every one but K3.1's (k31-*). Its DSA ops pass against
-// the CPU one by one (DsaOpsOnAMixedBatch), but the whole model on CUDA does not yet match
-// (H100, 2026-12-06: max logit error 18.8 in fp32, graphs unlike eager): issue 38's next step.
-inline std::vector<std::string> cuda_fixture_names() {
-  std::vector<std::string> names;
-  for (std::string& n : fixture_names())
-    if (n.rfind("k31-", 0) != 0) names.push_back(std::move(n));
-  return names;
-}
+// The fixtures the CUDA backend runs: all of them. (K3.1's were left out while its DSA
+// layers sized their scores by the exact context, which a decode step captured as a graph
+// then replayed at later positions: layers/dsa.h, dsa_score_columns.)
+inline std::vector<std::string> cuda_fixture_names() { return fixture_names(); }
 
 // n float32 little-endian values (a caseK.f32 logits file).
 inline std::vector<float> read_f32(const std::string& path, size_t n) {

@@ -23,21 +23,30 @@ void dsa_forward(Ops& ops, const MlaWeights& w, const DsaIndexerWeights& iw, con
   Tensor wi = ops.scratch(T, HI, DType::F32);
   ops.linear(x, iw.weights_proj, wi);
 
-  // Scores over the longest sequence's positions; each query's top k of its causal range.
-  // [T, context] grows with the context, unlike everything else a step allocates (ops.h,
-  // mla_prefill_key_block): fine for the CPU's growing scratch; the CUDA top-k will stream
-  // the scores by blocks of keys instead (issue 38, item 3), so scratch_bytes holds no room.
-  int context = 1;
-  for (const BatchSeq& s : batch.host->seqs) context = std::max(context, s.n_past + s.n_new);
-  Tensor scores = ops.scratch(T, context, DType::F32);
+  // Scores over the step's context width (dsa_score_columns); each query's top k of its
+  // causal range. [T, columns] grows with the context, unlike everything else a step
+  // allocates (ops.h, mla_prefill_key_block): fine for the CPU's growing scratch; the CUDA
+  // top-k will stream the scores by blocks of keys instead (issue 38, item 3), so
+  // scratch_bytes holds no room for long contexts (its slack covers a few thousand).
+  const int64_t columns = dsa_score_columns(*batch.host);
+  Tensor scores = ops.scratch(T, columns, DType::F32);
   ops.dsa_index_scores(qi, wi, batch, keys, dsa.indexer, scores);
-  // No query sees more than `context` keys: a narrower selection lists the same keys.
-  Tensor selected = ops.scratch(T, std::min(dsa.topk, context), DType::I32);
+  // Past a query's position its scores are -inf and its selection -1: a selection as wide
+  // as the columns when they are fewer than index_topk lists the same keys.
+  Tensor selected = ops.scratch(T, std::min<int64_t>(dsa.topk, columns), DType::I32);
   ops.dsa_topk(scores, batch, selected);
 
   Tensor o = ops.scratch(T, static_cast<int64_t>(mla.attn.num_heads) * mla.attn.v_dim, DType::F32);
   ops.mla_sparse_attention(q.q, w.kv_b_proj, batch, latent, mla.attn, mode, selected, o);
   mla_output(ops, w, mla, x, o, out);
+}
+
+int64_t dsa_score_columns(const ForwardBatch& batch) {
+  int64_t context = 1;
+  for (const BatchSeq& s : batch.seqs) context = std::max<int64_t>(context, int64_t{s.n_past} + s.n_new);
+  int64_t columns = 256;
+  while (columns < context) columns *= 2;
+  return columns;
 }
 
 }  // namespace moonrun

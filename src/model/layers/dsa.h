@@ -31,6 +31,14 @@ struct DsaDims {
   float k_norm_eps = 1e-6f;  // the key LayerNorm's eps (K3.1: rms_norm_eps)
 };
 
+// The columns of a step's index scores [T, columns]: a power of two (at least 256, one
+// block of the CUDA scores kernel) no smaller than any of `batch`'s sequences' positions,
+// n_past + n_new. Not the exact context: a decode step captured as a graph replays for
+// later positions, so what its shapes depend on must hold for a range of contexts (the
+// kernels read each token's own position from the device tables and mask past it); the
+// runner keys graphs by it (Model::graph_variant).
+int64_t dsa_score_columns(const ForwardBatch& batch);
+
 // x [T, hidden] act dtype (input_layernorm'ed) -> out [T, hidden] F32. Writes the new tokens'
 // latent rows into `latent` and their indexer keys into `keys` (this layer's pages of each
 // pool, one page table), then attends over each query's selected rows.
