@@ -99,7 +99,9 @@ def metrics(port):
         return int(m.group(1)) if m else 0
     return {"verify_steps": get("vllm:spec_decode_num_drafts_total"),
             "drafts": get("vllm:spec_decode_num_draft_tokens_total"),
-            "accepted": get("vllm:spec_decode_num_accepted_tokens_total")}
+            "accepted": get("vllm:spec_decode_num_accepted_tokens_total"),
+            "stand_aside_steps": get("moonrun:spec_decode_stand_aside_steps_total"),
+            "steps_without_drafts": get("moonrun:spec_decode_steps_without_drafts_total")}
 
 
 def start(exe, device, extra, log_path=None):
@@ -161,10 +163,11 @@ def run_config(exe, device, name, extra, ps, max_tokens, repeats, bursts, log_di
                 t.join()
             agg_wall += time.monotonic() - t0
             agg_tokens += sum(r[0] for r in results)
-        agg = agg_tokens / agg_wall
+        agg = agg_tokens / agg_wall if agg_wall else 0.0  # --bursts 0: one stream only
         return {"config": name, "single_stream_tok_s": single, "single_stream_tokens": tokens,
                 "accept_len": accept_len, "drafts": d["drafts"], "accepted": d["accepted"],
-                "verify_steps": d["verify_steps"], "streams32_tok_s": agg}
+                "verify_steps": d["verify_steps"], "stand_aside_steps": d["stand_aside_steps"],
+                "steps_without_drafts": d["steps_without_drafts"], "streams32_tok_s": agg}
     finally:
         proc.terminate()
         try:
@@ -181,32 +184,38 @@ def main():
     ap.add_argument("--methods", nargs="+", default=["ngram", "suffix"], help="draft sources, each run with every --k")
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--bursts", type=int, default=3, help="32-stream bursts, their tokens and times summed")
+    ap.add_argument("--bursts", type=int, default=3, help="32-stream bursts, their tokens and times summed (0: none)")
     ap.add_argument("--json-out")
     ap.add_argument("--server-logs", help="a folder for each config's server log")
+    ap.add_argument("--spec-extra", action="append", default=[], metavar="JSON",
+                    help="more speculative-config keys, e.g. '{\"disable_by_batch_size\": 2}': each runs every method and k once more")
     ap.add_argument("--draft-model", default="models/moonrun-demo-dspark", help="the DSpark draft (method dspark)")
     a = ap.parse_args()
     ps = prompts()
 
-    def spec(m, k):
+    def spec(m, k, extra=None):
         c = {"method": m, "num_speculative_tokens": k}
+        c.update(extra or {})
         if m == "dspark":
             c["model"] = a.draft_model
         return ["--speculative-config", json.dumps(c)]
 
     configs = [("off", [])] + [("%s k=%d" % (m, k), spec(m, k)) for m in a.methods for k in a.k]
+    for e in a.spec_extra:
+        configs += [("%s k=%d %s" % (m, k, e), spec(m, k, json.loads(e))) for m in a.methods for k in a.k]
     rows = []
     for name, extra in configs:
         rows.append(run_config(a.exe, a.device, name, extra, ps, a.max_tokens, a.repeats, a.bursts, a.server_logs))
         print("done: %s" % json.dumps(rows[-1]), file=sys.stderr)
     base = rows[0]
-    print("| config | 1 stream tok/s | accept len | drafts accepted | 32 streams tok/s | 1 stream / off | 32 streams / off |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| config | 1 stream tok/s | accept len | drafts accepted | verify / stood aside / no draft steps | 32 streams tok/s | 1 stream / off | 32 streams / off |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         r["single_vs_off"] = r["single_stream_tok_s"] / base["single_stream_tok_s"] if base["single_stream_tok_s"] else 0
         r["streams32_vs_off"] = r["streams32_tok_s"] / base["streams32_tok_s"] if base["streams32_tok_s"] else 0
-        print("| %s | %.1f | %.2f | %d / %d | %.1f | %.2f | %.2f |" % (
-            r["config"], r["single_stream_tok_s"], r["accept_len"], r["accepted"], r["drafts"], r["streams32_tok_s"],
+        print("| %s | %.1f | %.2f | %d / %d | %d / %d / %d | %.1f | %.2f | %.2f |" % (
+            r["config"], r["single_stream_tok_s"], r["accept_len"], r["accepted"], r["drafts"], r["verify_steps"],
+            r["stand_aside_steps"], r["steps_without_drafts"], r["streams32_tok_s"],
             r["single_vs_off"], r["streams32_vs_off"]))
     if a.json_out:
         with open(a.json_out, "w") as f:

@@ -234,6 +234,17 @@ Status Engine::propose_drafts() {
     }
   }
   if (config_.pad_drafts) pad_drafts();
+  bool any = false;
+  for (const Request* r : scheduler_.running()) any = any || !r->draft_ids.empty();
+  // A step that found no draft is a plain step, and the balance measures it as one: counted
+  // with the verify steps, the steps where a draft source (n-gram, suffix) finds nothing
+  // (most of a chat answer) would make speculation's rate a mix of both, and the verdict
+  // would turn on how often drafts are found rather than on what a verify step yields.
+  if (!any) step_speculates_ = false;
+  if (decoding > 0) {
+    if (stand_aside) ++totals_.spec_stand_aside_steps_total;
+    else if (!any) ++totals_.spec_steps_without_drafts_total;
+  }
   return Status::ok();
 }
 

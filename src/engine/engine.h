@@ -96,6 +96,10 @@ struct EngineStats {
   int64_t spec_draft_tokens_total = 0;
   int64_t spec_accepted_tokens_total = 0;
   std::vector<int64_t> spec_accepted_per_position;
+  // Steps with sequences decoding, speculation configured, that verified no draft: the
+  // measured balance stood aside (spec_balance.h), or it did not and no sequence had a draft.
+  int64_t spec_stand_aside_steps_total = 0;
+  int64_t spec_steps_without_drafts_total = 0;
 };
 
 // The configuration errors a user can make (--context-length larger than the KV pool, ...),

@@ -8,7 +8,9 @@
 // gain a little alone and lose 30% over 32 streams. vLLM leaves this to a fixed
 // disable_by_batch_size; moonrun measures it: per batch-size bucket (1, 2-3, 4-7, ...) it
 // keeps the tokens per second of pure decode steps with drafts and without, runs the better
-// one, and every kExploreEvery-th step of a bucket tries the other (workloads change).
+// one, and every kExploreEvery-th step of a bucket tries the other (workloads change). A step
+// where speculation was on but no sequence found a draft is measured as a plain step (it is
+// one): speculation's rate is that of the steps that verified drafts.
 #include <array>
 #include <cstdint>
 

@@ -147,6 +147,12 @@ std::string Metrics::render() const {
     for (size_t p = 0; p < spec_accepted_per_pos_.size(); ++p)
       out += "vllm:spec_decode_num_accepted_tokens_per_pos_total{" + l + ",position=\"" + std::to_string(p) + "\"} " +
              std::to_string(spec_accepted_per_pos_[p]) + "\n";
+    header(out, "moonrun:spec_decode_stand_aside_steps_total", "counter",
+           "Decode steps run without drafts because plain steps measured faster at that batch size.");
+    out += "moonrun:spec_decode_stand_aside_steps_total" + lb + " " + std::to_string(spec_stand_aside_steps_) + "\n";
+    header(out, "moonrun:spec_decode_steps_without_drafts_total", "counter",
+           "Decode steps that speculated but where no sequence had a draft to verify.");
+    out += "moonrun:spec_decode_steps_without_drafts_total" + lb + " " + std::to_string(spec_steps_without_drafts_) + "\n";
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

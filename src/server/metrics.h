@@ -55,6 +55,12 @@ class Metrics {
     spec_accepted_tokens_ = accepted_tokens;
     spec_accepted_per_pos_ = std::move(accepted_per_position);
   }
+  // Decode steps that verified nothing: the balance stood aside, or no sequence had a draft.
+  void set_spec_idle_steps(uint64_t stand_aside, uint64_t without_drafts) {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec_stand_aside_steps_ = stand_aside;
+    spec_steps_without_drafts_ = without_drafts;
+  }
   void add_cached_prompt_tokens(uint64_t n) { cached_prompt_tokens_ += n; }
   void request_finished(const std::string& reason);  // stop | length | tool_calls | abort | error
   void request_done(const RequestTimes& t);           // once per request, all samples finished
@@ -84,6 +90,7 @@ class Metrics {
   std::string model_name_;
   std::map<std::string, uint64_t> finished_;  // by finish reason
   uint64_t spec_num_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;  // under mu_
+  uint64_t spec_stand_aside_steps_ = 0, spec_steps_without_drafts_ = 0;              // under mu_
   std::vector<uint64_t> spec_accepted_per_pos_;
   std::map<int, uint64_t> responses_;         // by HTTP status
   Histogram ttft_, itl_, e2e_, queue_, prefill_, decode_, inference_, prompt_len_, generation_len_;

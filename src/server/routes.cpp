@@ -211,6 +211,8 @@ void metrics(const ServingContext& ctx, HttpResponse& res) {
                                  static_cast<uint64_t>(s.spec_accepted_tokens_total),
                                  std::vector<uint64_t>(s.spec_accepted_per_position.begin(),
                                                        s.spec_accepted_per_position.end()));
+    ctx.metrics->set_spec_idle_steps(static_cast<uint64_t>(s.spec_stand_aside_steps_total),
+                                     static_cast<uint64_t>(s.spec_steps_without_drafts_total));
   }
   res.set_content(ctx.metrics ? ctx.metrics->render() : "", "text/plain; version=0.0.4");
 }
