@@ -48,12 +48,12 @@ Status write_slice_tokenizer(const std::string& dir) {
 }  // namespace
 
 void add_make_slice_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("make-slice", "Write a few layers of a Kimi K3-family model at full width (synthetic weights)");
+  auto* cmd = app.add_subcommand("make-slice", "Write a few layers of a Kimi model (K3, K3.1, K2) at full width (synthetic weights)");
   auto c = std::make_shared<tools::SliceConfig>();
   auto layers = std::make_shared<std::string>("kda-dense,kda-moe,mla-moe");
   cmd->add_option("--config", c->config_path, "config.json of the model, or kimi-k3 (the published K3 config, built in)")
       ->required();
-  cmd->add_option("--layers", *layers, "layer kinds in order: kda-dense, kda-moe, mla-dense, mla-moe")
+  cmd->add_option("--layers", *layers, "layer kinds in order: kda-dense, kda-moe, mla-dense, mla-moe (K2: mla only)")
       ->capture_default_str();
   cmd->add_option("--out", c->out_dir, "output directory")->required();
   cmd->add_option("--experts", c->num_experts, "routed experts per MoE layer (default: the config's)");

@@ -1,5 +1,6 @@
 #include "model/synthetic_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -69,7 +70,23 @@ void synthetic_bytes(const TensorSpec& t, uint64_t seed, int64_t first, int64_t 
     }
     return;
   }
-  const Law law = law_of(t);
+  if (t.dtype == DType::I32 || t.dtype == DType::I64) {
+    // INT4 words (eight u4 codes each, every bit pattern valid): random bits. (An int64
+    // weight_shape must equal its layout: make_slice writes those, not this.)
+    const size_t elem = dtype_size_bytes(t.dtype);
+    for (int64_t i = 0; i < count; ++i) {
+      const uint64_t r = splitmix64(key + first + i);  // per element: the same bytes whatever the chunking
+      std::memcpy(out + elem * i, &r, elem);            // little-endian: the low bytes
+    }
+    return;
+  }
+  Law law = law_of(t);
+  if (t.dtype == DType::BF16 && ends_with(t.name, "weight_scale")) {
+    // INT4 group scales (bf16, one per 32 inputs): random codes q - 8 in [-8, 7] have RMS
+    // ~4.6; aim the weights at RMS 1/sqrt(in), within 20 %.
+    const double s = 1.0 / (4.6 * std::sqrt(static_cast<double>(t.shape.back()) * 32));
+    law = {0.8 * s, 1.2 * s};
+  }
   for (int64_t i = 0; i < count; ++i) {
     const double u = static_cast<double>(splitmix64(key + first + i) >> 40) * 0x1.0p-24;  // [0, 1)
     const float v = static_cast<float>(law.log_uniform ? std::log(1.0 + 15.0 * u) : law.lo + (law.hi - law.lo) * u);

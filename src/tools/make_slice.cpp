@@ -49,10 +49,15 @@ Status shape_config(json& config, const SliceConfig& c) {
   }
   text["num_hidden_layers"] = static_cast<int>(c.layers.size());
   text["first_k_dense_replace"] = dense;
-  if (!text.contains("linear_attn_config") || !text["linear_attn_config"].is_object())
-    return invalid_argument(c.config_path + ": no linear_attn_config (not a Kimi K3 / Kimi Linear config)");
-  text["linear_attn_config"]["kda_layers"] = kda;
-  text["linear_attn_config"]["full_attn_layers"] = mla;
+  if (text.contains("linear_attn_config") && text["linear_attn_config"].is_object()) {
+    text["linear_attn_config"]["kda_layers"] = kda;
+    text["linear_attn_config"]["full_attn_layers"] = mla;
+    // K3.1: its DSA layers are exactly the full-attention ones.
+    if (text.contains("dsa_config") && text["dsa_config"].is_object()) text["dsa_config"]["dsa_layers"] = mla;
+  } else if (!kda.empty()) {
+    // The DeepSeek-V3 layout (Kimi K2): every layer is MLA.
+    return invalid_argument(c.config_path + ": no linear_attn_config (a Kimi K2 / DeepSeek-V3 layout), so no kda layers");
+  }
   if (c.num_experts > 0) {
     text["num_experts"] = c.num_experts;
     if (text.value("num_experts_per_token", 0) > c.num_experts) text["num_experts_per_token"] = c.num_experts;
@@ -81,7 +86,19 @@ std::string header_of(const std::vector<TensorSpec>& tensors) {
 }
 
 // Streams one tensor's synthetic bytes to f, chunk by chunk, each chunk filled by every thread.
-bool write_tensor(std::FILE* f, const TensorSpec& t, uint64_t seed, int threads, std::vector<uint8_t>& buf) {
+// An INT4 expert's weight_shape is no random draw: the loader checks it against the layout,
+// [out, in] of its weight_packed sibling ([out, in / 8] int32 words).
+bool write_tensor(std::FILE* f, const TensorSpec& t, uint64_t seed, int threads, std::vector<uint8_t>& buf,
+                  const std::vector<TensorSpec>& all) {
+  static const std::string kShape = "weight_shape";
+  if (t.dtype == DType::I64 && t.name.size() > kShape.size() &&
+      t.name.compare(t.name.size() - kShape.size(), kShape.size(), kShape) == 0) {
+    const std::string packed = t.name.substr(0, t.name.size() - kShape.size()) + "weight_packed";
+    const auto it = std::find_if(all.begin(), all.end(), [&](const TensorSpec& s) { return s.name == packed; });
+    if (it == all.end() || it->shape.size() != 2 || t.numel() != 2) return false;
+    const int64_t shape[2] = {it->shape[0], it->shape[1] * 8};
+    return std::fwrite(shape, 1, sizeof shape, f) == sizeof shape;
+  }
   const int64_t elem = static_cast<int64_t>(dtype_size_bytes(t.dtype));
   const int64_t chunk = static_cast<int64_t>(buf.size()) / elem, n = t.numel();
   for (int64_t first = 0; first < n; first += chunk) {
@@ -147,7 +164,7 @@ Result<SliceReport> make_slice(const SliceConfig& c) {
     for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
     bool ok = std::fwrite(len_le, 1, 8, f) == 8 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
     for (const TensorSpec& t : shards[s]) {
-      ok = ok && write_tensor(f, t, c.seed, threads, buf);
+      ok = ok && write_tensor(f, t, c.seed, threads, buf, spec);
       weight_map[t.name] = name;
       report.bytes += t.nbytes();
       ++report.tensors;

@@ -15,9 +15,10 @@
 namespace moonrun::tools {
 
 struct SliceConfig {
-  std::string config_path;           // a config.json (K3's nested text_config, or Kimi Linear's flat
-                                     // one), or "kimi-k3": the published K3 config built into moonrun
-  std::vector<std::string> layers;   // "kda-dense", "kda-moe", "mla-dense", "mla-moe"
+  std::string config_path;           // a config.json (K3's nested text_config, Kimi Linear's flat one,
+                                     // K3.1's, K2's DeepSeek-V3 layout), or "kimi-k3": the published K3
+                                     // config built into moonrun
+  std::vector<std::string> layers;   // "kda-dense", "kda-moe", "mla-dense", "mla-moe" (K2: mla only)
   std::string out_dir;
   int num_experts = 0;               // > 0: fewer routed experts than the config's (top-k stays)
   uint64_t seed = 1;
