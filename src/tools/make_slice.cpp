@@ -59,12 +59,17 @@ Status shape_config(json& config, const SliceConfig& c) {
     return invalid_argument(c.config_path + ": no linear_attn_config (a Kimi K2 / DeepSeek-V3 layout), so no kda layers");
   }
   if (c.num_experts > 0) {
-    text["num_experts"] = c.num_experts;
-    if (text.value("num_experts_per_token", 0) > c.num_experts) text["num_experts_per_token"] = c.num_experts;
+    // K3's key names, or DeepSeek-V3's (K2).
+    const bool deepseek = text.contains("n_routed_experts");
+    const char* experts = deepseek ? "n_routed_experts" : "num_experts";
+    const char* per_token = deepseek ? "num_experts_per_tok" : "num_experts_per_token";
+    const char* group = deepseek ? "n_group" : "num_expert_group";
+    text[experts] = c.num_experts;
+    if (text.value(per_token, 0) > c.num_experts) text[per_token] = c.num_experts;
     // Grouped routing needs whole groups: fall back to plain top-k when they do not divide.
-    const int groups = text.value("num_expert_group", 1);
+    const int groups = text.value(group, 1);
     if (groups > 1 && c.num_experts % groups != 0) {
-      text["num_expert_group"] = 1;
+      text[group] = 1;
       text["topk_group"] = 1;
     }
   }

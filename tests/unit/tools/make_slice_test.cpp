@@ -65,10 +65,13 @@ TEST(MakeSlice, KimiK2LayoutWithInt4Experts) {
   c.config_path = fixture_config("k2-tiny-int4");
   c.layers = {"mla-dense", "mla-moe", "mla-moe"};
   c.out_dir = dir.string();
+  c.num_experts = 8;  // of 16, in groups of 4: DeepSeek-V3's key names
   c.threads = 2;
   auto r = tools::make_slice(c);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   const nlohmann::json text = text_config_of(dir);
+  EXPECT_EQ(text["n_routed_experts"], 8);
+  EXPECT_EQ(text["n_group"], 4);
   EXPECT_EQ(text["num_hidden_layers"], 3);
   EXPECT_EQ(text["first_k_dense_replace"], 1);
   expect_loads_and_runs(dir);
