@@ -111,8 +111,10 @@ StepBytes decode_step_bytes(const ModelConfig& c, int64_t weight_bytes, bool bf1
   int moe_layers = 0;
   for (const LayerSpec& l : c.layers) moe_layers += l.mlp == MlpKind::moe ? 1 : 0;
   const double expert_elems = 3.0 * c.moe_intermediate_size * c.expert_io_dim();
+  // MXFP4: 4 bits and an E8M0 byte per 32; K2's INT4: 4 bits and a bf16 scale per 32.
+  const double scale_bytes = c.expert_quant == ExpertQuant::int4_g32_sym ? 2.0 : 1.0;
   const double per_expert =
-      c.expert_quant == ExpertQuant::none ? expert_elems * wbytes : expert_elems * (0.5 + 1.0 / 32);  // MXFP4 + E8M0
+      c.expert_quant == ExpertQuant::none ? expert_elems * wbytes : expert_elems * (0.5 + scale_bytes / 32);
   const double all_experts = static_cast<double>(moe_layers) * c.num_experts * per_expert;
   // The embedding table is read one row per token (unless it is also the lm_head).
   const double table = c.tie_word_embeddings ? 0.0 : static_cast<double>(c.vocab_size) * c.hidden_size * wbytes;
@@ -123,7 +125,15 @@ StepBytes decode_step_bytes(const ModelConfig& c, int64_t weight_bytes, bool bf1
   const double distinct = E > 0 ? E * (1.0 - std::pow(1.0 - K / E, batch)) : 0.0;
   if (expected_experts) *expected_experts = distinct;
   b.experts = moe_layers * distinct * per_expert;
-  b.kv_cache = static_cast<double>(batch) * context * layout.kv_bytes_per_token;
+  // The cache a token reads: every row of a gated-MLA layer; in a DSA layer (K3.1) every
+  // indexer key but only its index_topk selected latent rows (moonrun's indexer pool is F32).
+  const int dsa = c.num_dsa_layers;
+  const double index_per_token = static_cast<double>(dsa) * c.dsa.index_head_dim * 4.0;
+  const double latent_per_layer =
+      c.num_mla_layers > 0 ? (static_cast<double>(layout.kv_bytes_per_token) - index_per_token) / c.num_mla_layers : 0.0;
+  const double selected = std::min<double>(context, dsa > 0 ? c.dsa.index_topk : context);
+  b.kv_cache = static_cast<double>(batch) * ((c.num_mla_layers - dsa) * context * latent_per_layer +
+                                             dsa * (selected * latent_per_layer + context * c.dsa.index_head_dim * 4.0));
   b.state = 2.0 * batch * layout.state_bytes_per_slot;
   return b;
 }
@@ -138,11 +148,16 @@ double decode_step_flops(const ModelConfig& c, const StepBytes& bytes, bool bf16
   for (const LayerSpec& l : c.layers) moe_layers += l.mlp == MlpKind::moe ? 1 : 0;
   const double expert_params = 3.0 * c.moe_intermediate_size * c.expert_io_dim();
   const double linear = 2.0 * tokens * (dense_params + static_cast<double>(moe_layers) * c.num_experts_per_token * expert_params);
-  // Each token sees the context plus the tokens before it in its own step (at most k more).
+  // Each token sees the context plus the tokens before it in its own step (at most k more);
+  // in a DSA layer it attends to index_topk of them and scores all of them with the
+  // indexer (heads x head_dim multiply-adds a key, and the weighted sum over heads).
   const double seen = context + (tokens_each - 1) / 2.0;
-  const double attention = tokens * seen * c.num_mla_layers * c.num_attention_heads * 2.0 *
-                           (c.mla_cache_row() + c.kv_lora_rank);
-  return linear + attention;
+  const int dsa = c.num_dsa_layers;
+  const double attended = dsa > 0 ? std::min<double>(seen, c.dsa.index_topk) : seen;
+  const double per_key = c.num_attention_heads * 2.0 * (c.mla_cache_row() + c.kv_lora_rank);
+  const double attention = tokens * per_key * ((c.num_mla_layers - dsa) * seen + dsa * attended);
+  const double indexer = tokens * seen * dsa * 2.0 * c.dsa.index_n_heads * (c.dsa.index_head_dim + 1.0);
+  return linear + attention + indexer;
 }
 
 Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {

@@ -50,5 +50,33 @@ TEST(BenchModelFloor, WeightsCountTwoFlopsAMultiplyAddPerToken) {
   EXPECT_DOUBLE_EQ(flops, batch * tokens_each * per_token + attention);
 }
 
+// K3.1-Pro (issue 38): a DSA layer's decode reads every indexer key but only its 2,048
+// selected latent rows, so at 1M tokens of context the cache term is the keys', and the
+// attention FLOPs stop growing with the context where the indexer's start.
+TEST(BenchModelFloor, K31DecodeReadsTheIndexerKeysAndTheSelectedRowsOnly) {
+  auto parsed = parse_model_config(kimi_k31_pro_config(), "kimi-k3.1-pro");
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  const ModelConfig& c = *parsed;
+  ASSERT_EQ(c.num_dsa_layers, 24);
+  ASSERT_EQ(c.num_mla_layers, 24);
+  ASSERT_EQ(c.dsa.index_topk, 2048);
+  // moonrun's pools: the latent row [512 | 64] in bf16, the indexer key 128 x F32.
+  CacheLayout layout;
+  layout.kv_bytes_per_token = 24 * (576 * 2 + 128 * 4);
+  const int context = 1 << 20, batch = 8;
+  const StepBytes b = decode_step_bytes(c, 0, true, layout, batch, context, nullptr);
+  EXPECT_DOUBLE_EQ(b.kv_cache, batch * 24.0 * (2048.0 * 1152 + static_cast<double>(context) * 512));
+  // Below 2,048 positions every row is selected: the dense layer's bytes.
+  const StepBytes short_ctx = decode_step_bytes(c, 0, true, layout, batch, 1000, nullptr);
+  EXPECT_DOUBLE_EQ(short_ctx.kv_cache, batch * 1000.0 * layout.kv_bytes_per_token);
+
+  ModelConfig attn_only = c;
+  attn_only.num_experts_per_token = 0;
+  const double flops = decode_step_flops(attn_only, StepBytes{}, true, 1, 1, context);
+  const double attention = 24.0 * 2048 * c.num_attention_heads * 2.0 * (c.mla_cache_row() + c.kv_lora_rank);
+  const double indexer = 24.0 * context * 2.0 * 32 * (128 + 1);
+  EXPECT_DOUBLE_EQ(flops, attention + indexer);
+}
+
 }  // namespace
 }  // namespace moonrun::tools
