@@ -175,12 +175,13 @@ void ProfiledOps::dsa_index_store(const Tensor& k, const Tensor& norm_w, const T
   timed("dsa_index_store", 2.0 * bytes_of(k), 0, [&] { in_.dsa_index_store(k, norm_w, norm_b, eps, batch, cache); });
 }
 void ProfiledOps::dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
-                                   const DsaIndexerShape& shape, Tensor scores) {
+                                   const DsaIndexerShape& shape, Tensor scores, int first_token) {
   timed(std::string("dsa_index_scores (") + phase(batch) + ")", bytes_of(q) + bytes_of(weights) + bytes_of(scores), 0,
-        [&] { in_.dsa_index_scores(q, weights, batch, cache, shape, scores); });
+        [&] { in_.dsa_index_scores(q, weights, batch, cache, shape, scores, first_token); });
 }
-void ProfiledOps::dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) {
-  timed("dsa_topk", bytes_of(scores) + bytes_of(indices), 0, [&] { in_.dsa_topk(scores, batch, indices); });
+void ProfiledOps::dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices, int first_token) {
+  timed("dsa_topk", bytes_of(scores) + bytes_of(indices), 0,
+        [&] { in_.dsa_topk(scores, batch, indices, first_token); });
 }
 void ProfiledOps::mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
                                        const MlaShape& shape, MlaMode mode, const Tensor& indices, Tensor o) {

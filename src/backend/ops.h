@@ -231,15 +231,18 @@ class Ops {
   // over each new token's causal range s in [0, pos_t]; column s of row t is position s of
   // its sequence, and columns past pos_t hold -inf. q [T, H * head_dim] F32 (wq_b output),
   // weights [T, H] F32 (weights_proj output, unscaled), scores [T, C] F32 with C at least
-  // the longest sequence's n_past + n_new.
+  // the longest sequence's n_past + n_new. A block of the step's tokens: q, weights and
+  // scores hold rows first_token .. first_token + rows - 1 of the batch (what bounds the
+  // scores' memory at long contexts: model/layers/dsa.h).
   virtual void dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
-                                const DsaIndexerShape& shape, Tensor scores) {
+                                const DsaIndexerShape& shape, Tensor scores, int first_token = 0) {
     throw BackendError("dsa_index_scores: not implemented by this backend");
   }
   // Each query's top k = indices.cols positions by score among [0, pos_t], as increasing
   // positions followed by -1 when fewer than k are visible (then every visible one is kept).
-  // Of equal scores the lower position is kept. scores as dsa_index_scores'; indices [T, k] I32.
-  virtual void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) {
+  // Of equal scores the lower position is kept. scores as dsa_index_scores'; indices [T, k] I32
+  // (or a block of rows from first_token, as there).
+  virtual void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices, int first_token = 0) {
     throw BackendError("dsa_topk: not implemented by this backend");
   }
   // mla_attention with each query reading only the positions in its row of indices [T, k]

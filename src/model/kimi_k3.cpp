@@ -147,7 +147,8 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
       kda_shape_(kda_shape(cfg)),
       mla_dims_(mla_dims(cfg)),
       indexers_(std::move(indexers)),
-      dsa_dims_{{cfg.dsa.index_n_heads, cfg.dsa.index_head_dim}, cfg.dsa.index_topk, cfg.dsa.k_norm_eps},
+      dsa_dims_{{cfg.dsa.index_n_heads, cfg.dsa.index_head_dim}, cfg.dsa.index_topk, cfg.dsa.k_norm_eps,
+                dsa_score_block_bytes()},
       moe_dims_(moe_dims(cfg)),
       act_(activation_params(cfg)),
       vision_(cfg, std::move(w_.vision)) {
@@ -196,7 +197,8 @@ int64_t KimiK3::scratch_bytes(int tokens_per_step) const {
     const int64_t keys = mla_prefill_key_block(std::max(tokens_per_step, 1)) + 128;   // tiles round up to 128
     mla_blocks = keys * per_key + (std::max(tokens_per_step, 1) + 128) * per_query + (int64_t{1} << 20);
   }
-  const int64_t text = per_token * std::max(tokens_per_step, 1) + mla_blocks + (int64_t{256} << 20);
+  const int64_t dsa = c.num_dsa_layers > 0 ? dsa_scratch_bytes(dsa_dims_, tokens_per_step) : 0;
+  const int64_t text = per_token * std::max(tokens_per_step, 1) + mla_blocks + dsa + (int64_t{256} << 20);
   // The tower runs between steps in the same scratch: the larger of the two.
   return std::max(text, vision_.scratch_bytes(max_image_patches(tokens_per_step)));
 }

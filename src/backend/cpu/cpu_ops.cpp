@@ -414,9 +414,10 @@ void CpuOps::dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor
 }
 
 void CpuOps::dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
-                              const DsaIndexerShape& shape, Tensor scores) {
+                              const DsaIndexerShape& shape, Tensor scores, int first_token) {
   const int H = shape.num_heads, D = shape.head_dim;
-  MR_CHECK(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && q.rows == batch.n_tokens() &&
+  const int first = first_token, last = first_token + static_cast<int>(q.rows);  // the block's batch rows
+  MR_CHECK(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && first >= 0 && last <= batch.n_tokens() &&
            weights.rows == q.rows && scores.rows == q.rows)
       << "dsa_index_scores shapes";
   MR_CHECK(cache.dtype == DType::F32 && cache.row_width == D) << "dsa_index_scores: an F32 pool of rows of " << D;
@@ -424,23 +425,27 @@ void CpuOps::dsa_index_scores(const Tensor& q, const Tensor& weights, const Batc
   std::vector<float> widened;
   for (int s = 0; s < batch.n_seqs(); ++s) {
     const BatchSeq& seq = batch.seqs[s];
-    cache_rows_f32(cache, batch, seq, seq.n_past + seq.n_new, rows, widened);
-    cpu::dsa_index_scores(f32(q) + static_cast<int64_t>(seq.token_start) * H * D,
-                          f32(weights) + static_cast<int64_t>(seq.token_start) * H, shape, seq.n_new, seq.n_past,
-                          rows.data(), f32(scores) + seq.token_start * scores.cols, scores.cols,
-                          static_cast<int>(scores.cols));
+    // The part of the sequence's new tokens inside the block.
+    const int t0 = std::max(seq.token_start, first), t1 = std::min(seq.token_start + seq.n_new, last);
+    if (t0 >= t1) continue;
+    const int n_past = seq.n_past + (t0 - seq.token_start);
+    cache_rows_f32(cache, batch, seq, n_past + (t1 - t0), rows, widened);
+    cpu::dsa_index_scores(f32(q) + static_cast<int64_t>(t0 - first) * H * D,
+                          f32(weights) + static_cast<int64_t>(t0 - first) * H, shape, t1 - t0, n_past, rows.data(),
+                          f32(scores) + (t0 - first) * scores.cols, scores.cols, static_cast<int>(scores.cols));
   }
 }
 
-void CpuOps::dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) {
-  MR_CHECK(indices.dtype == DType::I32 && indices.rows == batch.n_tokens() && scores.rows == indices.rows &&
-           indices.cols > 0)
+void CpuOps::dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices, int first_token) {
+  MR_CHECK(indices.dtype == DType::I32 && first_token >= 0 && first_token + indices.rows <= batch.n_tokens() &&
+           scores.rows == indices.rows && indices.cols > 0)
       << "dsa_topk shapes";
   const int k = static_cast<int>(indices.cols);
-  for (int t = 0; t < batch.n_tokens(); ++t) {
+  for (int r = 0; r < indices.rows; ++r) {
+    const int t = first_token + r;
     const int visible = batch.positions[t] + 1;
     MR_CHECK(visible <= scores.cols) << "dsa_topk: position " << batch.positions[t] << " past the scores' columns";
-    dsa_topk_row(f32(scores) + t * scores.cols, visible, k, indices.as<int32_t>() + static_cast<int64_t>(t) * k);
+    dsa_topk_row(f32(scores) + r * scores.cols, visible, k, indices.as<int32_t>() + static_cast<int64_t>(r) * k);
   }
 }
 

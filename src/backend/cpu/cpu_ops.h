@@ -68,8 +68,8 @@ class CpuOps final : public Ops {
   void dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps, const BatchView& batch,
                        KvLayer cache) override;
   void dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
-                        const DsaIndexerShape& shape, Tensor scores) override;
-  void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) override;
+                        const DsaIndexerShape& shape, Tensor scores, int first_token = 0) override;
+  void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices, int first_token = 0) override;
   void mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
                             const MlaShape& shape, MlaMode mode, const Tensor& indices, Tensor o) override;
 

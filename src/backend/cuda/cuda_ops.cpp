@@ -470,22 +470,22 @@ class CudaOps final : public Ops {
                           tables(batch), cache, stream_);
   }
   void dsa_index_scores(const Tensor& q, const Tensor& weights, const BatchView& batch, KvLayer cache,
-                        const DsaIndexerShape& shp, Tensor scores) override {
+                        const DsaIndexerShape& shp, Tensor scores, int first_token) override {
     const int H = shp.num_heads, D = shp.head_dim;
-    check(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && q.rows == batch.n_tokens() &&
-              weights.rows == q.rows && scores.rows == q.rows,
+    check(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && first_token >= 0 &&
+              first_token + q.rows <= batch.n_tokens() && weights.rows == q.rows && scores.rows == q.rows,
           "dsa_index_scores shapes");
     check(cache.dtype == DType::F32 && cache.row_width == D, "dsa_index_scores: an F32 pool of rows of " + std::to_string(D));
     for (const BatchSeq& s : batch.host->seqs)
       check(s.n_past + s.n_new <= scores.cols, "dsa_index_scores: scores narrower than a sequence's positions");
-    cuda::dsa_index_scores(q.as<float>(), weights.as<float>(), static_cast<int>(q.rows), H, D, shp.weight_scale(),
-                           tables(batch), cache, scores.as<float>(), scores.cols, stream_);
+    cuda::dsa_index_scores(q.as<float>(), weights.as<float>(), first_token, static_cast<int>(q.rows), H, D,
+                           shp.weight_scale(), tables(batch), cache, scores.as<float>(), scores.cols, stream_);
   }
-  void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices) override {
-    check(indices.dtype == DType::I32 && indices.rows == batch.n_tokens() && scores.rows == indices.rows &&
-              indices.cols > 0,
+  void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices, int first_token) override {
+    check(indices.dtype == DType::I32 && first_token >= 0 && first_token + indices.rows <= batch.n_tokens() &&
+              scores.rows == indices.rows && indices.cols > 0,
           "dsa_topk shapes");
-    cuda::dsa_topk(scores.as<float>(), static_cast<int>(scores.rows), scores.cols, tables(batch),
+    cuda::dsa_topk(scores.as<float>(), first_token, static_cast<int>(scores.rows), scores.cols, tables(batch),
                    static_cast<int>(indices.cols), indices.as<int32_t>(), stream_);
   }
   void mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,

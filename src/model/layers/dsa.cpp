@@ -1,6 +1,7 @@
 #include "model/layers/dsa.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace moonrun {
 
@@ -23,22 +24,37 @@ void dsa_forward(Ops& ops, const MlaWeights& w, const DsaIndexerWeights& iw, con
   Tensor wi = ops.scratch(T, HI, DType::F32);
   ops.linear(x, iw.weights_proj, wi);
 
-  // Scores over the step's context width (dsa_score_columns); each query's top k of its
-  // causal range. [T, columns] grows with the context, unlike everything else a step
-  // allocates (ops.h, mla_prefill_key_block): fine for the CPU's growing scratch; the CUDA
-  // top-k will stream the scores by blocks of keys instead (issue 38, item 3), so
-  // scratch_bytes holds no room for long contexts (its slack covers a few thousand).
+  // Scores over the step's context width (dsa_score_columns), a block of tokens at a time
+  // (DsaDims::score_block_bytes); each query's top k of its causal range. Past a query's
+  // position its scores are -inf and its selection -1: a selection as wide as the columns
+  // when they are fewer than index_topk lists the same keys.
   const int64_t columns = dsa_score_columns(*batch.host);
-  Tensor scores = ops.scratch(T, columns, DType::F32);
-  ops.dsa_index_scores(qi, wi, batch, keys, dsa.indexer, scores);
-  // Past a query's position its scores are -inf and its selection -1: a selection as wide
-  // as the columns when they are fewer than index_topk lists the same keys.
+  const int64_t block_rows = std::clamp<int64_t>(dsa.score_block_bytes / (columns * 4), 1, std::max<int64_t>(T, 1));
   Tensor selected = ops.scratch(T, std::min<int64_t>(dsa.topk, columns), DType::I32);
-  ops.dsa_topk(scores, batch, selected);
+  Tensor scores = ops.scratch(std::min(block_rows, T), columns, DType::F32);
+  for (int64_t t0 = 0; t0 < T; t0 += block_rows) {
+    const int64_t n = std::min(block_rows, T - t0);
+    const Tensor block = scores.rows_view(0, n);
+    ops.dsa_index_scores(qi.rows_view(t0, n), wi.rows_view(t0, n), batch, keys, dsa.indexer, block, static_cast<int>(t0));
+    ops.dsa_topk(block, batch, selected.rows_view(t0, n), static_cast<int>(t0));
+  }
 
   Tensor o = ops.scratch(T, static_cast<int64_t>(mla.attn.num_heads) * mla.attn.v_dim, DType::F32);
   ops.mla_sparse_attention(q.q, w.kv_b_proj, batch, latent, mla.attn, mode, selected, o);
   mla_output(ops, w, mla, x, o, out);
+}
+
+int64_t dsa_score_block_bytes() {
+  const char* env = std::getenv("MOONRUN_DSA_SCORE_BLOCK_BYTES");
+  if (!env || !*env) return DsaDims::kDefaultScoreBlockBytes;
+  const long long v = std::strtoll(env, nullptr, 10);
+  return v > 0 ? v : DsaDims::kDefaultScoreBlockBytes;
+}
+
+int64_t dsa_scratch_bytes(const DsaDims& dsa, int tokens_per_step) {
+  const int64_t T = std::max(tokens_per_step, 1);
+  const int64_t heads = dsa.indexer.num_heads, dim = dsa.indexer.head_dim;
+  return dsa.score_block_bytes + int64_t{4} * (T * dsa.topk + T * (heads * dim + heads + dim)) + (int64_t{1} << 20);
 }
 
 int64_t dsa_score_columns(const ForwardBatch& batch) {

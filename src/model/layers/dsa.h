@@ -29,7 +29,20 @@ struct DsaDims {
   DsaIndexerShape indexer;  // heads, head_dim
   int topk = 0;             // index_topk: keys each query reads
   float k_norm_eps = 1e-6f;  // the key LayerNorm's eps (K3.1: rms_norm_eps)
+  // The index scores are made and selected from a block of the step's tokens at a time,
+  // [rows, columns] F32 within this many bytes (at least one row): a prefill chunk of 8,192
+  // tokens at 262,144 positions would otherwise hold 8.6 GB of scores. Every row is scored
+  // and selected on its own, so the blocks change nothing but the memory.
+  int64_t score_block_bytes = kDefaultScoreBlockBytes;
+  static constexpr int64_t kDefaultScoreBlockBytes = int64_t{64} << 20;
 };
+
+// DsaDims::score_block_bytes as a model sets it: the default, or MOONRUN_DSA_SCORE_BLOCK_BYTES
+// (tests make blocks of a few rows with it).
+int64_t dsa_score_block_bytes();
+// Step scratch a DSA layer adds for tokens_per_step new tokens (Model::scratch_bytes): a
+// block of scores, the selection, the indexer's q, weights and keys.
+int64_t dsa_scratch_bytes(const DsaDims& dsa, int tokens_per_step);
 
 // The columns of a step's index scores [T, columns]: a power of two (at least 256, one
 // block of the CUDA scores kernel) no smaller than any of `batch`'s sequences' positions,

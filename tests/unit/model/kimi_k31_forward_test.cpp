@@ -85,7 +85,7 @@ struct Harness {
   cpu::CpuOps ops;
   std::unique_ptr<Model> model;
   CachePools pools;
-  Harness(const fs::path& dir, int pages, int page_size = 16) {
+  Harness(const fs::path& dir, int pages, int page_size = 16, int slots = 1) {
     auto ckpt = Checkpoint::open(dir.string());
     MR_CHECK(ckpt.is_ok()) << ckpt.status().to_string();
     auto m = load_model(ops, **ckpt);
@@ -93,11 +93,11 @@ struct Harness {
     model = std::move(m).value();
     const CacheSpec spec = model->cache_spec();
     const int64_t rows = static_cast<int64_t>(pages) * page_size;
-    pools.state = ops.alloc(1, spec.state_floats_per_slot, DType::F32, "state");
+    pools.state = ops.alloc(slots, spec.state_floats_per_slot, DType::F32, "state");
     pools.kv = ops.alloc(spec.kv_layers * rows, spec.kv_row_width, DType::F32, "kv");
     if (spec.index_layers > 0)
       pools.index_kv = ops.alloc(spec.index_layers * rows, spec.index_row_width, spec.index_dtype, "indexer keys");
-    pools.num_slots = 1;
+    pools.num_slots = slots;
     pools.num_pages = pages;
     pools.page_size_tokens = page_size;
   }
@@ -206,6 +206,36 @@ TEST(KimiK31Cpu, WithASmallTopKCachedDecodeMatchesOnePrefill) {
   const float chunk_diff = max_abs_diff(chunked, all, 0, (first - 1) * V, chunked.size());
   EXPECT_LT(chunk_diff, 1e-3f);
   std::printf("K3.1 top %d: |decode - prefill| %g, |chunked - prefill| %g\n", k, decode_diff, chunk_diff);
+}
+
+// The scores are made a block of tokens at a time (DsaDims::score_block_bytes: what bounds
+// their memory at long contexts). Blocks of one row, and of 3 rows (which split the
+// sequences' tokens unevenly), give one block's logits bit for bit: the rows are
+// independent. Two sequences in the batch, one prefilling after a cached prefix.
+TEST(KimiK31Cpu, ScoresInBlocksOfRowsChangeNothing) {
+  const int k = 8;
+  const auto ids = prompt_ids(48);
+  const fs::path dir = k31_dir(k);
+  const int32_t pages_a[2] = {0, 1}, pages_b[2] = {2, 3};
+  auto run = [&](const char* block_bytes) {
+    if (block_bytes) setenv("MOONRUN_DSA_SCORE_BLOCK_BYTES", block_bytes, 1);
+    else unsetenv("MOONRUN_DSA_SCORE_BLOCK_BYTES");
+    Harness h(dir, kPages, 16, /*slots=*/2);
+    unsetenv("MOONRUN_DSA_SCORE_BLOCK_BYTES");
+    ForwardBatch first;
+    first.add_seq(ids.data(), 10, 0, 1, pages_b, 2);
+    h.forward(first);
+    ForwardBatch fb;
+    fb.add_seq(ids.data(), 30, 0, 0, pages_a, 2, /*all_logits=*/true);
+    fb.add_seq(&ids[10], 20, 10, 1, pages_b, 2, /*all_logits=*/true);
+    return h.forward(fb);
+  };
+  // 256 columns of 4 bytes: 1 KiB a row.
+  const std::vector<float> whole = run(nullptr), rows1 = run("1"), rows3 = run("3072");
+  ASSERT_EQ(whole.size(), rows1.size());
+  ASSERT_EQ(whole.size(), rows3.size());
+  EXPECT_EQ(whole, rows1);
+  EXPECT_EQ(whole, rows3);
 }
 
 TEST(KimiK31Cpu, TheIndexerKeysAreARowKindOfThePagedCache) {

@@ -43,23 +43,23 @@ constexpr int kPositionsPerBlock = kScoreWarps * 32;
 // scaled weights, one key row per warp.
 __global__ void index_scores_kernel(const float* __restrict__ q, const float* __restrict__ weights, int heads,
                                     int dim, float scale, BatchTables batch, PagedRows<float> pool,
-                                    float* __restrict__ scores, int64_t cols) {
+                                    float* __restrict__ scores, int64_t cols, int first_token) {
   extern __shared__ float smem[];
   float* q_s = smem;                                      // [heads, dim + 1]
   float* w_s = q_s + static_cast<int64_t>(heads) * (dim + 1);  // [heads]
   float* key_s = w_s + heads;                             // [kScoreWarps, dim]
-  const int t = blockIdx.x;
+  const int r = blockIdx.x, t = first_token + r;  // the block's row, the batch's token
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int visible = batch.positions[t] + 1;
   const int64_t p0 = static_cast<int64_t>(blockIdx.y) * kPositionsPerBlock;
-  float* row = scores + static_cast<int64_t>(t) * cols;
+  float* row = scores + static_cast<int64_t>(r) * cols;
   if (p0 >= visible) {  // all masked: no loads
     for (int i = threadIdx.x; i < kPositionsPerBlock && p0 + i < cols; i += blockDim.x) row[p0 + i] = -INFINITY;
     return;
   }
   for (int i = threadIdx.x; i < heads * dim; i += blockDim.x)
-    q_s[(i / dim) * (dim + 1) + i % dim] = q[static_cast<int64_t>(t) * heads * dim + i];
-  for (int h = threadIdx.x; h < heads; h += blockDim.x) w_s[h] = weights[static_cast<int64_t>(t) * heads + h] * scale;
+    q_s[(i / dim) * (dim + 1) + i % dim] = q[static_cast<int64_t>(r) * heads * dim + i];
+  for (int h = threadIdx.x; h < heads; h += blockDim.x) w_s[h] = weights[static_cast<int64_t>(r) * heads + h] * scale;
   __syncthreads();
   const int32_t* pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
   float* key = key_s + warp * dim;
@@ -100,17 +100,18 @@ constexpr int kTopkThreads = 256;
 // positions above it and the first `ties` equal to it are then written in position order by
 // block-wide prefix sums.
 __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const float* __restrict__ scores, int64_t cols,
-                                                            BatchTables batch, int k, int32_t* __restrict__ out) {
+                                                            BatchTables batch, int first_token, int k,
+                                                            int32_t* __restrict__ out) {
   using Scan = cub::BlockScan<int, kTopkThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int hist[256];
   __shared__ uint32_t s_prefix;
   __shared__ int s_remaining;
   __shared__ int s_eq_seen, s_written;
-  const int t = blockIdx.x;
+  const int r = blockIdx.x, t = first_token + r;  // the block's row, the batch's token
   const int visible = min(static_cast<int64_t>(batch.positions[t]) + 1, cols);
-  const float* row = scores + static_cast<int64_t>(t) * cols;
-  int32_t* dst = out + static_cast<int64_t>(t) * k;
+  const float* row = scores + static_cast<int64_t>(r) * cols;
+  int32_t* dst = out + static_cast<int64_t>(r) * k;
   if (visible <= k) {
     for (int j = threadIdx.x; j < k; j += kTopkThreads) dst[j] = j < visible ? j : -1;
     return;
@@ -175,8 +176,8 @@ void dsa_index_store(const float* k, int n_tokens, int dim, const float* norm_w,
   CUDA_CHECK_LAUNCH();
 }
 
-void dsa_index_scores(const float* q, const float* weights, int n_tokens, int heads, int dim, float scale,
-                      const BatchTables& batch, const KvLayer& pool, float* scores, int64_t cols,
+void dsa_index_scores(const float* q, const float* weights, int first_token, int n_tokens, int heads, int dim,
+                      float scale, const BatchTables& batch, const KvLayer& pool, float* scores, int64_t cols,
                       cudaStream_t stream) {
   if (n_tokens <= 0 || cols <= 0) return;
   const size_t smem = (static_cast<size_t>(heads) * (dim + 1) + heads + static_cast<size_t>(kScoreWarps) * dim) *
@@ -185,14 +186,14 @@ void dsa_index_scores(const float* q, const float* weights, int n_tokens, int he
                                                          static_cast<int>(smem)));
   const dim3 grid(n_tokens, static_cast<unsigned>((cols + kPositionsPerBlock - 1) / kPositionsPerBlock));
   index_scores_kernel<<<grid, kScoreWarps * 32, smem, stream>>>(q, weights, heads, dim, scale, batch,
-                                                                paged_rows<float>(pool), scores, cols);
+                                                                paged_rows<float>(pool), scores, cols, first_token);
   CUDA_CHECK_LAUNCH();
 }
 
-void dsa_topk(const float* scores, int n_tokens, int64_t cols, const BatchTables& batch, int k, int32_t* indices,
-              cudaStream_t stream) {
+void dsa_topk(const float* scores, int first_token, int n_tokens, int64_t cols, const BatchTables& batch, int k,
+              int32_t* indices, cudaStream_t stream) {
   if (n_tokens <= 0) return;
-  topk_kernel<<<n_tokens, kTopkThreads, 0, stream>>>(scores, cols, batch, k, indices);
+  topk_kernel<<<n_tokens, kTopkThreads, 0, stream>>>(scores, cols, batch, first_token, k, indices);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -13,14 +13,15 @@ namespace moonrun::cuda {
 // pool row of each token's position <- LayerNorm(k[t]) * norm_w + norm_b; k [n_tokens, dim].
 void dsa_index_store(const float* k, int n_tokens, int dim, const float* norm_w, const float* norm_b, float eps,
                      const BatchTables& batch, const KvLayer& pool, cudaStream_t stream);
+// Both over a block of the batch's tokens: row r is token first_token + r.
 // scores [n_tokens, cols]: column p <= positions[t] is sum_h weights[t, h] * scale *
 // ReLU(q[t, h] . key[p]), the others -inf. q [n_tokens, heads * dim], weights [n_tokens, heads].
-void dsa_index_scores(const float* q, const float* weights, int n_tokens, int heads, int dim, float scale,
-                      const BatchTables& batch, const KvLayer& pool, float* scores, int64_t cols,
+void dsa_index_scores(const float* q, const float* weights, int first_token, int n_tokens, int heads, int dim,
+                      float scale, const BatchTables& batch, const KvLayer& pool, float* scores, int64_t cols,
                       cudaStream_t stream);
 // indices [n_tokens, k]: each token's top k of columns [0, positions[t]] by (score
 // descending, position ascending), as increasing positions, then -1s.
-void dsa_topk(const float* scores, int n_tokens, int64_t cols, const BatchTables& batch, int k, int32_t* indices,
-              cudaStream_t stream);
+void dsa_topk(const float* scores, int first_token, int n_tokens, int64_t cols, const BatchTables& batch, int k,
+              int32_t* indices, cudaStream_t stream);
 
 }  // namespace moonrun::cuda
