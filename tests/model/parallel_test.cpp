@@ -119,15 +119,17 @@ TEST_P(ParallelFixture, SameTokensAsOneRankAndTheReference) {
 // The splits each fixture's shapes allow: k3-tiny-a (2 heads, 16 MXFP4 experts of
 // intermediate 32), k3-tiny-b (4 heads, 8 MXFP4 experts of 64), kimi-linear-tiny (2 heads,
 // 8 bf16 experts of 32), k2-tiny (8 heads, 16 bf16 experts of 32, YaRN RoPE), k2-tiny-int4
-// (k2-tiny with INT4 experts: whole experts per rank, so EP = TP). TP alone splits each
-// expert (an MXFP4 split needs 32-wide parts).
+// (k2-tiny with INT4 experts: whole experts per rank, so EP = TP), k31-tiny-a/b (K3.1: the
+// k3-tiny shapes with DSA layers; the indexer is replicated, so every rank selects the same
+// keys for its heads). TP alone splits each expert (an MXFP4 split needs 32-wide parts).
 INSTANTIATE_TEST_SUITE_P(Splits, ParallelFixture,
                          ::testing::Values(Split{"k3-tiny-a", 2, 2}, Split{"k3-tiny-b", 2, 1}, Split{"k3-tiny-b", 2, 2},
                                            Split{"k3-tiny-b", 4, 2}, Split{"k3-tiny-b", 4, 4},
                                            Split{"kimi-linear-tiny", 2, 1}, Split{"kimi-linear-tiny", 2, 2},
                                            Split{"k2-tiny", 2, 1}, Split{"k2-tiny", 2, 2}, Split{"k2-tiny", 4, 2},
                                            Split{"k2-tiny", 4, 4}, Split{"k2-tiny-int4", 2, 2},
-                                           Split{"k2-tiny-int4", 4, 4}),
+                                           Split{"k2-tiny-int4", 4, 4}, Split{"k31-tiny-a", 2, 2},
+                                           Split{"k31-tiny-b", 2, 1}, Split{"k31-tiny-b", 4, 4}),
                          split_name);
 
 // Prefill chunks and decodes mixed in steps of up to 7 sequences, at TP 2 / EP 2: the same
