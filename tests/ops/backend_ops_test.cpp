@@ -579,6 +579,38 @@ TEST_P(BackendOps, DsaOpsOnAMixedBatch) {
                    testing::download(B.cpu, sel.c));
     }
 
+    // A block of the batch's rows (model/layers/dsa.h scores a block of tokens at a time):
+    // rows 30 to the end (the prefill's tail, the decode token, the five after 12) scored and
+    // selected on their own equal the whole batch's rows, on both backends.
+    {
+      const int first = 30, rows = T - first;
+      std::vector<float> q_host = testing::download(B.cpu, q.c), w_host = testing::download(B.cpu, w.c);
+      Pair qb = put(B, std::vector<float>(q_host.begin() + first * H * D, q_host.end()), rows, H * D);
+      Pair wb = put(B, std::vector<float>(w_host.begin() + first * H, w_host.end()), rows, H);
+      Pair sb = out(B, rows, C);
+      B.cpu.dsa_index_scores(qb.c, wb.c, vc, kc, ish, sb.c, first);
+      B.gpu->dsa_index_scores(qb.g, wb.g, vg, kg, ish, sb.g, first);
+      std::vector<float> whole = testing::download(B.cpu, sc.c), cpu_block = testing::download(B.cpu, sb.c),
+                         gpu_block = testing::download(*B.gpu, sb.g);
+      EXPECT_EQ(cpu_block, std::vector<float>(whole.begin() + static_cast<int64_t>(first) * C, whole.end())) << tag;
+      for (size_t i = 0; i < gpu_block.size(); ++i) {
+        if (std::isinf(gpu_block[i]) || std::isinf(cpu_block[i])) {
+          EXPECT_EQ(std::isinf(gpu_block[i]), std::isinf(cpu_block[i])) << tag << " block score " << i;
+          gpu_block[i] = cpu_block[i] = 0;
+        }
+      }
+      expect_close(std::string("dsa_index_scores_block_") + B.mode(), tag,
+                   optest::normalised_error(gpu_block, cpu_block), 1e-5);
+      Pair selb = out(B, rows, K, DType::I32), sel_whole = out(B, T, K, DType::I32);
+      Pair sb_cpu = put(B, cpu_block, rows, C);  // both select from the same scores
+      B.cpu.dsa_topk(sb_cpu.c, vc, selb.c, first);
+      B.gpu->dsa_topk(sb_cpu.g, vg, selb.g, first);
+      B.cpu.dsa_topk(sc.c, vc, sel_whole.c);
+      const std::vector<float> all_rows = testing::download(B.cpu, sel_whole.c);
+      expect_exact(std::string("dsa_topk_block_") + B.mode(), tag, testing::download(*B.gpu, selb.g),
+                   std::vector<float>(all_rows.begin() + static_cast<int64_t>(first) * K, all_rows.end()));
+    }
+
     // MLA over the CPU's selection, on both.
     const MlaShape shp{H <= 4 ? 4 : 16, 512, 128, 64, 128};
     const int row = shp.row_width();
