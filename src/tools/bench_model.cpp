@@ -133,7 +133,7 @@ StepBytes decode_step_bytes(const ModelConfig& c, int64_t weight_bytes, bool bf1
       c.num_mla_layers > 0 ? (static_cast<double>(layout.kv_bytes_per_token) - index_per_token) / c.num_mla_layers : 0.0;
   const double selected = std::min<double>(context, dsa > 0 ? c.dsa.index_topk : context);
   b.kv_cache = static_cast<double>(batch) * ((c.num_mla_layers - dsa) * context * latent_per_layer +
-                                             dsa * (selected * latent_per_layer + context * c.dsa.index_head_dim * 4.0));
+                                             dsa * selected * latent_per_layer + context * index_per_token);
   b.state = 2.0 * batch * layout.state_bytes_per_slot;
   return b;
 }
