@@ -23,6 +23,15 @@ class Communicator {
   virtual void all_reduce_sum(float* data, size_t n) = 0;
   // out[r * n, (r + 1) * n) = rank r's in[0, n), on every rank.
   virtual void all_gather(const float* in, size_t n, float* out) = 0;
+  // data[0, n) = rank root's data[0, n), on every rank: a pipeline stage's activations to
+  // the next stage, over a group of the two (runtime: one such pair per stage boundary and
+  // tensor-parallel rank). By default an all-reduce in which every other rank adds zeros:
+  // exact (x + 0 = x) on any transport, at twice the bytes of a real broadcast.
+  virtual void broadcast(float* data, size_t n, int root) {
+    if (rank() != root)
+      for (size_t i = 0; i < n; ++i) data[i] = 0.0f;
+    all_reduce_sum(data, n);
+  }
   // A device communicator enqueues on its rank's stream (the backend's, set once by it).
   virtual void bind_stream(void* stream) {}
   // Wakes every rank waiting in a collective with an error (why): used when one rank failed

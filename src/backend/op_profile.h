@@ -106,6 +106,8 @@ class ProfiledOps final : public Ops {
   int parallel_rank() const override { return in_.parallel_rank(); }
   int parallel_size() const override { return in_.parallel_size(); }
   void abort_collectives(const std::string& why) override { in_.abort_collectives(why); }
+  void pipe_send(const Tensor& x) override { in_.pipe_send(x); }
+  void pipe_recv(Tensor x) override { in_.pipe_recv(x); }
   void bind_thread() override { in_.bind_thread(); }
   void synchronize() override { in_.synchronize(); }
   // Profiled steps run eagerly: a captured graph would hide the ops from the timer.

@@ -17,12 +17,14 @@
 #include <climits>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backend/batch.h"
+#include "backend/comm.h"
 #include "backend/sampling.h"
 #include "backend/tensor.h"
 
@@ -300,6 +302,17 @@ class Ops {
   // After this rank failed: every rank waiting in (or entering) a collective of the group
   // gets a BackendError instead of waiting for this one forever.
   virtual void abort_collectives(const std::string& why) {}
+
+  // ---- pipeline parallelism (--pp-size) -----------------------------------------------
+  // This rank's links to the same tensor-parallel rank of the previous and the next stage:
+  // two-rank groups in which the earlier stage is rank 0 (none at the first / last stage).
+  // abort_collectives aborts them too. A backend that cannot run stages throws.
+  virtual void set_pipeline(std::unique_ptr<Communicator> prev, std::unique_ptr<Communicator> next) {
+    if (prev || next) throw BackendError(std::string(name()) + ": pipeline stages are not supported");
+  }
+  // x [rows, cols] F32 to the next stage, which receives it into a tensor of its shape.
+  virtual void pipe_send(const Tensor& x) { throw BackendError("pipe_send: this rank has no next stage"); }
+  virtual void pipe_recv(Tensor x) { throw BackendError("pipe_recv: this rank has no previous stage"); }
 
   // ---- execution ---------------------------------------------------------------------
   // Makes this backend's device current on the calling thread (a CUDA rank's GPU); called

@@ -44,6 +44,7 @@ struct GenerateArgs {
   bool disable_cuda_graph = false;
   int tp_size = 1;
   int ep_size = 1;
+  int pp_size = 1;
   std::vector<std::string> images;
 };
 
@@ -150,6 +151,7 @@ void run_generate(const GenerateArgs& a) {
   ro.cuda_graphs = !a.disable_cuda_graph;
   ro.tp_size = a.tp_size;
   ro.ep_size = a.ep_size;
+  ro.pp_size = a.pp_size;
   ro.log = a.verbose;
   auto rt = build_runtime(a.model, ro);
   if (!rt.is_ok()) fail(rt.status().code() == StatusCode::kInvalidArgument ? 2 : 1, rt.status().message());
@@ -224,6 +226,8 @@ void add_generate_command(CLI::App& app) {
                   "tensor-parallel ranks (CPU: threads of this process)")->capture_default_str();
   cmd->add_option("--ep-size,--expert-parallel-size", args->ep_size,
                   "expert-parallel groups (must divide --tp-size)")->capture_default_str();
+  cmd->add_option("--pp-size,--pipeline-parallel-size", args->pp_size,
+                  "pipeline stages, each a --tp-size group (CPU: threads of this process)")->capture_default_str();
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -114,6 +114,7 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.fail_after_steps = opt.debug_fail_after_steps;
   ro.tp_size = opt.tp_size;
   ro.ep_size = opt.ep_size;
+  ro.pp_size = opt.pp_size;
   ro.num_speculative_tokens = opt.speculative.enabled() ? opt.speculative.num_speculative_tokens : 0;
   if (opt.speculative.enabled() && opt.speculative.method == SpecMethod::kDSpark)
     ro.draft_model = opt.speculative.draft_model;

@@ -30,14 +30,14 @@ Result<std::unique_ptr<Model>> build_k3(Ops& ops, const Checkpoint& ckpt, const 
   WeightLoader loader(ops, ckpt, cfg, options);
   uint64_t total = 0;
   for (const TensorSpec& t : weight_spec(cfg)) total += t.nbytes();
-  loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size));
+  loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size * options.stage.num_stages));
   const size_t before = ops.allocated_bytes();
   KimiK3Weights weights;
-  describe_kimi_k3_weights(cfg, weights, loader);
+  describe_kimi_k3_weights(cfg, weights, loader, options.stage);
   MR_RETURN_IF_ERROR(loader.finish());
   ops.synchronize();
   return std::unique_ptr<Model>(new KimiK3(cfg, std::move(weights), ops.allocated_bytes() - before,
-                                           TensorParallel{options.rank, options.world_size}));
+                                           TensorParallel{options.rank, options.world_size}, {}, options.stage));
 }
 
 // K3.1: K3's forward with a DSA layer in each full-attention layer (model/kimi_k31.h). The
@@ -47,15 +47,15 @@ Result<std::unique_ptr<Model>> build_k31(Ops& ops, const Checkpoint& ckpt, const
   WeightLoader loader(ops, ckpt, cfg, options);
   uint64_t total = 0;
   for (const TensorSpec& t : weight_spec(cfg)) total += t.nbytes();
-  loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size));
+  loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size * options.stage.num_stages));
   const size_t before = ops.allocated_bytes();
   KimiK31Weights weights;
-  describe_kimi_k31_weights(cfg, weights, loader);
+  describe_kimi_k31_weights(cfg, weights, loader, options.stage);
   MR_RETURN_IF_ERROR(loader.finish());
   ops.synchronize();
   return std::unique_ptr<Model>(new KimiK3(cfg, std::move(weights.k3), ops.allocated_bytes() - before,
                                            TensorParallel{options.rank, options.world_size},
-                                           std::move(weights.indexers)));
+                                           std::move(weights.indexers), options.stage));
 }
 
 // The K2 forward runs on the CPU backend and on CUDA, with bf16 experts or the released
@@ -72,14 +72,15 @@ Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const 
   WeightLoader loader(ops, ckpt, cfg, options);
   uint64_t total = 0;
   for (const TensorSpec& t : weight_spec(cfg)) total += t.nbytes();
-  loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size));
+  loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size * options.stage.num_stages));
   const size_t before = ops.allocated_bytes();
   KimiK2Weights weights;
-  describe_kimi_k2_weights(cfg, weights, loader);
+  describe_kimi_k2_weights(cfg, weights, loader, options.stage);
   MR_RETURN_IF_ERROR(loader.finish());
   ops.synchronize();
   return std::unique_ptr<Model>(new KimiK2(ops, cfg, std::move(weights), ops.allocated_bytes() - before,
-                                           TensorParallel{options.rank, options.world_size}, options.max_positions));
+                                           TensorParallel{options.rank, options.world_size}, options.max_positions,
+                                           options.stage));
 }
 
 std::string known_names() {

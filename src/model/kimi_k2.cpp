@@ -7,7 +7,7 @@
 
 namespace moonrun {
 
-void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink) {
+void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink, const StageLayers& stage) {
   const TensorNames names(cfg);
   const int H = cfg.hidden_size, nh = cfg.num_attention_heads;
   auto vec = [&](Tensor& dst, const std::string& name, int64_t n, DType stored = DType::BF16) {
@@ -19,9 +19,11 @@ void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSi
     sink.matrix(m.down, names.layer(i, prefix + "down_proj.weight"), H, inter, ShardRule::row);
   };
 
-  sink.matrix(w.embed_tokens, names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
+  if (stage.first() || (stage.last() && cfg.tie_word_embeddings))
+    sink.matrix(w.embed_tokens, names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
   w.layers.resize(cfg.num_hidden_layers);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
+    if (!stage.has(i)) continue;
     KimiK2LayerWeights& lw = w.layers[i];
     vec(lw.input_layernorm, names.layer(i, "input_layernorm.weight"), H);
     vec(lw.post_attention_layernorm, names.layer(i, "post_attention_layernorm.weight"), H);
@@ -62,6 +64,7 @@ void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSi
     sink.experts(m.w3, i, ExpertMatrix::w3, E, I, H);
     if (cfg.num_shared_experts > 0) mlp(m.shared, i, "mlp.shared_experts.", cfg.shared_intermediate_size());
   }
+  if (!stage.last()) return;
   vec(w.norm, names.global("norm.weight"), H);
   if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
   else sink.matrix(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
@@ -85,16 +88,21 @@ MlaDims k2_mla_dims(const ModelConfig& c, int tp_size) {
 
 }  // namespace
 
-KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp, int64_t max_positions)
+KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp,
+               int64_t max_positions, StageLayers stage)
     : cfg_(cfg),
       w_(std::move(weights)),
       weight_bytes_(weight_bytes),
       tp_(tp),
+      stage_(stage),
       vocab_begin_(static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
       mla_dims_(k2_mla_dims(cfg, tp.size)),
       moe_dims_(moe_dims(cfg)),
       act_(activation_params(cfg)),
       rope_(cfg.qk_rope_head_dim, cfg.k2.rope_theta, cfg.k2.rope_scaling) {
+  stage_.first_layer = std::clamp(stage_.first_layer, 0, cfg.num_hidden_layers);
+  stage_.end_layer = std::clamp(stage_.end_layer, stage_.first_layer, cfg.num_hidden_layers);
+  for (int i = 0; i < stage_.first_layer; ++i) mla_base_ += cfg.layers[i].attn != LayerKind::kda;
   // YaRN widens the softmax scale (nope + rope)^-1/2 by mscale(factor, mscale_all_dim)^2.
   // mla_attention keeps the plain scale; q is linear in q_a_layernorm's weight (q = q_b(w *
   // rmsnorm(q_a x))) or in q_proj, so the factor goes into that weight, exactly in F32 for
@@ -107,7 +115,8 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
   rope_rows_ = alloc_rope_rows(ops, rope_, n_positions, "K2 rope rows");
   const float f = rope_.softmax_scale_factor();
   if (f != 1.0f) {
-    for (KimiK2LayerWeights& lw : w_.layers) {
+    for (int i = stage_.first_layer; i < stage_.end_layer; ++i) {
+      KimiK2LayerWeights& lw = w_.layers[static_cast<size_t>(i)];
       if (cfg_.q_lora_rank > 0) {
         fold_softmax_factor(ops, lw.mla.q_a_layernorm, f);
       } else {
@@ -121,7 +130,7 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
 
 CacheSpec KimiK2::cache_spec() const {
   CacheSpec spec;
-  spec.kv_layers = cfg_.num_mla_layers;
+  spec.kv_layers = stage_.end_layer - stage_.first_layer;  // every K2 layer is MLA; this stage's
   spec.kv_row_width = cfg_.mla_cache_row();
   return spec;
 }
@@ -159,7 +168,7 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
 
   auto kv_of = [&](const LayerSpec& spec) {
     const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;
-    return KvLayer{pools.kv.rows_view(spec.mla_index * layer_rows, layer_rows).data, pools.kv.dtype,
+    return KvLayer{pools.kv.rows_view((spec.mla_index - mla_base_) * layer_rows, layer_rows).data, pools.kv.dtype,
                    pools.page_size_tokens, static_cast<int>(pools.kv.cols)};
   };
 
@@ -171,14 +180,18 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   ops.gather_rows(rope_rows_, batch.positions, cos_sin);
 
   Tensor h = ops.scratch(T, H, DType::F32);  // the residual stream
-  ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
-  ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
+  if (stage_.first()) {
+    ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
+    ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
+  } else {
+    ops.pipe_recv(h);  // the previous stage's residual stream
+  }
 
   Tensor a = ops.scratch(T, H, DType::F32);   // a sub-layer's output
   Tensor xn = ops.scratch(T, H, DType::F32);  // normed, F32 (the router's input)
   Tensor xa = act == DType::F32 ? xn : ops.scratch(T, H, act);  // normed, the projections' input
 
-  for (int i = 0; i < cfg_.num_hidden_layers; ++i) {
+  for (int i = stage_.first_layer; i < stage_.end_layer; ++i) {
     const LayerSpec& spec = cfg_.layers[i];
     const KimiK2LayerWeights& lw = w_.layers[i];
     ops.rmsnorm(h, lw.input_layernorm, eps, xa);
@@ -193,6 +206,10 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
       moe_forward(ops, lw.moe, moe_dims_, xn, xa, a);
     }
     ops.add(h, a, h);
+  }
+  if (!stage_.last()) {  // the next stage goes on; only the last one writes logits
+    ops.pipe_send(h);
+    return;
   }
 
   // The rows that get logits: final norm, lm_head.

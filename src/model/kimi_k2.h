@@ -41,7 +41,9 @@ struct KimiK2Weights {
 // rules), filling `w` through `sink`. The shard rules are K3's for the same roles: q_a,
 // kv_a and the router replicated; q_b, kv_b, gate/up column; o_proj, down row; routed
 // experts whole per expert group; embeddings and lm_head by vocabulary rows.
-void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink);
+// A pipeline stage lists only its layers (embedding first, norm and lm_head last).
+void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink,
+                              const StageLayers& stage = {});
 
 // embeddings -> per layer [input_layernorm -> MLA (RoPE on q_pe and k_pe, YaRN) -> residual
 // -> post_attention_layernorm -> dense MLP or MoE -> residual] -> norm -> lm_head.
@@ -51,8 +53,9 @@ class KimiK2 final : public Model {
   // once per loaded set of weights.
   // max_positions: the longest context served (0: the config's max_position_embeddings),
   // the rows of the rope table.
+  // stage: the layers this rank runs (pipeline parallelism; all of them by default).
   KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t weight_bytes, TensorParallel tp = {},
-         int64_t max_positions = 0);
+         int64_t max_positions = 0, StageLayers stage = {});
 
   const ModelConfig& config() const override { return cfg_; }
   CacheSpec cache_spec() const override;
@@ -69,6 +72,8 @@ class KimiK2 final : public Model {
   KimiK2Weights w_;
   size_t weight_bytes_ = 0;
   TensorParallel tp_;
+  StageLayers stage_;  // this rank's layers
+  int mla_base_ = 0;   // the MLA cache index of its first layer
   int64_t vocab_begin_ = 0;
   MlaDims mla_dims_;  // this rank's heads
   MoeDims moe_dims_;

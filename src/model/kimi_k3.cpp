@@ -102,12 +102,15 @@ struct Lister {
 
 }  // namespace
 
-void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink) {
+void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink, const StageLayers& stage) {
   Lister l{cfg, sink, TensorNames(cfg)};
   const int64_t H = cfg.hidden_size;
-  l.mat(w.embed_tokens, l.names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
+  // A tied lm_head is the embedding: the last stage holds it too.
+  if (stage.first() || (stage.last() && cfg.tie_word_embeddings))
+    l.mat(w.embed_tokens, l.names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
   w.layers.resize(cfg.num_hidden_layers);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
+    if (!stage.has(i)) continue;
     KimiK3LayerWeights& lw = w.layers[i];
     l.vec(lw.input_layernorm, l.names.layer(i, "input_layernorm.weight"), H);
     l.vec(lw.post_attention_layernorm, l.names.layer(i, "post_attention_layernorm.weight"), H);
@@ -124,25 +127,28 @@ void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSi
     if (cfg.layers[i].mlp == MlpKind::dense) l.dense_mlp(i, "mlp.", cfg.intermediate_size, lw.mlp);
     else l.moe(i, lw.moe);
   }
-  l.vec(w.norm, l.names.global("norm.weight"), H);
-  if (cfg.attn_res_block_size > 0) {
-    l.vec(w.output_attn_res_norm, l.names.global("output_attn_res_norm.weight"), H);
-    sink.f32(w.output_attn_res_proj, l.names.global("output_attn_res_proj.weight"), DType::BF16, {1, H}, 1, H,
-             ShardRule::replicated);
+  if (stage.last()) {
+    l.vec(w.norm, l.names.global("norm.weight"), H);
+    if (cfg.attn_res_block_size > 0) {
+      l.vec(w.output_attn_res_norm, l.names.global("output_attn_res_norm.weight"), H);
+      sink.f32(w.output_attn_res_proj, l.names.global("output_attn_res_proj.weight"), DType::BF16, {1, H}, 1, H,
+               ShardRule::replicated);
+    }
+    if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
+    else l.mat(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
   }
-  if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
-  else l.mat(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
-  describe_moonvit_weights(cfg, w.vision, sink);
+  if (stage.first()) describe_moonvit_weights(cfg, w.vision, sink);
 }
 
 // ---- the model ---------------------------------------------------------------------------
 
 KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes, TensorParallel tp,
-               std::vector<DsaIndexerWeights> indexers)
+               std::vector<DsaIndexerWeights> indexers, StageLayers stage)
     : cfg_(cfg),
       w_(std::move(weights)),
       weight_bytes_(weight_bytes),
       tp_(tp),
+      stage_(stage),
       vocab_begin_(static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
       kda_shape_(kda_shape(cfg)),
       mla_dims_(mla_dims(cfg)),
@@ -157,16 +163,31 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
   mla_dims_.attn.num_heads /= tp.size;
   MR_CHECK(indexers_.size() == static_cast<size_t>(cfg.num_dsa_layers))
       << indexers_.size() << " DSA indexers for " << cfg.num_dsa_layers << " DSA layers";
+  stage_.first_layer = std::clamp(stage_.first_layer, 0, cfg.num_hidden_layers);
+  stage_.end_layer = std::clamp(stage_.end_layer, stage_.first_layer, cfg.num_hidden_layers);
+  for (int i = 0; i < stage_.first_layer; ++i) {
+    const LayerSpec& spec = cfg.layers[i];
+    kda_base_ += spec.attn == LayerKind::kda;
+    mla_base_ += spec.attn != LayerKind::kda;
+    dsa_base_ += spec.dsa_index >= 0;
+  }
 }
 
 CacheSpec KimiK3::cache_spec() const {
+  // This stage's layers only (all of them without pipeline parallelism).
+  int kda = 0, mla = 0, dsa = 0;
+  for (int i = stage_.first_layer; i < stage_.end_layer; ++i) {
+    kda += cfg_.layers[i].attn == LayerKind::kda;
+    mla += cfg_.layers[i].attn != LayerKind::kda;
+    dsa += cfg_.layers[i].dsa_index >= 0;
+  }
   CacheSpec spec;
-  spec.state_floats_per_slot = cfg_.num_kda_layers * kda_state_floats(kda_shape_);
-  spec.kv_layers = cfg_.num_mla_layers;
+  spec.state_floats_per_slot = kda * kda_state_floats(kda_shape_);
+  spec.kv_layers = mla;
   spec.kv_row_width = cfg_.mla_cache_row();
   // K3.1: each DSA layer's indexer keys, a row kind on the latent rows' pages.
-  spec.index_layers = cfg_.num_dsa_layers;
-  spec.index_row_width = cfg_.num_dsa_layers > 0 ? cfg_.dsa.index_head_dim : 0;
+  spec.index_layers = dsa;
+  spec.index_row_width = dsa > 0 ? cfg_.dsa.index_head_dim : 0;
   spec.index_dtype = DType::F32;  // the CPU's dsa_index_store; FP8 + scale comes with CUDA (issue 38)
   return spec;
 }
@@ -204,7 +225,9 @@ int64_t KimiK3::scratch_bytes(int tokens_per_step) const {
 }
 
 int64_t KimiK3::replay_floats_per_token() const {
-  return static_cast<int64_t>(cfg_.num_kda_layers) * kda_replay_floats_per_token(kda_shape_);
+  int kda = 0;  // this stage's
+  for (int i = stage_.first_layer; i < stage_.end_layer; ++i) kda += cfg_.layers[i].attn == LayerKind::kda;
+  return static_cast<int64_t>(kda) * kda_replay_floats_per_token(kda_shape_);
 }
 
 void KimiK3::replay_state(Ops& ops, const BatchView& batch, const CachePools& pools) {
@@ -214,16 +237,18 @@ void KimiK3::replay_state(Ops& ops, const BatchView& batch, const CachePools& po
   const Tensor index{const_cast<int32_t*>(batch.token_ids), DType::I32, batch.n_tokens(), 1};
   const int64_t kda_floats = kda_state_floats(kda_shape_);
   const int64_t per_layer = pools.replay.rows * kda_replay_floats_per_token(kda_shape_);
-  for (int i = 0; i < cfg_.num_hidden_layers; ++i) {
+  for (int i = stage_.first_layer; i < stage_.end_layer; ++i) {
     const LayerSpec& spec = cfg_.layers[i];
     if (spec.attn != LayerKind::kda) continue;
-    const StateLayer state{pools.state.as<float>() + spec.kda_index * kda_floats, pools.state.cols};
-    const KdaSavedInputs from{index, pools.replay.as<float>() + spec.kda_index * per_layer, pools.replay.rows};
+    const int k = spec.kda_index - kda_base_;  // this stage's pools hold its own layers
+    const StateLayer state{pools.state.as<float>() + k * kda_floats, pools.state.cols};
+    const KdaSavedInputs from{index, pools.replay.as<float>() + k * per_layer, pools.replay.rows};
     kda_replay(ops, w_.layers[i].kda, kda_shape_, batch, state, kda_mode_, from);
   }
 }
 
 bool KimiK3::set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) {
+  if (stage_.num_stages > 1) return false;  // a draft reads every layer's rows on one rank
   tap_of_layer_.assign(cfg_.num_hidden_layers, -1);
   for (size_t j = 0; j < layers.size(); ++j) {
     if (layers[j] < 0 || layers[j] >= cfg_.num_hidden_layers) return false;
@@ -236,7 +261,7 @@ bool KimiK3::set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows)
 }
 
 DraftSharedWeights KimiK3::draft_shared() const {
-  if (tp_.size != 1) return {};
+  if (tp_.size != 1 || stage_.num_stages > 1) return {};
   return {&w_.embed_tokens, &w_.lm_head};
 }
 
@@ -258,26 +283,29 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   // Where layer i's caches live: a KDA layer's region of every state slot, an MLA layer's pages.
   const int64_t kda_floats = kda_state_floats(kda_shape_);
   auto state_of = [&](const LayerSpec& spec) {
-    return StateLayer{pools.state.as<float>() + spec.kda_index * kda_floats, pools.state.cols};
+    return StateLayer{pools.state.as<float>() + (spec.kda_index - kda_base_) * kda_floats, pools.state.cols};
   };
   auto kv_of = [&](const LayerSpec& spec) {
     const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;
-    return KvLayer{pools.kv.rows_view(spec.mla_index * layer_rows, layer_rows).data, pools.kv.dtype,
+    return KvLayer{pools.kv.rows_view((spec.mla_index - mla_base_) * layer_rows, layer_rows).data, pools.kv.dtype,
                    pools.page_size_tokens, static_cast<int>(pools.kv.cols)};
   };
   auto keys_of = [&](const LayerSpec& spec) {  // a DSA layer's indexer keys, on the same pages
     const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;
-    return KvLayer{pools.index_kv.rows_view(spec.dsa_index * layer_rows, layer_rows).data, pools.index_kv.dtype,
+    return KvLayer{pools.index_kv.rows_view((spec.dsa_index - dsa_base_) * layer_rows, layer_rows).data,
+                   pools.index_kv.dtype,
                    pools.page_size_tokens, static_cast<int>(pools.index_kv.cols)};
   };
 
   Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
-  ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
-  ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
+  const ForwardBatch& host = *batch.host;
+  if (stage_.first()) {
+    ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
+    ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
+  }
   // Rows whose input is given (the vision tower's rows at an image's placeholders; the
   // reference's _merge_input_ids_with_image_features) replace their lookups.
-  const ForwardBatch& host = *batch.host;
-  if (!host.embed_rows.empty()) {
+  if (stage_.first() && !host.embed_rows.empty()) {
     const int64_t n = static_cast<int64_t>(host.embed_rows.size());
     MR_CHECK(host.embed_values.size() == static_cast<size_t>(n * H)) << "embed_values: " << n << " rows of " << H;
     Tensor given = ops.scratch(n, H, DType::F32);  // [n, hidden]
@@ -290,7 +318,7 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   // them; another uploads the rows' index (never inside a graph).
   Tensor save_index;
   bool save_all = false, saving = false;
-  if (!host.save_rows.empty() && !pools.replay.empty() && cfg_.num_kda_layers > 0) {
+  if (!host.save_rows.empty() && !pools.replay.empty()) {
     const int64_t n = static_cast<int64_t>(host.save_rows.size());
     MR_CHECK(n <= pools.replay.rows) << n << " rows to save, room for " << pools.replay.rows;
     saving = true;
@@ -303,7 +331,8 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   }
   const int64_t replay_per_layer = pools.replay.rows * kda_replay_floats_per_token(kda_shape_);
   auto saved_of = [&](const LayerSpec& spec) {
-    return KdaSavedInputs{save_index, pools.replay.as<float>() + spec.kda_index * replay_per_layer, pools.replay.rows};
+    return KdaSavedInputs{save_index, pools.replay.as<float>() + (spec.kda_index - kda_base_) * replay_per_layer,
+                          pools.replay.rows};
   };
 
   // Attention Residuals: the completed block summaries, block i at rows [i*T, (i+1)*T).
@@ -317,7 +346,16 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   Tensor xn = ops.scratch(T, H, DType::F32);      // normed, F32 (the router's input)
   Tensor xa = act == DType::F32 ? xn : ops.scratch(T, H, act);  // normed, the projections' input
 
-  for (int i = 0; i < cfg_.num_hidden_layers; ++i) {
+  // A later pipeline stage starts from what the previous one ended with: the residual
+  // stream and, under AttnRes, the block summaries completed so far (one per block start
+  // among the earlier layers).
+  if (!stage_.first()) {
+    ops.pipe_recv(h);
+    if (B > 0) n_blocks = (stage_.first_layer + B - 1) / B;
+    if (n_blocks > 0) ops.pipe_recv(blocks.rows_view(0, n_blocks * T));
+  }
+
+  for (int i = stage_.first_layer; i < stage_.end_layer; ++i) {
     const LayerSpec& spec = cfg_.layers[i];
     const KimiK3LayerWeights& lw = w_.layers[i];
     const bool block_start = B > 0 && i % B == 0;
@@ -365,6 +403,11 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
       MR_CHECK(T <= taps_stride_rows_) << T << " tokens, taps hold " << taps_stride_rows_;
       ops.copy(h, taps_.rows_view(tap_of_layer_[i] * taps_stride_rows_, T));
     }
+  }
+  if (!stage_.last()) {  // the next stage goes on; only the last one writes logits
+    ops.pipe_send(h);
+    if (n_blocks > 0) ops.pipe_send(blocks.rows_view(0, n_blocks * T));
+    return;
   }
   if (B > 0) {
     ops.attn_res_mix(h, blocks, n_blocks, w_.output_attn_res_norm, w_.output_attn_res_proj, eps, x);

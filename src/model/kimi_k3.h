@@ -14,6 +14,7 @@
 #include "model/layers/mlp.h"
 #include "model/layers/moe.h"
 #include "model/model.h"
+#include "model/pipeline.h"
 #include "model/vision/moonvit.h"
 #include "model/weight_spec.h"
 
@@ -41,8 +42,10 @@ struct KimiK3Weights {
 };
 
 // The one listing of the model's tensors (names, stored shapes, shard rules), filling `w`
-// through `sink`: the loader and weight_spec() both run it.
-void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink);
+// through `sink`: the loader and weight_spec() both run it. A pipeline stage lists only its
+// layers (and the embedding on the first stage, norm and lm_head on the last).
+void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink,
+                              const StageLayers& stage = {});
 
 // This rank's place in the tensor-parallel group: attention heads, MLP intermediate and
 // vocabulary rows [rank * n / size, (rank + 1) * n / size) are its own; the layers'
@@ -55,8 +58,9 @@ struct TensorParallel {
 class KimiK3 final : public Model {
  public:
   // indexers: K3.1's, one per DSA layer (LayerSpec::dsa_index); empty for K3 and Kimi Linear.
+  // stage: the layers this rank runs (pipeline parallelism; all of them by default).
   KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_bytes, TensorParallel tp = {},
-         std::vector<DsaIndexerWeights> indexers = {});
+         std::vector<DsaIndexerWeights> indexers = {}, StageLayers stage = {});
 
   const ModelConfig& config() const override { return cfg_; }
   CacheSpec cache_spec() const override;
@@ -67,7 +71,7 @@ class KimiK3 final : public Model {
   DraftSharedWeights draft_shared() const override;
   void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools) override;
   size_t weight_bytes() const override { return weight_bytes_; }
-  bool has_vision() const override { return vision_.enabled(); }
+  bool has_vision() const override { return stage_.first() && vision_.enabled(); }
   std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) override {
     return vision_.encode(ops, images);
   }
@@ -86,6 +90,10 @@ class KimiK3 final : public Model {
   KimiK3Weights w_;
   size_t weight_bytes_ = 0;
   TensorParallel tp_;
+  // Pipeline parallelism: this rank's layers, and the cache indices its first layer's kinds
+  // start at (a stage's pools hold its own layers only, from index 0).
+  StageLayers stage_;
+  int kda_base_ = 0, mla_base_ = 0, dsa_base_ = 0;
   int64_t vocab_begin_ = 0;
   // DSpark taps (set_taps): tap_of_layer_[i] = j when layer i's output goes to tap j, else -1.
   std::vector<int> tap_of_layer_;

@@ -2,15 +2,16 @@
 
 namespace moonrun {
 
-void describe_kimi_k31_weights(const ModelConfig& cfg, KimiK31Weights& w, WeightSink& sink) {
-  describe_kimi_k3_weights(cfg, w.k3, sink);
+void describe_kimi_k31_weights(const ModelConfig& cfg, KimiK31Weights& w, WeightSink& sink,
+                               const StageLayers& stage) {
+  describe_kimi_k3_weights(cfg, w.k3, sink, stage);
   const TensorNames names(cfg);
   const DsaPart& d = cfg.dsa;
   const int H = cfg.hidden_size;
   w.indexers.resize(static_cast<size_t>(cfg.num_dsa_layers));
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
     const int k = cfg.layers[i].dsa_index;
-    if (k < 0) continue;
+    if (k < 0 || !stage.has(i)) continue;
     DsaIndexerWeights& iw = w.indexers[static_cast<size_t>(k)];
     auto n = [&](const std::string& s) { return names.layer(i, "self_attn.indexer." + s); };
     // Replicated, all of it (kimi_k31.h says why).

@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/pipeline.h"
 #include "model/vision/preprocess.h"
 
 namespace moonrun {
@@ -61,6 +62,9 @@ struct LoadOptions {
   int rank = 0;
   int world_size = 1;
   int ep_size = 1;
+  // Pipeline parallelism: the layers this rank's stage runs (rank and world_size are then
+  // its place in the stage's own tensor-parallel group). All of them by default.
+  StageLayers stage;
   bool log_progress = false;  // progress lines (bytes, GB/s, ETA) for long loads
   // The longest context served (0: the config's max_position_embeddings): what a model that
   // keeps a table per position (RoPE rows) sizes it for.

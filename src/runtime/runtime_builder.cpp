@@ -104,6 +104,25 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(const Runtime
 #endif
 }
 
+// A stage boundary's two-rank NCCL link, both GPUs in this process (the earlier stage's
+// first): what Ops::set_pipeline takes.
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_pair(const RuntimeOptions& o, int device_from,
+                                                                  int device_to) {
+#if MOONRUN_HAS_CUDA
+  (void)o;
+  const cuda::NcclUniqueId id = MR_TRY(cuda::nccl_unique_id());
+  if (const int n = cuda::device_count(); std::max(device_from, device_to) >= n)
+    return invalid_argument("--pp-size: a stage needs cuda:" + std::to_string(std::max(device_from, device_to)) +
+                            "; " + std::to_string(n) + " GPUs are visible");
+  return cuda::make_nccl_comms(id, 2, 0, {device_from, device_to});
+#else
+  (void)o;
+  (void)device_from;
+  (void)device_to;
+  return failed_precondition("NCCL needs the CUDA backend");
+#endif
+}
+
 }  // namespace
 
 Result<std::string> make_nccl_id_hex() {
@@ -178,19 +197,63 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   if (W < 1 || o.ep_size < 1 || W % o.ep_size != 0)
     return invalid_argument("--tp-size " + std::to_string(W) + " and --ep-size " + std::to_string(o.ep_size) +
                             ": both >= 1, and --ep-size must divide --tp-size");
-  const int local = o.local_ranks > 0 ? o.local_ranks : W;
-  if (o.first_rank < 0 || o.first_rank + local > W)
+  const int P = o.pp_size;
+  if (P < 1) return invalid_argument("--pp-size must be >= 1, got " + std::to_string(P));
+  const int world = W * P;
+  const int local = o.local_ranks > 0 ? o.local_ranks : world;
+  if (o.first_rank < 0 || o.first_rank + local > world)
     return invalid_argument("ranks [" + std::to_string(o.first_rank) + ", " + std::to_string(o.first_rank + local) +
-                            ") are not in a group of " + std::to_string(W));
+                            ") are not in a group of " + std::to_string(world));
+  if (P > 1 && (local != world || o.make_comm))
+    return unimplemented("--pp-size " + std::to_string(P) + ": pipeline stages run in one process for now "
+                         "(every rank on this node); stages across nodes are not built yet");
+  if (P > 1 && !o.draft_model.empty())
+    return unimplemented("a DSpark draft reads the target's layers on one rank: not with --pp-size > 1");
   auto ckpt = MR_TRY(Checkpoint::open(model_dir_or_repo));
+  std::vector<StageLayers> stages;  // by stage
   {
     const ModelConfig cfg = MR_TRY(parse_model_config(ckpt->config(), ckpt->dir() + "/config.json"));
     MR_RETURN_IF_ERROR(check_parallel_split(cfg, W, o.ep_size));
+    for (int s = 0; s < P; ++s) stages.push_back(MR_TRY(stage_layers(cfg, W, o.ep_size, P, s)));
   }
   // One backend per local rank. GPUs talk through NCCL; CPU ranks through o.make_comm
   // (another process's ranks), or shared memory when the whole group is in this process.
+  // Under pipeline parallelism every stage has its own tensor-parallel group, and each
+  // stage boundary a two-rank link per tensor-parallel rank (Ops::set_pipeline).
   std::vector<std::unique_ptr<Communicator>> comms;  // by local index
-  if (lr.device == "cuda" && (W > 1 || o.nccl_at_one_rank)) {
+  std::vector<std::unique_ptr<Communicator>> pipe_prev(static_cast<size_t>(local)), pipe_next(static_cast<size_t>(local));
+  if (P > 1) {
+    comms.resize(static_cast<size_t>(world));
+    for (int s = 0; s < P; ++s) {
+      std::vector<std::unique_ptr<Communicator>> group;
+      if (lr.device == "cuda" && (W > 1 || o.nccl_at_one_rank)) {
+        RuntimeOptions stage_o = o;
+        stage_o.cuda_device = o.cuda_device + s * W;
+        stage_o.first_rank = 0;
+        stage_o.nccl_id_hex.clear();
+        group = MR_TRY(make_nccl_group(stage_o, W));
+      } else if (W > 1) {
+        group = cpu::make_thread_group(W);
+      }
+      for (int t = 0; t < static_cast<int>(group.size()); ++t) comms[static_cast<size_t>(s * W + t)] = std::move(group[t]);
+    }
+    for (int s = 0; s + 1 < P; ++s)
+      for (int t = 0; t < W; ++t) {
+        const int from = s * W + t, to = (s + 1) * W + t;
+        std::vector<std::unique_ptr<Communicator>> pair;
+        if (lr.device == "cuda") {
+          RuntimeOptions pair_o = o;
+          pair_o.tp_size = 2;
+          pair_o.first_rank = 0;
+          pair_o.nccl_id_hex.clear();
+          pair = MR_TRY(make_nccl_pair(pair_o, o.cuda_device + from, o.cuda_device + to));
+        } else {
+          pair = cpu::make_thread_group(2);
+        }
+        pipe_next[static_cast<size_t>(from)] = std::move(pair[0]);
+        pipe_prev[static_cast<size_t>(to)] = std::move(pair[1]);
+      }
+  } else if (lr.device == "cuda" && (W > 1 || o.nccl_at_one_rank)) {
     comms = MR_TRY(make_nccl_group(o, local));
   } else if (W > 1 && !o.make_comm) {
     comms = cpu::make_thread_group(W);
@@ -200,7 +263,16 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     if (!comms.empty()) comm = std::move(comms[i]);
     else if (W > 1) comm = MR_TRY(o.make_comm(o.first_rank + i));
     lr.ops.push_back(MR_TRY(make_ops(lr.device, o, i, std::move(comm))));
+    if (P > 1) {
+      try {
+        lr.ops.back()->set_pipeline(std::move(pipe_prev[static_cast<size_t>(i)]),
+                                    std::move(pipe_next[static_cast<size_t>(i)]));
+      } catch (const BackendError& e) {
+        return failed_precondition(std::string("--pp-size: ") + e.what());
+      }
+    }
   }
+  lr.answer_rank = (P - 1) * W;
   Ops& ops0 = *lr.ops[0];
   lr.layout.kv_dtype = MR_TRY(kv_dtype_for(o.kv_cache_dtype, ops0.act_dtype()));
   lr.dtype_name = ops0.act_dtype() == DType::BF16 ? "bfloat16" : "float32";
@@ -214,10 +286,12 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
                  << " GB, checkpoint=" << fmt2(ckpt->total_bytes() / 1e9) << " GB";
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < local; ++i) {
+    const int g = o.first_rank + i;  // stage g / W, its rank g % W
     LoadOptions load;
-    load.rank = o.first_rank + i;
+    load.rank = g % W;
     load.world_size = W;
     load.ep_size = o.ep_size;
+    load.stage = stages[static_cast<size_t>(g / W)];
     load.log_progress = o.log && i == 0;
     load.max_positions = o.context_length;
     lr.ops[i]->bind_thread();
@@ -239,9 +313,10 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   if (o.log)
     MR_LOG(INFO) << "Load weight end. elapsed=" << fmt2(seconds_since(t0)) << " s, type=" << lr.config.model_type
                  << ", dtype=" << lr.dtype_name << ", weights=" << fmt2(model.weight_bytes() / kGiB) << " GB"
-                 << (W > 1 ? " per rank x " + std::to_string(local) + " ranks here (tp " + std::to_string(W) + ", ep " +
-                                 std::to_string(o.ep_size) + ")"
-                           : std::string(""))
+                 << (world > 1 ? " per rank x " + std::to_string(local) + " ranks here (tp " + std::to_string(W) +
+                                     ", ep " + std::to_string(o.ep_size) +
+                                     (P > 1 ? ", pp " + std::to_string(P) : std::string()) + ")"
+                               : std::string(""))
                  << ", avail mem="
                  << fmt2(ops0.free_bytes() < (int64_t{1} << 60) ? ops0.free_bytes() / kGiB
                                                                  : host_after.available_bytes / kGiB)
@@ -252,8 +327,26 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
                          ? " (" + fmt2(100.0 * host_after.peak_rss_bytes / ckpt->total_bytes()) + "% of the checkpoint)"
                          : std::string(""));
 
-  // What the cache pools may use on this process's ranks.
-  const CacheSpec spec = model.cache_spec();
+  if (P > 1 && o.log)
+    for (int s = 0; s < P; ++s)
+      MR_LOG(INFO) << "Pipeline stage " << s << ": layers " << stages[size_t(s)].first_layer << "-"
+                   << stages[size_t(s)].end_layer - 1 << " on ranks " << s * W << "-" << (s + 1) * W - 1
+                   << (s == 0 ? " (+ embedding)" : "") << (s == P - 1 ? " (+ norm, lm_head)" : "");
+
+  // What the cache pools may use on this process's ranks. Every rank's pools have the same
+  // slots and pages (the scheduler's ids mean the same thing everywhere); under pipeline
+  // parallelism the stages' bytes differ, and the largest sizes them.
+  CacheSpec spec = model.cache_spec();
+  for (const auto& m : lr.models) {
+    const CacheSpec s = m->cache_spec();
+    if (s.kv_bytes_per_token(*lr.layout.kv_dtype) > spec.kv_bytes_per_token(*lr.layout.kv_dtype) ||
+        (s.kv_bytes_per_token(*lr.layout.kv_dtype) == spec.kv_bytes_per_token(*lr.layout.kv_dtype) &&
+         s.state_floats_per_slot > spec.state_floats_per_slot))
+      spec = s;
+  }
+  int64_t state_floats = 0;
+  for (const auto& m : lr.models) state_floats = std::max(state_floats, m->cache_spec().state_floats_per_slot);
+  spec.state_floats_per_slot = state_floats;
   lr.layout.kv_bytes_per_token = spec.kv_bytes_per_token(*lr.layout.kv_dtype);
   if (lr.draft)  // the draft's context rows share the target's pages (model/dspark_draft.h)
     lr.layout.kv_bytes_per_token += static_cast<int64_t>(lr.draft->config().num_layers) *
@@ -281,8 +374,10 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     // What the device arena has left once the scratch of the largest step is set aside.
     const int64_t scratch = model.scratch_bytes(o.max_tokens_per_step);
     // Speculative decoding's saved rows (ModelRunner: one step's verified rows).
+    int64_t replay_floats = 0;
+    for (const auto& m : lr.models) replay_floats = std::max(replay_floats, m->replay_floats_per_token());
     const int64_t replay = o.num_speculative_tokens > 0 && spec.state_floats_per_slot > 0
-                               ? int64_t{4} * model.replay_floats_per_token() * running * (1 + o.num_speculative_tokens)
+                               ? int64_t{4} * replay_floats * running * (1 + o.num_speculative_tokens)
                                : 0;
     // A DSpark draft's taps (every target row a step carries, per tapped layer) and its
     // fixed tables (ModelRunner::attach_draft).
@@ -294,7 +389,9 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
       draft_fixed = int64_t{4} * dc.n_taps() * tap_rows * dc.hidden_size +
                     lr.draft->fixed_bytes(running, context_len + dc.block_size);
     }
-    lr.budget_bytes = ops0.free_bytes() - scratch - replay - draft_fixed;
+    int64_t least_free = ops0.free_bytes();
+    for (const auto& ops : lr.ops) least_free = std::min(least_free, ops->free_bytes());
+    lr.budget_bytes = least_free - scratch - replay - draft_fixed;
   }
   return lr;
 }
@@ -318,8 +415,9 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   ro.num_speculative_tokens = o.num_speculative_tokens;
   ro.max_positions = o.context_length > 0 ? o.context_length : std::max<int64_t>(lr.config.max_position_embeddings, 0);
   const int local = static_cast<int>(lr.ops.size());
+  ro.answer_rank = lr.answer_rank;
   std::unique_ptr<StepRunner> runner;
-  if (o.tp_size == 1) {
+  if (o.tp_size * o.pp_size == 1) {
     lr.ops[0]->bind_thread();
     auto single = MR_TRY(ModelRunner::create(std::move(lr.ops[0]), std::move(lr.models[0]), cache, ro));
     if (lr.draft) MR_RETURN_IF_ERROR(single->attach_draft(std::move(lr.draft)));
@@ -331,7 +429,7 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
       lr.ops[i]->bind_thread();
       ranks.push_back(MR_TRY(ModelRunner::create(std::move(lr.ops[i]), std::move(lr.models[i]), cache, ro)));
     }
-    runner = MR_TRY(ParallelRunner::create(std::move(ranks)));
+    runner = MR_TRY(ParallelRunner::create(std::move(ranks), lr.answer_rank - o.first_rank));
   }
   lr.ops.clear();
   lr.models.clear();

@@ -28,6 +28,10 @@ struct RuntimeOptions {
   // its shard of the weights; on the CPU backend the ranks are threads of this process.
   int tp_size = 1;
   int ep_size = 1;
+  // Pipeline parallelism (--pp-size): pp_size stages of contiguous layers, each a tp_size x
+  // ep_size group of its own (model/pipeline.h); tp_size * pp_size ranks in all, stage s
+  // on ranks [s * tp_size, (s + 1) * tp_size). Ranks in one process for now.
+  int pp_size = 1;
   // The ranks this process runs: [first_rank, first_rank + local_ranks) (0: all of them).
   // Ranks in other processes are reached through make_comm(rank); without it the whole
   // group is in this process and talks through shared memory.
@@ -59,7 +63,7 @@ struct RuntimeOptions {
 };
 
 struct Runtime {
-  std::unique_ptr<StepRunner> runner;  // a ModelRunner, or a ParallelRunner over tp_size ranks
+  std::unique_ptr<StepRunner> runner;  // a ModelRunner, or a ParallelRunner over tp_size x pp_size ranks
   CacheConfig cache;
   ModelConfig config;
   std::string device;      // "cpu" or "cuda"
@@ -107,10 +111,11 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
 struct LoadedRanks {
   std::vector<std::unique_ptr<Ops>> ops;  // one per local rank
   std::vector<std::unique_ptr<Model>> models;
+  int answer_rank = 0;  // the rank that samples: the last stage's first
   std::unique_ptr<DSparkDraft> draft;  // RuntimeOptions::draft_model, on rank 0
   std::string device, dtype_name;
   ModelConfig config;
-  CacheLayout layout;        // one rank's bytes per token and per state slot, the KV dtype
+  CacheLayout layout;        // the largest rank's bytes per token and per state slot, the KV dtype
   int64_t budget_bytes = 0;  // what one rank's pools may take
 };
 Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const RuntimeOptions& options);

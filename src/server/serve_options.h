@@ -71,6 +71,7 @@ struct ServeOptions {
   // Parallelism (used by the multi-GPU backend; validated now).
   int tp_size = 1;                  // --tp-size / --tensor-parallel-size / --tp
   int ep_size = 1;                  // --ep-size / --expert-parallel-size / --ep
+  int pp_size = 1;                  // --pp-size / --pipeline-parallel-size: stages of tp_size ranks
   int nnodes = 1;                   // --nnodes
   int node_rank = 0;                // --node-rank
   std::string dist_init_addr;       // --dist-init-addr HOST:PORT

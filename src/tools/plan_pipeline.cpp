@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "model/pipeline.h"
 #include "model/weight_spec.h"
 
 namespace moonrun::tools {
@@ -33,35 +34,6 @@ uint64_t total(const GroupMap& m) {
   return t;
 }
 
-// Contiguous layers per stage, minimising the busiest stage's bytes: stage 0 also carries
-// `pre`, the last stage `post`. Exact (DP over split points); L and pp are small.
-std::vector<int> balanced_bounds(const std::vector<uint64_t>& layer, uint64_t pre, uint64_t post, int pp) {
-  const int L = int(layer.size());
-  std::vector<uint64_t> prefix(size_t(L) + 1, 0);
-  for (int i = 0; i < L; ++i) prefix[size_t(i) + 1] = prefix[size_t(i)] + layer[size_t(i)];
-  auto cost = [&](int a, int b) {
-    return prefix[size_t(b)] - prefix[size_t(a)] + (a == 0 ? pre : 0) + (b == L ? post : 0);
-  };
-  constexpr uint64_t kInf = std::numeric_limits<uint64_t>::max();
-  // best[s][j]: stages 0..s-1 over layers [0, j), each stage at least one layer.
-  std::vector<std::vector<uint64_t>> best(size_t(pp) + 1, std::vector<uint64_t>(size_t(L) + 1, kInf));
-  std::vector<std::vector<int>> from(size_t(pp) + 1, std::vector<int>(size_t(L) + 1, -1));
-  best[0][0] = 0;
-  for (int s = 1; s <= pp; ++s)
-    for (int j = s; j <= L; ++j)
-      for (int i = s - 1; i < j; ++i) {
-        if (best[size_t(s) - 1][size_t(i)] == kInf) continue;
-        const uint64_t c = std::max(best[size_t(s) - 1][size_t(i)], cost(i, j));
-        if (c < best[size_t(s)][size_t(j)]) best[size_t(s)][size_t(j)] = c, from[size_t(s)][size_t(j)] = i;
-      }
-  std::vector<int> bounds(size_t(pp) + 1, L);  // stage s = [bounds[s], bounds[s+1])
-  for (int s = pp, j = L; s > 0; --s) {
-    bounds[size_t(s)] = j;
-    j = from[size_t(s)][size_t(j)];
-    bounds[size_t(s) - 1] = j;
-  }
-  return bounds;
-}
 
 }  // namespace
 
@@ -94,7 +66,8 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
     if (t.name.rfind(layer_prefix, 0) == 0) {
       li = std::atoi(t.name.c_str() + layer_prefix.size());
       if (li >= 0 && li < L) into = &layer[size_t(li)];
-    } else if (t.name.find("embed_tokens") != std::string::npos) {
+    } else if (t.name.find("embed_tokens") != std::string::npos || t.name.find("vision_tower") != std::string::npos ||
+               t.name.find("mm_projector") != std::string::npos) {  // stage 0, as the runtime (model/pipeline.h)
       into = &pre;
     }
     add(*into, role, shard, split, bytes);
@@ -108,7 +81,7 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
   // ---- stages: contiguous layers, balanced bytes.
   std::vector<uint64_t> layer_bytes;
   for (const GroupMap& m : layer) layer_bytes.push_back(total(m));
-  const std::vector<int> bounds = L > 0 ? balanced_bounds(layer_bytes, total(pre), total(post), pp)
+  const std::vector<int> bounds = L > 0 ? balanced_layer_bounds(layer_bytes, total(pre), total(post), pp)
                                         : std::vector<int>(size_t(pp) + 1, 0);
 
   // Collective messages, per token. The forward's sums run in fp32 (model/layers: o_proj,

@@ -28,13 +28,16 @@ using fixtures::read_f32;
 struct Split {
   const char* fixture;
   int tp, ep;
+  int pp = 1;  // pipeline stages, each a tp x ep group
 };
 // gtest prints a parameter in the test's listing (and ctest's test names): not its bytes.
-void PrintTo(const Split& sp, std::ostream* os) { *os << sp.fixture << " tp" << sp.tp << " ep" << sp.ep; }
+void PrintTo(const Split& sp, std::ostream* os) {
+  *os << sp.fixture << " tp" << sp.tp << " ep" << sp.ep << " pp" << sp.pp;
+}
 
 std::string split_name(const ::testing::TestParamInfo<Split>& info) {
   std::string n = std::string(info.param.fixture) + "_tp" + std::to_string(info.param.tp) + "_ep" +
-                  std::to_string(info.param.ep);
+                  std::to_string(info.param.ep) + (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "");
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 }
@@ -45,10 +48,11 @@ struct CaseRun {
 };
 
 // Every case of a fixture through a runtime of tp ranks in ep expert groups.
-std::vector<CaseRun> run_cases(const std::string& dir, const nlohmann::json& expected, int tp, int ep) {
+std::vector<CaseRun> run_cases(const std::string& dir, const nlohmann::json& expected, int tp, int ep, int pp = 1) {
   RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
   ro.tp_size = tp;
   ro.ep_size = ep;
+  ro.pp_size = pp;
   Runtime rt = testing::make_runtime(dir, ro);
   std::vector<CaseRun> out;
   if (!rt.runner) return out;
@@ -95,7 +99,7 @@ TEST_P(ParallelFixture, SameTokensAsOneRankAndTheReference) {
   const nlohmann::json expected = nlohmann::json::parse(in);
   const float ref_tol = expected.at("tolerance_abs_logit").get<float>();
   const std::vector<CaseRun> one = run_cases(dir, expected, 1, 1);
-  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep);
+  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep, sp.pp);
   ASSERT_EQ(one.size(), expected.at("cases").size());
   ASSERT_EQ(par.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) {
@@ -109,8 +113,8 @@ TEST_P(ParallelFixture, SameTokensAsOneRankAndTheReference) {
     const auto ref = read_f32(dir + "/" + c.at("logits_file").get<std::string>(), static_cast<size_t>(shape[0] * shape[1]));
     const float vs_ref = max_abs_diff(par[i].logits, ref);
     const float scale = max_abs(one[i].logits);
-    std::printf("%s tp%d ep%d case %zu: max |dlogit| vs one rank %.3g (max |logit| %.3g), vs reference %.3g\n",
-                sp.fixture, sp.tp, sp.ep, i, vs_one, scale, vs_ref);
+    std::printf("%s tp%d ep%d pp%d case %zu: max |dlogit| vs one rank %.3g (max |logit| %.3g), vs reference %.3g\n",
+                sp.fixture, sp.tp, sp.ep, sp.pp, i, vs_one, scale, vs_ref);
     EXPECT_LE(vs_one, kRelTol * scale);
     EXPECT_LE(vs_ref, ref_tol);
   }
@@ -132,6 +136,21 @@ INSTANTIATE_TEST_SUITE_P(Splits, ParallelFixture,
                                            Split{"k31-tiny-b", 2, 1}, Split{"k31-tiny-b", 4, 4}),
                          split_name);
 
+// Pipeline stages (issue 41): contiguous layers per stage, each stage a TP x EP group of its
+// own, the residual stream (and under AttnRes the completed block summaries) handed to the
+// next stage. k3-tiny-b's 8 layers in AttnRes blocks of 3 cut mid-block at 2 stages and
+// again at 4; k3-tiny-a and k31-tiny-a at 3 stages (the DSA layers' indexer keys on their
+// stage); K2 and Kimi Linear with plain residuals. A stage alone computes nothing the
+// one-rank forward does not, so the logits must equal one rank's to fp32 summation order.
+INSTANTIATE_TEST_SUITE_P(Pipeline, ParallelFixture,
+                         ::testing::Values(Split{"k3-tiny-b", 1, 1, 2}, Split{"k3-tiny-b", 2, 2, 2},
+                                           Split{"k3-tiny-b", 2, 1, 2}, Split{"k3-tiny-b", 1, 1, 4},
+                                           Split{"k3-tiny-a", 1, 1, 3}, Split{"k3-tiny-a", 2, 2, 2},
+                                           Split{"kimi-linear-tiny", 2, 1, 2}, Split{"k2-tiny", 2, 2, 2},
+                                           Split{"k2-tiny-int4", 1, 1, 2}, Split{"k31-tiny-a", 1, 1, 3},
+                                           Split{"k31-tiny-b", 2, 2, 2}),
+                         split_name);
+
 // Prefill chunks and decodes mixed in steps of up to 7 sequences, at TP 2 / EP 2: the same
 // greedy tokens as one rank, logits within fp32 rounding.
 TEST(Parallel, MixedBatchesMatchOneRank) {
@@ -147,6 +166,38 @@ TEST(Parallel, MixedBatchesMatchOneRank) {
     EXPECT_EQ(one[i].tokens, par[i].tokens) << "sequence " << i;
     EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits)) << "sequence " << i;
   }
+}
+
+// The same mixed steps through 2 pipeline stages of TP 2 / EP 2 (8 ranks' worth of state:
+// each stage's KDA slots and MLA pages hold its own layers only).
+TEST(Parallel, PipelineMixedBatchesMatchOneRank) {
+  const std::string dir = fixtures_dir() + "/k3-tiny-b";
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  const int vocab = 1024, n = 12, max_tokens = 6;
+  const auto one = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
+  ro.tp_size = 2;
+  ro.ep_size = 2;
+  ro.pp_size = 2;
+  const auto par = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
+  ASSERT_EQ(one.size(), par.size());
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(one[i].tokens, par[i].tokens) << "sequence " << i;
+    EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits)) << "sequence " << i;
+  }
+}
+
+// More stages than layers, and stages across processes (not built), are clear errors.
+TEST(Parallel, PipelineStagesThatCannotBeAreClearErrors) {
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  ro.pp_size = 7;  // k3-tiny-a has 6 layers
+  auto rt = build_runtime(fixtures_dir() + "/k3-tiny-a", ro);
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("6 layers"), std::string::npos) << rt.status().message();
+  ro.pp_size = 2;
+  ro.local_ranks = 1;
+  rt = build_runtime(fixtures_dir() + "/k3-tiny-a", ro);
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("one process"), std::string::npos) << rt.status().message();
 }
 
 // What cannot be split is refused before anything loads, naming the dimension.

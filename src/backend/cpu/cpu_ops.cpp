@@ -515,6 +515,19 @@ void CpuOps::all_gather_cols(const Tensor& x, Tensor out) {
       std::copy_n(gather_buf_.data() + r * n + i * x.cols, x.cols, o + i * out.cols + r * x.cols);
 }
 
+void CpuOps::pipe_send(const Tensor& x) {
+  MR_CHECK(x.dtype == DType::F32) << "pipe_send takes F32";
+  if (!pipe_next_) throw BackendError("pipe_send: this rank has no next stage");
+  // The sender's buffer is only read (broadcast from rank 0 of the pair).
+  pipe_next_->broadcast(const_cast<float*>(x.as<float>()), static_cast<size_t>(x.numel()), 0);
+}
+
+void CpuOps::pipe_recv(Tensor x) {
+  MR_CHECK(x.dtype == DType::F32) << "pipe_recv takes F32";
+  if (!pipe_prev_) throw BackendError("pipe_recv: this rank has no previous stage");
+  pipe_prev_->broadcast(f32(x), static_cast<size_t>(x.numel()), 0);
+}
+
 // ---- sampling ------------------------------------------------------------------------
 
 void CpuOps::dspark_markov(Tensor logits, const Tensor& w1, const Tensor& w2, const int32_t* ids, int block,

@@ -87,8 +87,16 @@ class CpuOps final : public Ops {
   void all_gather_cols(const Tensor& x, Tensor out) override;
   int parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
   int parallel_size() const override { return comm_ ? comm_->size() : 1; }
+  void set_pipeline(std::unique_ptr<Communicator> prev, std::unique_ptr<Communicator> next) override {
+    pipe_prev_ = std::move(prev);
+    pipe_next_ = std::move(next);
+  }
+  void pipe_send(const Tensor& x) override;
+  void pipe_recv(Tensor x) override;
   void abort_collectives(const std::string& why) override {
     if (comm_) comm_->abort(why);
+    if (pipe_prev_) pipe_prev_->abort(why);
+    if (pipe_next_) pipe_next_->abort(why);
   }
 
   void synchronize() override {}
@@ -100,6 +108,7 @@ class CpuOps final : public Ops {
     size_t begin = 0;  // offset of this block in the scratch's running total
   };
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Communicator> pipe_prev_, pipe_next_;  // set_pipeline
   std::vector<float> gather_buf_;
   std::vector<std::unique_ptr<char[]>> persistent_;
   size_t allocated_bytes_ = 0;

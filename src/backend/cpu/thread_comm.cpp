@@ -83,6 +83,14 @@ class ThreadComm final : public Communicator {
     group_->barrier();  // nobody changes its `in` before every rank has copied it
   }
 
+  void broadcast(float* data, size_t n, int root) override {
+    if (group_->size() == 1) return;
+    group_->ptr(rank_) = data;
+    group_->barrier();
+    if (rank_ != root) std::memcpy(data, group_->ptr(root), n * sizeof(float));
+    group_->barrier();  // the root keeps its buffer until every rank has copied it
+  }
+
   void abort(const std::string& why) override { group_->abort(why); }
 
  private:

@@ -99,6 +99,8 @@ class CudaOps final : public Ops {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     comm_.reset();
+    pipe_prev_.reset();
+    pipe_next_.reset();
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     blas_.reset();
     for (Staging& st : staging_) {
@@ -677,8 +679,26 @@ class CudaOps final : public Ops {
   }
   int parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
   int parallel_size() const override { return comm_ ? comm_->size() : 1; }
+  void set_pipeline(std::unique_ptr<Communicator> prev, std::unique_ptr<Communicator> next) override {
+    pipe_prev_ = std::move(prev);
+    pipe_next_ = std::move(next);
+    if (pipe_prev_) pipe_prev_->bind_stream(stream_);
+    if (pipe_next_) pipe_next_->bind_stream(stream_);
+  }
+  void pipe_send(const Tensor& x) override {
+    is_f32(x, "pipe_send");
+    if (!pipe_next_) throw BackendError("pipe_send: this rank has no next stage");
+    pipe_next_->broadcast(const_cast<float*>(x.as<float>()), static_cast<size_t>(x.numel()), 0);
+  }
+  void pipe_recv(Tensor x) override {
+    is_f32(x, "pipe_recv");
+    if (!pipe_prev_) throw BackendError("pipe_recv: this rank has no previous stage");
+    pipe_prev_->broadcast(x.as<float>(), static_cast<size_t>(x.numel()), 0);
+  }
   void abort_collectives(const std::string& why) override {
     if (comm_) comm_->abort(why);
+    if (pipe_prev_) pipe_prev_->abort(why);
+    if (pipe_next_) pipe_next_->abort(why);
   }
   void bind_thread() override { CUDA_CHECK(cudaSetDevice(device_)); }
 
@@ -743,6 +763,7 @@ class CudaOps final : public Ops {
   bool wgmma_ = false;  // sm_90a machine code runs here (common/wgmma.cuh)
   DeviceArena arena_;
   std::unique_ptr<Communicator> comm_;  // the rank's NCCL communicator; none at one rank
+  std::unique_ptr<Communicator> pipe_prev_, pipe_next_;  // set_pipeline: NCCL pairs
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Blas> blas_;
   Staging staging_[kBatchAreas];

@@ -30,6 +30,9 @@ class NcclComm final : public Communicator {
   void all_gather(const float* in, size_t n, float* out) override {
     check(ncclAllGather(in, out, n, ncclFloat32, comm_, stream_), "ncclAllGather");
   }
+  void broadcast(float* data, size_t n, int root) override {
+    check(ncclBroadcast(data, data, n, ncclFloat32, root, comm_, stream_), "ncclBroadcast");
+  }
   void abort(const std::string& why) override {
     if (aborted_) return;
     aborted_ = true;
