@@ -304,8 +304,9 @@ class Ops {
   virtual void abort_collectives(const std::string& why) {}
 
   // ---- pipeline parallelism (--pp-size) -----------------------------------------------
-  // This rank's links to the same tensor-parallel rank of the previous and the next stage:
-  // two-rank groups in which the earlier stage is rank 0 (none at the first / last stage).
+  // This rank's links to the same tensor-parallel rank of the previous and the next stage
+  // (round the ring: the last stage's next is stage 0): two-rank groups, the sender the
+  // root of each transfer, whichever rank it has.
   // abort_collectives aborts them too. A backend that cannot run stages throws.
   virtual void set_pipeline(std::unique_ptr<Communicator> prev, std::unique_ptr<Communicator> next) {
     if (prev || next) throw BackendError(std::string(name()) + ": pipeline stages are not supported");

@@ -133,6 +133,7 @@ ClusterOptions cluster_options(const server::ServeOptions& opt, const std::strin
                              {"model", {cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.num_experts}},
                              {"tp", opt.tp_size},
                              {"ep", opt.ep_size},
+                             {"pp", opt.pp_size},
                              {"nnodes", opt.nnodes},
                              {"device", device},
                              {"dtype", opt.dtype},

@@ -283,7 +283,7 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
   cmd->add_option("--ep-size,--expert-parallel-size,--ep", o.ep_size, "Expert-parallel size")->capture_default_str();
   cmd->add_flag("--enable-expert-parallel", flags->enable_expert_parallel, "vLLM: expert parallel over the TP ranks");
   cmd->add_option("--pipeline-parallel-size,--pp-size", flags->pipeline_parallel_size,
-                  "Pipeline stages of contiguous layers, each a --tp-size group (tp x pp ranks; one node for now)");
+                  "Pipeline stages of contiguous layers, each a --tp-size group (tp x pp ranks in all)");
   cmd->add_option("--data-parallel-size,--dp-size", flags->data_parallel_size, "Must be 1 (run one server per replica)");
   cmd->add_option("--nnodes", o.nnodes, "Number of nodes")->capture_default_str();
   cmd->add_option("--node-rank", o.node_rank, "This node's rank")->capture_default_str();
@@ -393,10 +393,7 @@ Status finish_serve_flags(ServeFlags& flags, const std::vector<std::string>& arg
   if (flags.pipeline_parallel_size < 1)
     return invalid_argument("--pipeline-parallel-size must be >= 1, got " + std::to_string(flags.pipeline_parallel_size));
   o.pp_size = flags.pipeline_parallel_size;
-  if (o.pp_size > 1 && o.nnodes > 1)
-    return invalid_argument("--pipeline-parallel-size " + std::to_string(o.pp_size) + " with --nnodes " +
-                            std::to_string(o.nnodes) + ": stages across nodes are not built yet (run the stages on "
-                            "one node, or use --tp-size and --ep-size across nodes)");
+
   if (flags.data_parallel_size != 1)
     return invalid_argument("--data-parallel-size " + std::to_string(flags.data_parallel_size) +
                             ": run one moonrun per replica behind a load balancer");

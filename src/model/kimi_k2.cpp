@@ -19,8 +19,7 @@ void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSi
     sink.matrix(m.down, names.layer(i, prefix + "down_proj.weight"), H, inter, ShardRule::row);
   };
 
-  if (stage.first() || (stage.last() && cfg.tie_word_embeddings))
-    sink.matrix(w.embed_tokens, names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
+  if (stage.first()) sink.matrix(w.embed_tokens, names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
   w.layers.resize(cfg.num_hidden_layers);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
     if (!stage.has(i)) continue;
@@ -64,7 +63,7 @@ void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSi
     sink.experts(m.w3, i, ExpertMatrix::w3, E, I, H);
     if (cfg.num_shared_experts > 0) mlp(m.shared, i, "mlp.shared_experts.", cfg.shared_intermediate_size());
   }
-  if (!stage.last()) return;
+  if (!stage.first()) return;  // norm and lm_head: the first stage's (model/pipeline.h: the ring)
   vec(w.norm, names.global("norm.weight"), H);
   if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
   else sink.matrix(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
@@ -128,9 +127,10 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
   }
 }
 
-CacheSpec KimiK2::cache_spec() const {
+CacheSpec KimiK2::cache_spec_of_layers(int first_layer, int end_layer) const {
   CacheSpec spec;
-  spec.kv_layers = stage_.end_layer - stage_.first_layer;  // every K2 layer is MLA; this stage's
+  // Every K2 layer is MLA: the stage's count.
+  spec.kv_layers = std::max(std::min(end_layer, cfg_.num_hidden_layers) - std::max(first_layer, 0), 0);
   spec.kv_row_width = cfg_.mla_cache_row();
   return spec;
 }
@@ -207,15 +207,21 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     }
     ops.add(h, a, h);
   }
-  if (!stage_.last()) {  // the next stage goes on; only the last one writes logits
-    ops.pipe_send(h);
-    return;
+  const int64_t R = batch.n_logit_rows();
+  Tensor rows = ops.scratch(R, H, DType::F32);  // [R, hidden] the rows that get logits
+  if (!stage_.last()) ops.pipe_send(h);  // the next stage goes on from here
+  else ops.gather_rows(h, batch.logit_rows, rows);
+  // The ring: the last stage hands the logit rows back to the first (model/pipeline.h).
+  if (stage_.num_stages > 1) {
+    if (stage_.last()) {
+      ops.pipe_send(rows);
+      return;
+    }
+    if (!stage_.first()) return;
+    ops.pipe_recv(rows);
   }
 
-  // The rows that get logits: final norm, lm_head.
-  const int64_t R = batch.n_logit_rows();
-  Tensor rows = ops.scratch(R, H, DType::F32);
-  ops.gather_rows(h, batch.logit_rows, rows);
+  // Final norm, lm_head.
   Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);
   ops.rmsnorm(rows, w_.norm, eps, normed);
   if (tp_.size == 1) {

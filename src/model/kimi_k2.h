@@ -58,7 +58,8 @@ class KimiK2 final : public Model {
          int64_t max_positions = 0, StageLayers stage = {});
 
   const ModelConfig& config() const override { return cfg_; }
-  CacheSpec cache_spec() const override;
+  CacheSpec cache_spec() const override { return cache_spec_of_layers(stage_.first_layer, stage_.end_layer); }
+  CacheSpec cache_spec_of_layers(int first_layer, int end_layer) const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
   size_t weight_bytes() const override { return weight_bytes_; }
   int64_t max_positions() const override { return rope_rows_.rows; }

@@ -105,9 +105,7 @@ struct Lister {
 void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink, const StageLayers& stage) {
   Lister l{cfg, sink, TensorNames(cfg)};
   const int64_t H = cfg.hidden_size;
-  // A tied lm_head is the embedding: the last stage holds it too.
-  if (stage.first() || (stage.last() && cfg.tie_word_embeddings))
-    l.mat(w.embed_tokens, l.names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
+  if (stage.first()) l.mat(w.embed_tokens, l.names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
   w.layers.resize(cfg.num_hidden_layers);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
     if (!stage.has(i)) continue;
@@ -127,17 +125,19 @@ void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSi
     if (cfg.layers[i].mlp == MlpKind::dense) l.dense_mlp(i, "mlp.", cfg.intermediate_size, lw.mlp);
     else l.moe(i, lw.moe);
   }
-  if (stage.last()) {
+  // The output mix reads every block summary: the last stage's. Norm and lm_head go round to
+  // the first stage (model/pipeline.h: the ring), which samples.
+  if (stage.last() && cfg.attn_res_block_size > 0) {
+    l.vec(w.output_attn_res_norm, l.names.global("output_attn_res_norm.weight"), H);
+    sink.f32(w.output_attn_res_proj, l.names.global("output_attn_res_proj.weight"), DType::BF16, {1, H}, 1, H,
+             ShardRule::replicated);
+  }
+  if (stage.first()) {
     l.vec(w.norm, l.names.global("norm.weight"), H);
-    if (cfg.attn_res_block_size > 0) {
-      l.vec(w.output_attn_res_norm, l.names.global("output_attn_res_norm.weight"), H);
-      sink.f32(w.output_attn_res_proj, l.names.global("output_attn_res_proj.weight"), DType::BF16, {1, H}, 1, H,
-               ShardRule::replicated);
-    }
     if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
     else l.mat(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
+    describe_moonvit_weights(cfg, w.vision, sink);
   }
-  if (stage.first()) describe_moonvit_weights(cfg, w.vision, sink);
 }
 
 // ---- the model ---------------------------------------------------------------------------
@@ -173,10 +173,10 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
   }
 }
 
-CacheSpec KimiK3::cache_spec() const {
-  // This stage's layers only (all of them without pipeline parallelism).
+CacheSpec KimiK3::cache_spec_of_layers(int first_layer, int end_layer) const {
+  // A stage's layers only (all of them without pipeline parallelism).
   int kda = 0, mla = 0, dsa = 0;
-  for (int i = stage_.first_layer; i < stage_.end_layer; ++i) {
+  for (int i = std::max(first_layer, 0); i < std::min(end_layer, cfg_.num_hidden_layers); ++i) {
     kda += cfg_.layers[i].attn == LayerKind::kda;
     mla += cfg_.layers[i].attn != LayerKind::kda;
     dsa += cfg_.layers[i].dsa_index >= 0;
@@ -404,20 +404,30 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
       ops.copy(h, taps_.rows_view(tap_of_layer_[i] * taps_stride_rows_, T));
     }
   }
-  if (!stage_.last()) {  // the next stage goes on; only the last one writes logits
+  const int64_t R = batch.n_logit_rows();
+  Tensor rows = ops.scratch(R, H, DType::F32);  // [R, hidden] the rows that get logits
+  if (!stage_.last()) {  // the next stage goes on from here
     ops.pipe_send(h);
     if (n_blocks > 0) ops.pipe_send(blocks.rows_view(0, n_blocks * T));
-    return;
+  } else {
+    if (B > 0) {
+      ops.attn_res_mix(h, blocks, n_blocks, w_.output_attn_res_norm, w_.output_attn_res_proj, eps, x);
+      h = x;
+    }
+    ops.gather_rows(h, batch.logit_rows, rows);
   }
-  if (B > 0) {
-    ops.attn_res_mix(h, blocks, n_blocks, w_.output_attn_res_norm, w_.output_attn_res_proj, eps, x);
-    h = x;
+  // The ring: the last stage hands the logit rows back to the first, which holds the
+  // embedding's node and the sampler (model/pipeline.h).
+  if (stage_.num_stages > 1) {
+    if (stage_.last()) {
+      ops.pipe_send(rows);
+      return;
+    }
+    if (!stage_.first()) return;
+    ops.pipe_recv(rows);
   }
 
-  // The rows that get logits: final norm, lm_head.
-  const int64_t R = batch.n_logit_rows();
-  Tensor rows = ops.scratch(R, H, DType::F32);
-  ops.gather_rows(h, batch.logit_rows, rows);
+  // Final norm, lm_head.
   Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);
   ops.rmsnorm(rows, w_.norm, eps, normed);
   if (tp_.size == 1) {

@@ -63,7 +63,8 @@ class KimiK3 final : public Model {
          std::vector<DsaIndexerWeights> indexers = {}, StageLayers stage = {});
 
   const ModelConfig& config() const override { return cfg_; }
-  CacheSpec cache_spec() const override;
+  CacheSpec cache_spec() const override { return cache_spec_of_layers(stage_.first_layer, stage_.end_layer); }
+  CacheSpec cache_spec_of_layers(int first_layer, int end_layer) const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
   uint32_t graph_variant(const ForwardBatch& batch) const override;
   int64_t replay_floats_per_token() const override;

@@ -84,6 +84,10 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual CacheSpec cache_spec() const = 0;
+  // What a pipeline stage running layers [first_layer, end_layer) would keep, with this
+  // rank's tensor-parallel share: every stage's pools get the same slots and pages, sized
+  // by the stage that needs the most, which a process holding other stages must know.
+  virtual CacheSpec cache_spec_of_layers(int first_layer, int end_layer) const { return cache_spec(); }
   // Appends each sequence's new tokens to its caches and writes the logits of
   // batch.host->logit_rows: logits [n_logit_rows, vocab] F32. Enqueued on the ops' stream.
   virtual void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) = 0;

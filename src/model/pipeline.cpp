@@ -67,11 +67,8 @@ Result<StageLayers> stage_layers(const ModelConfig& cfg, int tp, int ep, int pp,
         continue;
       }
     }
-    // The embedding and a vision tower run before the first layer; norm and lm_head after.
-    const bool before = t.name.find("embed_tokens") != std::string::npos ||
-                        t.name.find("vision_tower") != std::string::npos ||
-                        t.name.find("mm_projector") != std::string::npos;
-    (before ? pre : post) += bytes;
+    // Everything outside the layers is stage 0's (the ring) but the output AttnRes mix.
+    (t.name.find("output_attn_res") != std::string::npos ? post : pre) += bytes;
   }
   const std::vector<int> bounds = balanced_layer_bounds(layer, pre, post, pp);
   out.first_layer = bounds[size_t(stage)];

@@ -1,9 +1,14 @@
 #pragma once
 // Pipeline parallelism (--pp-size, issue 41): the model's layers cut into contiguous
-// stages, each stage a tensor/expert-parallel group of its own. Stage 0 also holds the
-// embedding (and a vision tower), the last stage the final norm and lm_head; a layer's
-// weights, KDA state and MLA/indexer pages live on its stage only. One function decides
-// the cut for the runtime and for `moonrun plan`, so the plan prints the layers a run uses.
+// stages, each stage a tensor/expert-parallel group of its own; a layer's weights, KDA
+// state and MLA/indexer pages live on its stage only. The stages form a ring: stage 0 holds
+// the embedding (and a vision tower) and also the final norm and lm_head, so after the last
+// stage's layers (and its output AttnRes mix) the rows that get logits, [rows, hidden] F32,
+// go back to stage 0, which computes the logits and samples. Rank 0 answers every step as
+// without stages, so the multi-node control plane (node 0 schedules and samples) holds as
+// it is; the price is one more hop of a few KB a step and lm_head's bytes on stage 0.
+// One function decides the cut for the runtime and for `moonrun plan`, so the plan prints
+// the layers a run uses.
 #include <climits>
 #include <cstdint>
 #include <vector>
@@ -25,7 +30,8 @@ struct StageLayers {
 };
 
 // pp + 1 bounds, stage s = [bounds[s], bounds[s + 1]): contiguous, at least one layer each,
-// minimising the busiest stage's bytes, stage 0 also carrying `pre` and the last `post`.
+// minimising the busiest stage's bytes, stage 0 also carrying `pre` (embedding, norm,
+// lm_head, vision) and the last `post` (the output AttnRes mix).
 // Exact (a DP over the cut points; layers and stages are few).
 std::vector<int> balanced_layer_bounds(const std::vector<uint64_t>& layer_bytes, uint64_t pre, uint64_t post, int pp);
 

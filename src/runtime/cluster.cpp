@@ -508,11 +508,16 @@ Result<RuntimeOptions> node_runtime_options(const RuntimeOptions& base, const Cl
   if (cluster.nnodes < 1 || cluster.node_rank < 0 || cluster.node_rank >= cluster.nnodes)
     return invalid_argument("--node-rank " + std::to_string(cluster.node_rank) + " is outside [0, " +
                             std::to_string(cluster.nnodes) + ")");
-  if (o.tp_size % cluster.nnodes != 0)
-    return invalid_argument("--tp-size " + std::to_string(o.tp_size) + " does not split over --nnodes " +
-                            std::to_string(cluster.nnodes) + " (every node runs the same number of ranks)");
+  // Ranks in order: stage s on [s * tp, (s + 1) * tp), so with --pp-size a node holds whole
+  // stages (or a part of one).
+  const int world = o.tp_size * std::max(o.pp_size, 1);
+  if (world % cluster.nnodes != 0)
+    return invalid_argument("--tp-size " + std::to_string(o.tp_size) +
+                            (o.pp_size > 1 ? " x --pp-size " + std::to_string(o.pp_size) : std::string()) +
+                            " does not split over --nnodes " + std::to_string(cluster.nnodes) +
+                            " (every node runs the same number of ranks)");
   const ClusterEndpoints ep = MR_TRY(parse_dist_init_addr(cluster.dist_init_addr));
-  o.local_ranks = o.tp_size / cluster.nnodes;
+  o.local_ranks = world / cluster.nnodes;
   o.first_rank = cluster.node_rank * o.local_ranks;
   if (o.device == "cuda") {
     // GPUs: NCCL across the nodes, from node 0's id (a follower's arrives in WELCOME).
@@ -520,14 +525,29 @@ Result<RuntimeOptions> node_runtime_options(const RuntimeOptions& base, const Cl
     o.nccl_at_one_rank = true;
     return o;
   }
-  const int W = o.tp_size;
   const double timeout = cluster.timeout_s;
-  // The CPU backend's collectives across processes (a GPU build uses NCCL instead).
-  o.make_comm = [ep, W, timeout](int rank) -> Result<std::unique_ptr<Communicator>> {
+  // The CPU backend's collectives across processes (a GPU build uses NCCL instead): a hub
+  // per group (RuntimeOptions::make_comm), group 0's at PORT+1, group g > 0's at PORT+2+g.
+  const int groups = o.pp_size > 1 ? o.pp_size + o.pp_size * o.tp_size : 1;
+  if (ep.port + 2 + groups > 65535)
+    return invalid_argument("--dist-init-addr port " + std::to_string(ep.port) + ": the CPU ranks' " +
+                            std::to_string(groups) + " groups need ports up to " + std::to_string(ep.port + 2 + groups));
+  // A group's hub is on the node of its rank 0: node 0's at --dist-init-addr; another
+  // node's only for a group wholly on that node (on its loopback), since the nodes do not
+  // learn each other's addresses (a ring link between two later nodes: more than 2 stages
+  // on more than 2 CPU nodes).
+  o.make_comm = [ep, timeout](int group, int rank, int size, int hub_node,
+                              bool one_node) -> Result<std::unique_ptr<Communicator>> {
+    const int offset = group == 0 ? 1 : 2 + group;
+    if (hub_node != 0 && !one_node)
+      return unimplemented("CPU ranks on several nodes: a group between nodes " + std::to_string(hub_node) +
+                           " and later has no address to meet at (only node 0's is known); run at most 2 "
+                           "CPU nodes per --pp-size ring, or GPUs");
     cpu::ZmqCommOptions z;
     z.rank = rank;
-    z.size = W;
-    z.hub_endpoint = rank == 0 ? ep.bind(1) : ep.connect(1);
+    z.size = size;
+    const std::string local_hub = "tcp://127.0.0.1:" + std::to_string(ep.port + offset);
+    z.hub_endpoint = rank == 0 ? ep.bind(offset) : hub_node == 0 ? ep.connect(offset) : local_hub;
     z.timeout_s = timeout;
     return cpu::make_zmq_comm(z);
   };

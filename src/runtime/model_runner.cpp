@@ -358,9 +358,9 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     run_state_copies(input.after);
     phases.mark(3, sync);
 
-    // One rank answers; the other ranks of a tensor-parallel group only had to take part in
-    // the forward's collectives (and earlier pipeline stages hand their activations on).
-    if (options_.rank != options_.answer_rank) {
+    // Rank 0 alone answers; the other ranks of a tensor-parallel group only had to take
+    // part in the forward's collectives.
+    if (options_.rank != 0) {
       ops.synchronize();
       return Status::ok();
     }

@@ -113,11 +113,9 @@ struct RunnerOptions {
   // The longest context a sequence may reach (0: as many tokens as the cache holds); bounds
   // a DSpark draft's table of rope rows.
   int64_t max_positions = 0;
-  // This runner's rank in a tensor-parallel group: every rank runs the forward, rank
-  // answer_rank alone samples and returns tokens (and logits when asked): rank 0, or under
-  // pipeline parallelism the first rank of the last stage (the one with the logits).
+  // This runner's rank in a tensor-parallel group: every rank runs the forward, rank 0
+  // alone samples and returns tokens (and logits when asked).
   int rank = 0;
-  int answer_rank = 0;
 };
 
 class ModelRunner final : public StepRunner {

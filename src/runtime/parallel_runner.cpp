@@ -5,15 +5,10 @@
 
 namespace moonrun {
 
-Result<std::unique_ptr<ParallelRunner>> ParallelRunner::create(std::vector<std::unique_ptr<ModelRunner>> ranks,
-                                                                int answer) {
+Result<std::unique_ptr<ParallelRunner>> ParallelRunner::create(std::vector<std::unique_ptr<ModelRunner>> ranks) {
   if (ranks.empty()) return invalid_argument("ParallelRunner: no ranks");
-  if (answer < 0 || answer >= static_cast<int>(ranks.size()))
-    return invalid_argument("ParallelRunner: answering rank " + std::to_string(answer) + " of " +
-                            std::to_string(ranks.size()));
   std::unique_ptr<ParallelRunner> p(new ParallelRunner());
   p->ranks_ = std::move(ranks);
-  p->answer_ = static_cast<size_t>(answer);
   const size_t n = p->ranks_.size();
   p->outputs_.resize(n);
   p->statuses_.assign(n, Status::ok());
@@ -77,7 +72,7 @@ Status ParallelRunner::step(const StepInput& input, StepOutput& output) {
       first = &st;
   }
   if (first) return *first;
-  output = std::move(outputs_[answer_]);
+  output = std::move(outputs_[0]);
   return Status::ok();
 }
 

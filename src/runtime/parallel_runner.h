@@ -17,14 +17,12 @@ namespace moonrun {
 
 class ParallelRunner final : public StepRunner {
  public:
-  // ranks[r] is rank r's runner (RunnerOptions::rank = r), built over one communicator group;
-  // ranks[answer] samples (RunnerOptions::answer_rank: the last pipeline stage's first rank).
-  static Result<std::unique_ptr<ParallelRunner>> create(std::vector<std::unique_ptr<ModelRunner>> ranks,
-                                                        int answer = 0);
+  // ranks[r] is rank r's runner (RunnerOptions::rank = r), built over one communicator group.
+  static Result<std::unique_ptr<ParallelRunner>> create(std::vector<std::unique_ptr<ModelRunner>> ranks);
   ~ParallelRunner() override;
 
   Status step(const StepInput& input, StepOutput& output) override;
-  int vocab() const override { return ranks_[answer_]->vocab(); }
+  int vocab() const override { return ranks_[0]->vocab(); }
   RunnerStats stats() const override { return ranks_[0]->stats(); }
   int64_t free_bytes() const override;
   bool set_op_profile(OpProfile* profile) override { return ranks_[0]->set_op_profile(profile); }
@@ -36,7 +34,6 @@ class ParallelRunner final : public StepRunner {
   void work(int r);
 
   std::vector<std::unique_ptr<ModelRunner>> ranks_;
-  size_t answer_ = 0;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;

@@ -204,9 +204,10 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   if (o.first_rank < 0 || o.first_rank + local > world)
     return invalid_argument("ranks [" + std::to_string(o.first_rank) + ", " + std::to_string(o.first_rank + local) +
                             ") are not in a group of " + std::to_string(world));
-  if (P > 1 && (local != world || o.make_comm))
-    return unimplemented("--pp-size " + std::to_string(P) + ": pipeline stages run in one process for now "
-                         "(every rank on this node); stages across nodes are not built yet");
+  if (P > 1 && local != world && !o.make_comm)
+    return unimplemented("--pp-size " + std::to_string(P) + " over " + std::to_string(world / std::max(local, 1)) +
+                         " nodes on GPUs: stages across nodes are not built yet (every stage on one node, or "
+                         "--tp-size and --ep-size across nodes; CPU ranks can span processes)");
   if (P > 1 && !o.draft_model.empty())
     return unimplemented("a DSpark draft reads the target's layers on one rank: not with --pp-size > 1");
   auto ckpt = MR_TRY(Checkpoint::open(model_dir_or_repo));
@@ -222,7 +223,28 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   // stage boundary a two-rank link per tensor-parallel rank (Ops::set_pipeline).
   std::vector<std::unique_ptr<Communicator>> comms;  // by local index
   std::vector<std::unique_ptr<Communicator>> pipe_prev(static_cast<size_t>(local)), pipe_next(static_cast<size_t>(local));
-  if (P > 1) {
+  if (P > 1 && o.make_comm) {
+    // Ranks in several processes: every group through o.make_comm (its numbering above).
+    // A ring link's rank 0 is its member on the lower process (the sender when both are in
+    // one), so a link between node 0 and another node has its hub on node 0.
+    comms.resize(static_cast<size_t>(local));
+    const auto process_of = [&](int rank) { return rank / local; };
+    const auto link = [&](int s, int t, bool sending) -> Result<std::unique_ptr<Communicator>> {
+      const int from = s * W + t, to = (s + 1) % P * W + t;
+      const bool sender_hub = process_of(from) <= process_of(to);
+      const int hub = sender_hub ? from : to;
+      const int rank = sending == sender_hub ? 0 : 1;
+      return o.make_comm(P + s * W + t, rank, 2, process_of(hub), process_of(from) == process_of(to));
+    };
+    for (int i = 0; i < local; ++i) {
+      const int g = o.first_rank + i, s = g / W, t = g % W;
+      if (W > 1)
+        comms[static_cast<size_t>(i)] =
+            MR_TRY(o.make_comm(s, t, W, process_of(s * W), process_of(s * W) == process_of(s * W + W - 1)));
+      pipe_next[static_cast<size_t>(i)] = MR_TRY(link(s, t, /*sending=*/true));
+      pipe_prev[static_cast<size_t>(i)] = MR_TRY(link((s + P - 1) % P, t, /*sending=*/false));
+    }
+  } else if (P > 1) {
     comms.resize(static_cast<size_t>(world));
     for (int s = 0; s < P; ++s) {
       std::vector<std::unique_ptr<Communicator>> group;
@@ -237,9 +259,10 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
       }
       for (int t = 0; t < static_cast<int>(group.size()); ++t) comms[static_cast<size_t>(s * W + t)] = std::move(group[t]);
     }
-    for (int s = 0; s + 1 < P; ++s)
+    // The ring (model/pipeline.h): stage s to s + 1, and the last stage back to stage 0.
+    for (int s = 0; s < P; ++s)
       for (int t = 0; t < W; ++t) {
-        const int from = s * W + t, to = (s + 1) * W + t;
+        const int from = s * W + t, to = (s + 1) % P * W + t;
         std::vector<std::unique_ptr<Communicator>> pair;
         if (lr.device == "cuda") {
           RuntimeOptions pair_o = o;
@@ -261,7 +284,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   for (int i = 0; i < local; ++i) {
     std::unique_ptr<Communicator> comm;
     if (!comms.empty()) comm = std::move(comms[i]);
-    else if (W > 1) comm = MR_TRY(o.make_comm(o.first_rank + i));
+    else if (W > 1) comm = MR_TRY(o.make_comm(0, o.first_rank + i, W, 0, false));
     lr.ops.push_back(MR_TRY(make_ops(lr.device, o, i, std::move(comm))));
     if (P > 1) {
       try {
@@ -272,7 +295,6 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
       }
     }
   }
-  lr.answer_rank = (P - 1) * W;
   Ops& ops0 = *lr.ops[0];
   lr.layout.kv_dtype = MR_TRY(kv_dtype_for(o.kv_cache_dtype, ops0.act_dtype()));
   lr.dtype_name = ops0.act_dtype() == DType::BF16 ? "bfloat16" : "float32";
@@ -331,21 +353,19 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     for (int s = 0; s < P; ++s)
       MR_LOG(INFO) << "Pipeline stage " << s << ": layers " << stages[size_t(s)].first_layer << "-"
                    << stages[size_t(s)].end_layer - 1 << " on ranks " << s * W << "-" << (s + 1) * W - 1
-                   << (s == 0 ? " (+ embedding)" : "") << (s == P - 1 ? " (+ norm, lm_head)" : "");
+                   << (s == 0 ? " (+ embedding, norm, lm_head: the last stage's rows come back here)" : "");
 
   // What the cache pools may use on this process's ranks. Every rank's pools have the same
   // slots and pages (the scheduler's ids mean the same thing everywhere); under pipeline
   // parallelism the stages' bytes differ, and the largest sizes them.
+  // Every stage's, also those in other processes (Model::cache_spec_of_layers).
   CacheSpec spec = model.cache_spec();
-  for (const auto& m : lr.models) {
-    const CacheSpec s = m->cache_spec();
-    if (s.kv_bytes_per_token(*lr.layout.kv_dtype) > spec.kv_bytes_per_token(*lr.layout.kv_dtype) ||
-        (s.kv_bytes_per_token(*lr.layout.kv_dtype) == spec.kv_bytes_per_token(*lr.layout.kv_dtype) &&
-         s.state_floats_per_slot > spec.state_floats_per_slot))
-      spec = s;
+  int64_t state_floats = spec.state_floats_per_slot;
+  for (const StageLayers& st : stages) {
+    const CacheSpec s = model.cache_spec_of_layers(st.first_layer, st.end_layer);
+    if (s.kv_bytes_per_token(*lr.layout.kv_dtype) > spec.kv_bytes_per_token(*lr.layout.kv_dtype)) spec = s;
+    state_floats = std::max(state_floats, s.state_floats_per_slot);
   }
-  int64_t state_floats = 0;
-  for (const auto& m : lr.models) state_floats = std::max(state_floats, m->cache_spec().state_floats_per_slot);
   spec.state_floats_per_slot = state_floats;
   lr.layout.kv_bytes_per_token = spec.kv_bytes_per_token(*lr.layout.kv_dtype);
   if (lr.draft)  // the draft's context rows share the target's pages (model/dspark_draft.h)
@@ -415,7 +435,6 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   ro.num_speculative_tokens = o.num_speculative_tokens;
   ro.max_positions = o.context_length > 0 ? o.context_length : std::max<int64_t>(lr.config.max_position_embeddings, 0);
   const int local = static_cast<int>(lr.ops.size());
-  ro.answer_rank = lr.answer_rank;
   std::unique_ptr<StepRunner> runner;
   if (o.tp_size * o.pp_size == 1) {
     lr.ops[0]->bind_thread();
@@ -429,7 +448,7 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
       lr.ops[i]->bind_thread();
       ranks.push_back(MR_TRY(ModelRunner::create(std::move(lr.ops[i]), std::move(lr.models[i]), cache, ro)));
     }
-    runner = MR_TRY(ParallelRunner::create(std::move(ranks), lr.answer_rank - o.first_rank));
+    runner = MR_TRY(ParallelRunner::create(std::move(ranks)));
   }
   lr.ops.clear();
   lr.models.clear();

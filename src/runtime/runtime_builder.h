@@ -30,14 +30,21 @@ struct RuntimeOptions {
   int ep_size = 1;
   // Pipeline parallelism (--pp-size): pp_size stages of contiguous layers, each a tp_size x
   // ep_size group of its own (model/pipeline.h); tp_size * pp_size ranks in all, stage s
-  // on ranks [s * tp_size, (s + 1) * tp_size). Ranks in one process for now.
+  // on ranks [s * tp_size, (s + 1) * tp_size); the last stage hands its rows back to
+  // stage 0, which samples. GPUs: every stage in one process for now.
   int pp_size = 1;
   // The ranks this process runs: [first_rank, first_rank + local_ranks) (0: all of them).
-  // Ranks in other processes are reached through make_comm(rank); without it the whole
-  // group is in this process and talks through shared memory.
+  // Ranks in other processes are reached through make_comm: group s < pp_size is stage s's
+  // tensor-parallel group, group pp_size + s * tp_size + t the ring link from stage s's rank
+  // t to the next stage's (a pair whose rank 0 is the member on the lower process). Its rank
+  // 0 is in process hub_process (processes run local_ranks ranks each, in order), and
+  // one_process says whether every member is there too. Without make_comm every rank is in
+  // this process and talks through shared memory.
   int first_rank = 0;
   int local_ranks = 0;
-  std::function<Result<std::unique_ptr<Communicator>>(int rank)> make_comm;
+  std::function<Result<std::unique_ptr<Communicator>>(int group, int rank, int size, int hub_process,
+                                                      bool one_process)>
+      make_comm;
   // CUDA: the group's NCCL id from node 0 (hex; empty: this process makes one, when it runs
   // every rank), and NCCL even at one rank (tests: TP1 through NCCL equals the plain run).
   std::string nccl_id_hex;
@@ -111,7 +118,6 @@ Result<Runtime> build_runtime(const std::string& model_dir_or_repo, const Runtim
 struct LoadedRanks {
   std::vector<std::unique_ptr<Ops>> ops;  // one per local rank
   std::vector<std::unique_ptr<Model>> models;
-  int answer_rank = 0;  // the rank that samples: the last stage's first
   std::unique_ptr<DSparkDraft> draft;  // RuntimeOptions::draft_model, on rank 0
   std::string device, dtype_name;
   ModelConfig config;

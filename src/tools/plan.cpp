@@ -108,8 +108,10 @@ std::string format_pipeline(const Plan& p) {
     o << buf;
   }
   for (const StageHop& h : pl.hops) {
-    std::snprintf(buf, sizeof buf, "  hop stage %d -> %d: %s B a token (attention-residual state, fp32), %s\n",
-                  h.from_stage, h.from_stage + 1, with_commas(int64_t(h.bytes_per_token)).c_str(),
+    const bool back = h.from_stage == p.pp - 1;  // round the ring: the logit rows to stage 0
+    std::snprintf(buf, sizeof buf, "  hop stage %d -> %d: %s B a token (%s, fp32), %s\n", h.from_stage,
+                  back ? 0 : h.from_stage + 1, with_commas(int64_t(h.bytes_per_token)).c_str(),
+                  back ? "the rows that get logits, back to the head" : "attention-residual state",
                   h.cross_node ? "across nodes" : "inside one node");
     o << buf;
   }

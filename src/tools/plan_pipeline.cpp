@@ -61,14 +61,13 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
     uint64_t bytes = n;
     if (shard == Shard::kTensorParallel || split) bytes = n / uint64_t(tp);
     else if (shard == Shard::kExpertParallel) bytes = uint64_t(double(n) * expert_share);
-    GroupMap* into = &post;
+    // Outside the layers: stage 0's (embedding, vision, and, round the ring, norm and
+    // lm_head), but the output AttnRes mix, the last stage's: as the runtime (model/pipeline.h).
+    GroupMap* into = t.name.find("output_attn_res") != std::string::npos ? &post : &pre;
     int li = -1;
     if (t.name.rfind(layer_prefix, 0) == 0) {
       li = std::atoi(t.name.c_str() + layer_prefix.size());
       if (li >= 0 && li < L) into = &layer[size_t(li)];
-    } else if (t.name.find("embed_tokens") != std::string::npos || t.name.find("vision_tower") != std::string::npos ||
-               t.name.find("mm_projector") != std::string::npos) {  // stage 0, as the runtime (model/pipeline.h)
-      into = &pre;
     }
     add(*into, role, shard, split, bytes);
     if (into != &pre && into != &post) {
@@ -99,7 +98,7 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
     st.first_layer = bounds[size_t(s)];
     st.end_layer = bounds[size_t(s) + 1];
     st.has_embedding = s == 0;
-    st.has_head = s == pp - 1;
+    st.has_head = s == 0;  // the ring: logits and sampling where the embedding is
     GroupMap groups;
     auto merge = [&](const GroupMap& m) {
       for (const auto& [name, g] : m) add(groups, name, g.shard, g.split_by_option, g.per_gpu_bytes);
@@ -121,7 +120,7 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
       if (ls.mlp == MlpKind::moe) ++st.n_moe;
       else ++st.n_dense_mlp;
     }
-    if (st.has_head) merge(post);
+    if (s == pp - 1) merge(post);
     for (auto& [_, g] : groups) {
       st.groups.push_back(g);
       st.per_gpu_bytes += g.per_gpu_bytes;
@@ -167,6 +166,10 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
       const int B = cfg.attn_res_block_size;
       const uint64_t rows = B > 0 ? 1 + uint64_t((st.end_layer + B - 1) / B) : 1;
       out.hops.push_back({s, rows * hidden_f32, (s * tp) / gpn != ((s + 1) * tp) / gpn});
+    } else if (pp > 1) {
+      // Round the ring: the last stage's rows that get logits (one a decode token) go back to
+      // stage 0's norm and lm_head.
+      out.hops.push_back({s, hidden_f32, (s * tp) / gpn != 0});
     }
     out.stages.push_back(std::move(st));
   }

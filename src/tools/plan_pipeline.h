@@ -62,7 +62,8 @@ struct PipelineStage {
   bool collectives_cross_nodes = false;  // the TP group spans nodes
 };
 
-// The activations one stage hands the next, once per micro-batch.
+// The activations one stage hands the next, once per micro-batch; the last stage's hop goes
+// round the ring to stage 0 (the rows that get logits: model/pipeline.h).
 struct StageHop {
   int from_stage = 0;
   uint64_t bytes_per_token = 0;  // K3: the attention-residual state (prefix + block sums), fp32

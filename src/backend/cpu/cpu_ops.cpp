@@ -518,14 +518,15 @@ void CpuOps::all_gather_cols(const Tensor& x, Tensor out) {
 void CpuOps::pipe_send(const Tensor& x) {
   MR_CHECK(x.dtype == DType::F32) << "pipe_send takes F32";
   if (!pipe_next_) throw BackendError("pipe_send: this rank has no next stage");
-  // The sender's buffer is only read (broadcast from rank 0 of the pair).
-  pipe_next_->broadcast(const_cast<float*>(x.as<float>()), static_cast<size_t>(x.numel()), 0);
+  // The sender is the root of its pair (either rank: the runtime puts a pair's hub on the
+  // lower process); its buffer is only read.
+  pipe_next_->broadcast(const_cast<float*>(x.as<float>()), static_cast<size_t>(x.numel()), pipe_next_->rank());
 }
 
 void CpuOps::pipe_recv(Tensor x) {
   MR_CHECK(x.dtype == DType::F32) << "pipe_recv takes F32";
   if (!pipe_prev_) throw BackendError("pipe_recv: this rank has no previous stage");
-  pipe_prev_->broadcast(f32(x), static_cast<size_t>(x.numel()), 0);
+  pipe_prev_->broadcast(f32(x), static_cast<size_t>(x.numel()), 1 - pipe_prev_->rank());
 }
 
 // ---- sampling ------------------------------------------------------------------------

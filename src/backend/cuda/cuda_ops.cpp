@@ -688,12 +688,12 @@ class CudaOps final : public Ops {
   void pipe_send(const Tensor& x) override {
     is_f32(x, "pipe_send");
     if (!pipe_next_) throw BackendError("pipe_send: this rank has no next stage");
-    pipe_next_->broadcast(const_cast<float*>(x.as<float>()), static_cast<size_t>(x.numel()), 0);
+    pipe_next_->broadcast(const_cast<float*>(x.as<float>()), static_cast<size_t>(x.numel()), pipe_next_->rank());
   }
   void pipe_recv(Tensor x) override {
     is_f32(x, "pipe_recv");
     if (!pipe_prev_) throw BackendError("pipe_recv: this rank has no previous stage");
-    pipe_prev_->broadcast(x.as<float>(), static_cast<size_t>(x.numel()), 0);
+    pipe_prev_->broadcast(x.as<float>(), static_cast<size_t>(x.numel()), 1 - pipe_prev_->rank());
   }
   void abort_collectives(const std::string& why) override {
     if (comm_) comm_->abort(why);

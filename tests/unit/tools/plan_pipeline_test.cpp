@@ -73,7 +73,8 @@ TEST(PlanPipeline, TwoStagesHalveThePerGpuLayerBytes) {
   EXPECT_EQ(s0.first_layer, 0);
   EXPECT_EQ(s0.end_layer, s1.first_layer);
   EXPECT_EQ(s1.end_layer, 93);
-  EXPECT_TRUE(s0.has_embedding && !s0.has_head && s1.has_head && !s1.has_embedding);
+  // The ring (model/pipeline.h): embedding and head on stage 0, which samples.
+  EXPECT_TRUE(s0.has_embedding && s0.has_head && !s1.has_head && !s1.has_embedding);
   const double whole = double(one.pipeline.max_stage_per_gpu_bytes);
   EXPECT_NEAR(double(s0.per_gpu_bytes + s1.per_gpu_bytes), whole, 1e6);
   const double one_layer = whole / 93 * 1.5;  // a MoE layer, with slack for the dense first
@@ -119,7 +120,8 @@ TEST(PlanPipeline, SplitRouterAndLatentMoeAreReplicatedOverTp) {
 
 // The step's collectives: 93 attention + 92 x (routed + shared) + 1 dense MLP + embedding
 // + lm_head gather = 280, the count the measured slice gives (3 a layer + 1). Flat TP 16 over
-// two nodes sends all of them across; TP 8 x PP 2 none, and one hop instead.
+// two nodes sends all of them across; TP 8 x PP 2 none, and two hops instead: the stage
+// boundary, and the last stage's logit rows back round the ring to stage 0's head.
 TEST(PlanPipeline, CollectivesAndHops) {
   Plan flat = plan_for("H200", 2, 16, 1);
   EXPECT_EQ(flat.pipeline.collectives_per_step, 280);
@@ -129,16 +131,20 @@ TEST(PlanPipeline, CollectivesAndHops) {
   Plan pp2 = plan_for("H200", 2, 8, 2);
   EXPECT_EQ(pp2.pipeline.collectives_per_step, 280);
   EXPECT_EQ(pp2.pipeline.cross_node_collectives_per_step, 0);
-  ASSERT_EQ(pp2.pipeline.hops.size(), 1u);
+  ASSERT_EQ(pp2.pipeline.hops.size(), 2u);
   const StageHop& hop = pp2.pipeline.hops[0];
   EXPECT_TRUE(hop.cross_node);
   // The attention-residual state: the prefix and ceil(end / 12) block summaries, fp32.
   const int end = pp2.pipeline.stages[0].end_layer;
   EXPECT_EQ(hop.bytes_per_token, uint64_t(1 + (end + 11) / 12) * 7168 * 4);
+  const StageHop& back = pp2.pipeline.hops[1];  // one hidden row, fp32
+  EXPECT_EQ(back.from_stage, 1);
+  EXPECT_TRUE(back.cross_node);
+  EXPECT_EQ(back.bytes_per_token, uint64_t(7168) * 4);
 
-  // 32 x H100: TP 8 x PP 4, three hops, each across nodes.
+  // 32 x H100: TP 8 x PP 4, three hops and the one back, each across nodes.
   Plan pp4 = plan_for("H100", 4, 8, 4);
-  EXPECT_EQ(pp4.pipeline.hops.size(), 3u);
+  EXPECT_EQ(pp4.pipeline.hops.size(), 4u);
   for (const auto& h : pp4.pipeline.hops) EXPECT_TRUE(h.cross_node);
   EXPECT_EQ(pp4.pipeline.cross_node_collectives_per_step, 0);
   EXPECT_EQ(pp4.pipeline.collectives_per_step, 280);
@@ -150,7 +156,7 @@ TEST(PlanPipeline, CollectivesAndHops) {
   // TP 1 has no collectives.
   Plan single = plan_for("B300", 1, 1, 8);
   EXPECT_EQ(single.pipeline.collectives_per_step, 0);
-  EXPECT_EQ(single.pipeline.hops.size(), 7u);
+  EXPECT_EQ(single.pipeline.hops.size(), 8u);  // 7 boundaries and the ring back
   EXPECT_FALSE(single.pipeline.hops[0].cross_node);
 }
 
@@ -195,13 +201,14 @@ TEST(PlanPipelineCli, PpSizeSetsTheNodesAndPrintsStages) {
   EXPECT_EQ(j["pipeline"]["stages"].size(), 2u);
   EXPECT_TRUE(j["pipeline"]["split_router"].get<bool>());
   EXPECT_FALSE(j["pipeline"]["split_latent_moe"].get<bool>());
-  EXPECT_EQ(j["pipeline"]["hops"].size(), 1u);
+  EXPECT_EQ(j["pipeline"]["hops"].size(), 2u);
 
   out = run("kimi-k3 --gpu H200 --tp-size 8 --pp-size 2", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("TP 8 x EP 8 x PP 2"), std::string::npos) << out;
   EXPECT_NE(out.find("stage 1: layers"), std::string::npos) << out;
   EXPECT_NE(out.find("hop stage 0 -> 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("hop stage 1 -> 0"), std::string::npos) << out;
   EXPECT_NE(out.find("280 collectives (0 across nodes)"), std::string::npos) << out;
 }
 
