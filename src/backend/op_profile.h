@@ -53,6 +53,9 @@ class ProfiledOps final : public Ops {
   void download(const Tensor& t, void* host) override { in_.download(t, host); }
   void zero(const Tensor& t) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  void copy_cols(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t n_cols) override {
+    in_.copy_cols(src, src_col, dst, dst_col, n_cols);
+  }
   Tensor scratch(int64_t rows, int64_t cols, DType dtype) override { return in_.scratch(rows, cols, dtype); }
   size_t scratch_mark() const override { return in_.scratch_mark(); }
   void scratch_rewind(size_t mark) override { in_.scratch_rewind(mark); }

@@ -108,6 +108,9 @@ class Ops {
   virtual void download(const Tensor& t, void* host) = 0;
   virtual void zero(const Tensor& t) = 0;
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same shape; F32 <-> act dtype allowed
+  // dst[:, dst_col + j] = src[:, src_col + j] for j < n_cols, every row: a column block
+  // between two tensors of the same rows and dtype (a rank's slice of a row-parallel input).
+  virtual void copy_cols(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t n_cols) = 0;
   // Per-step temporaries: a bump allocator the runner resets every step (reset_scratch),
   // with mark/rewind for a layer's temporaries. Same sequence of requests -> same addresses
   // (what lets a captured CUDA graph be replayed).

@@ -45,6 +45,7 @@ struct GenerateArgs {
   int tp_size = 1;
   int ep_size = 1;
   int pp_size = 1;
+  bool split_router = false, split_latent_moe = false;
   std::vector<std::string> images;
 };
 
@@ -152,6 +153,8 @@ void run_generate(const GenerateArgs& a) {
   ro.tp_size = a.tp_size;
   ro.ep_size = a.ep_size;
   ro.pp_size = a.pp_size;
+  ro.split_router = a.split_router;
+  ro.split_latent_moe = a.split_latent_moe;
   ro.log = a.verbose;
   auto rt = build_runtime(a.model, ro);
   if (!rt.is_ok()) fail(rt.status().code() == StatusCode::kInvalidArgument ? 2 : 1, rt.status().message());
@@ -228,6 +231,8 @@ void add_generate_command(CLI::App& app) {
                   "expert-parallel groups (must divide --tp-size)")->capture_default_str();
   cmd->add_option("--pp-size,--pipeline-parallel-size", args->pp_size,
                   "pipeline stages, each a --tp-size group (CPU: threads of this process)")->capture_default_str();
+  cmd->add_flag("--split-router", args->split_router, "the MoE router split over the TP ranks by expert");
+  cmd->add_flag("--split-latent-moe", args->split_latent_moe, "the LatentMoE projections split over the TP ranks");
   cmd->callback([args] { run_generate(*args); });
 }
 

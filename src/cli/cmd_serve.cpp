@@ -115,6 +115,8 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.tp_size = opt.tp_size;
   ro.ep_size = opt.ep_size;
   ro.pp_size = opt.pp_size;
+  ro.split_router = opt.split_router;
+  ro.split_latent_moe = opt.split_latent_moe;
   ro.num_speculative_tokens = opt.speculative.enabled() ? opt.speculative.num_speculative_tokens : 0;
   if (opt.speculative.enabled() && opt.speculative.method == SpecMethod::kDSpark)
     ro.draft_model = opt.speculative.draft_model;
@@ -134,6 +136,7 @@ ClusterOptions cluster_options(const server::ServeOptions& opt, const std::strin
                              {"tp", opt.tp_size},
                              {"ep", opt.ep_size},
                              {"pp", opt.pp_size},
+                             {"split", {opt.split_router, opt.split_latent_moe}},
                              {"nnodes", opt.nnodes},
                              {"device", device},
                              {"dtype", opt.dtype},

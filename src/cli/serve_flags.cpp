@@ -282,6 +282,11 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
   cmd->add_option("--tp-size,--tensor-parallel-size,--tp", o.tp_size, "Tensor-parallel size")->capture_default_str();
   cmd->add_option("--ep-size,--expert-parallel-size,--ep", o.ep_size, "Expert-parallel size")->capture_default_str();
   cmd->add_flag("--enable-expert-parallel", flags->enable_expert_parallel, "vLLM: expert parallel over the TP ranks");
+  cmd->add_flag("--split-router", o.split_router,
+                "split the fp32 MoE router over the TP ranks by expert (its logits all-gathered) instead of replicating it");
+  cmd->add_flag("--split-latent-moe", o.split_latent_moe,
+                "split the LatentMoE down/up projections over the TP ranks (one all-gather a MoE layer) instead of "
+                "replicating them");
   cmd->add_option("--pipeline-parallel-size,--pp-size", flags->pipeline_parallel_size,
                   "Pipeline stages of contiguous layers, each a --tp-size group (tp x pp ranks in all)");
   cmd->add_option("--data-parallel-size,--dp-size", flags->data_parallel_size, "Must be 1 (run one server per replica)");

@@ -24,6 +24,11 @@ void describe_k31(const ModelConfig& cfg, WeightSink& sink) {
   describe_kimi_k31_weights(cfg, scratch, sink);
 }
 
+WeightLayout weight_layout(const LoadOptions& o) { return {o.stage, o.split_router, o.split_latent_moe}; }
+TensorParallel tensor_parallel(const LoadOptions& o) {
+  return {o.rank, o.world_size, o.split_router && o.world_size > 1, o.split_latent_moe && o.world_size > 1};
+}
+
 // kimi_k3 and kimi_linear share one forward (config.json's fields tell them apart).
 Result<std::unique_ptr<Model>> build_k3(Ops& ops, const Checkpoint& ckpt, const ModelConfig& cfg,
                                         const LoadOptions& options) {
@@ -33,11 +38,11 @@ Result<std::unique_ptr<Model>> build_k3(Ops& ops, const Checkpoint& ckpt, const 
   loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size * options.stage.num_stages));
   const size_t before = ops.allocated_bytes();
   KimiK3Weights weights;
-  describe_kimi_k3_weights(cfg, weights, loader, options.stage);
+  describe_kimi_k3_weights(cfg, weights, loader, weight_layout(options));
   MR_RETURN_IF_ERROR(loader.finish());
   ops.synchronize();
   return std::unique_ptr<Model>(new KimiK3(cfg, std::move(weights), ops.allocated_bytes() - before,
-                                           TensorParallel{options.rank, options.world_size}, {}, options.stage));
+                                           tensor_parallel(options), {}, options.stage));
 }
 
 // K3.1: K3's forward with a DSA layer in each full-attention layer (model/kimi_k31.h). The
@@ -50,11 +55,11 @@ Result<std::unique_ptr<Model>> build_k31(Ops& ops, const Checkpoint& ckpt, const
   loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size * options.stage.num_stages));
   const size_t before = ops.allocated_bytes();
   KimiK31Weights weights;
-  describe_kimi_k31_weights(cfg, weights, loader, options.stage);
+  describe_kimi_k31_weights(cfg, weights, loader, weight_layout(options));
   MR_RETURN_IF_ERROR(loader.finish());
   ops.synchronize();
   return std::unique_ptr<Model>(new KimiK3(cfg, std::move(weights.k3), ops.allocated_bytes() - before,
-                                           TensorParallel{options.rank, options.world_size},
+                                           tensor_parallel(options),
                                            std::move(weights.indexers), options.stage));
 }
 
@@ -75,11 +80,11 @@ Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const 
   loader.set_total_bytes(total / static_cast<uint64_t>(options.world_size * options.stage.num_stages));
   const size_t before = ops.allocated_bytes();
   KimiK2Weights weights;
-  describe_kimi_k2_weights(cfg, weights, loader, options.stage);
+  describe_kimi_k2_weights(cfg, weights, loader, weight_layout(options));
   MR_RETURN_IF_ERROR(loader.finish());
   ops.synchronize();
   return std::unique_ptr<Model>(new KimiK2(ops, cfg, std::move(weights), ops.allocated_bytes() - before,
-                                           TensorParallel{options.rank, options.world_size}, options.max_positions,
+                                           tensor_parallel(options), options.max_positions,
                                            options.stage));
 }
 

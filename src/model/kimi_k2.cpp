@@ -7,7 +7,8 @@
 
 namespace moonrun {
 
-void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink, const StageLayers& stage) {
+void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink, const WeightLayout& layout) {
+  const StageLayers& stage = layout.stage;
   const TensorNames names(cfg);
   const int H = cfg.hidden_size, nh = cfg.num_attention_heads;
   auto vec = [&](Tensor& dst, const std::string& name, int64_t n, DType stored = DType::BF16) {
@@ -54,8 +55,9 @@ void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSi
     // e_score_correction_bias [E]), the routed experts, the shared experts.
     MoeWeights& m = lw.moe;
     const int E = cfg.num_experts, I = cfg.moe_intermediate_size;
-    sink.f32(m.router.w, names.layer(i, "mlp.gate.weight"), DType::BF16, {E, H}, E, H, ShardRule::replicated);
-    m.router.out = E;
+    sink.f32(m.router.w, names.layer(i, "mlp.gate.weight"), DType::BF16, {E, H}, E, H,
+             layout.split_router ? ShardRule::column : ShardRule::replicated);
+    m.router.out = static_cast<int>(m.router.w.rows);  // this rank's experts' rows when split
     m.router.in = H;
     vec(m.router_bias, names.layer(i, "mlp.gate.e_score_correction_bias"), E, DType::F32);
     sink.experts(m.w1, i, ExpertMatrix::w1, E, I, H);
@@ -99,6 +101,8 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
       moe_dims_(moe_dims(cfg)),
       act_(activation_params(cfg)),
       rope_(cfg.qk_rope_head_dim, cfg.k2.rope_theta, cfg.k2.rope_scaling) {
+  moe_dims_.split_router = tp.split_router;
+  moe_dims_.tp_rank = tp.rank;
   stage_.first_layer = std::clamp(stage_.first_layer, 0, cfg.num_hidden_layers);
   stage_.end_layer = std::clamp(stage_.end_layer, stage_.first_layer, cfg.num_hidden_layers);
   for (int i = 0; i < stage_.first_layer; ++i) mla_base_ += cfg.layers[i].attn != LayerKind::kda;

@@ -43,7 +43,7 @@ struct KimiK2Weights {
 // experts whole per expert group; embeddings and lm_head by vocabulary rows.
 // A pipeline stage lists only its layers (embedding first, norm and lm_head last).
 void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSink& sink,
-                              const StageLayers& stage = {});
+                              const WeightLayout& layout = {});
 
 // embeddings -> per layer [input_layernorm -> MLA (RoPE on q_pe and k_pe, YaRN) -> residual
 // -> post_attention_layernorm -> dense MLP or MoE -> residual] -> norm -> lm_head.

@@ -14,6 +14,7 @@ struct Lister {
   const ModelConfig& cfg;
   WeightSink& sink;
   TensorNames names;
+  WeightLayout layout;
 
   // A [1, n] vector the backends hold in F32 (stored bf16 unless `stored` says otherwise).
   void vec(Tensor& dst, const std::string& name, int64_t n, DType stored = DType::BF16,
@@ -82,8 +83,8 @@ struct Lister {
     const int64_t H = cfg.hidden_size, E = cfg.num_experts, D = cfg.expert_io_dim(), I = cfg.moe_intermediate_size;
     // The router stays F32 on every backend: its logits are fp32 from the full-width x.
     sink.f32(w.router.w, names.layer(i, "block_sparse_moe.gate.weight"), DType::BF16, {E, H}, E, H,
-             ShardRule::replicated);
-    w.router.out = static_cast<int>(E);
+             layout.split_router ? ShardRule::column : ShardRule::replicated);
+    w.router.out = static_cast<int>(w.router.w.rows);  // this rank's experts' rows when split
     w.router.in = static_cast<int>(H);
     vec(w.router_bias, names.layer(i, "block_sparse_moe.gate.e_score_correction_bias"), E, DType::F32);
     sink.experts(w.w1, i, ExpertMatrix::w1, static_cast<int>(E), static_cast<int>(I), static_cast<int>(D));
@@ -93,8 +94,9 @@ struct Lister {
       dense_mlp(i, "block_sparse_moe.shared_experts.", cfg.shared_intermediate_size(), w.shared);
     if (cfg.routed_expert_hidden_size > 0) {
       mat(w.latent_down, names.layer(i, "block_sparse_moe.routed_expert_down_proj.weight"), D, H,
-          ShardRule::replicated);
-      mat(w.latent_up, names.layer(i, "block_sparse_moe.routed_expert_up_proj.weight"), H, D, ShardRule::replicated);
+          layout.split_latent_moe ? ShardRule::column : ShardRule::replicated);
+      mat(w.latent_up, names.layer(i, "block_sparse_moe.routed_expert_up_proj.weight"), H, D,
+          layout.split_latent_moe ? ShardRule::row : ShardRule::replicated);
       if (cfg.latent_moe_use_norm) vec(w.latent_norm, names.layer(i, "block_sparse_moe.routed_expert_norm.weight"), D);
     }
   }
@@ -102,8 +104,9 @@ struct Lister {
 
 }  // namespace
 
-void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink, const StageLayers& stage) {
-  Lister l{cfg, sink, TensorNames(cfg)};
+void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink, const WeightLayout& layout) {
+  Lister l{cfg, sink, TensorNames(cfg), layout};
+  const StageLayers& stage = layout.stage;
   const int64_t H = cfg.hidden_size;
   if (stage.first()) l.mat(w.embed_tokens, l.names.global("embed_tokens.weight"), cfg.vocab_size, H, ShardRule::vocab);
   w.layers.resize(cfg.num_hidden_layers);
@@ -163,6 +166,9 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
   mla_dims_.attn.num_heads /= tp.size;
   MR_CHECK(indexers_.size() == static_cast<size_t>(cfg.num_dsa_layers))
       << indexers_.size() << " DSA indexers for " << cfg.num_dsa_layers << " DSA layers";
+  moe_dims_.split_router = tp.split_router;
+  moe_dims_.split_latent = tp.split_latent_moe;
+  moe_dims_.tp_rank = tp.rank;
   stage_.first_layer = std::clamp(stage_.first_layer, 0, cfg.num_hidden_layers);
   stage_.end_layer = std::clamp(stage_.end_layer, stage_.first_layer, cfg.num_hidden_layers);
   for (int i = 0; i < stage_.first_layer; ++i) {

@@ -45,7 +45,7 @@ struct KimiK3Weights {
 // through `sink`: the loader and weight_spec() both run it. A pipeline stage lists only its
 // layers (and the embedding on the first stage, norm and lm_head on the last).
 void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink,
-                              const StageLayers& stage = {});
+                              const WeightLayout& layout = {});
 
 // This rank's place in the tensor-parallel group: attention heads, MLP intermediate and
 // vocabulary rows [rank * n / size, (rank + 1) * n / size) are its own; the layers'
@@ -53,6 +53,8 @@ void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSi
 struct TensorParallel {
   int rank = 0;
   int size = 1;
+  bool split_router = false;      // WeightLayout: the router's rows are this rank's experts'
+  bool split_latent_moe = false;  // WeightLayout: LatentMoE down column-, up row-split
 };
 
 class KimiK3 final : public Model {

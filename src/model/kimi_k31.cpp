@@ -3,8 +3,9 @@
 namespace moonrun {
 
 void describe_kimi_k31_weights(const ModelConfig& cfg, KimiK31Weights& w, WeightSink& sink,
-                               const StageLayers& stage) {
-  describe_kimi_k3_weights(cfg, w.k3, sink, stage);
+                               const WeightLayout& layout) {
+  describe_kimi_k3_weights(cfg, w.k3, sink, layout);
+  const StageLayers& stage = layout.stage;
   const TensorNames names(cfg);
   const DsaPart& d = cfg.dsa;
   const int H = cfg.hidden_size;

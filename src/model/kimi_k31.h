@@ -39,6 +39,6 @@ struct KimiK31Weights {
 // The one listing of K3.1's tensors: K3's (describe_kimi_k3_weights), then each DSA
 // layer's indexer.
 void describe_kimi_k31_weights(const ModelConfig& cfg, KimiK31Weights& w, WeightSink& sink,
-                               const StageLayers& stage = {});
+                               const WeightLayout& layout = {});
 
 }  // namespace moonrun

@@ -65,6 +65,9 @@ struct LoadOptions {
   // Pipeline parallelism: the layers this rank's stage runs (rank and world_size are then
   // its place in the stage's own tensor-parallel group). All of them by default.
   StageLayers stage;
+  // Split the MoE router / the LatentMoE projections over the group (WeightLayout).
+  bool split_router = false;
+  bool split_latent_moe = false;
   bool log_progress = false;  // progress lines (bytes, GB/s, ETA) for long loads
   // The longest context served (0: the config's max_position_embeddings): what a model that
   // keeps a table per position (RoPE rows) sizes it for.

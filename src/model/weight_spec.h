@@ -14,8 +14,21 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "model/config.h"
+#include "model/pipeline.h"
 
 namespace moonrun {
+
+// How one rank's listing lays the weights out beyond the default shard rules: the pipeline
+// stage it holds, and two groups every rank holds whole unless split (issue 41: at TP 8 they
+// are 4.1 GB (LatentMoE) + 0.5 GB (router) of what each GPU reads a K3 step).
+struct WeightLayout {
+  StageLayers stage;
+  // The fp32 MoE router column-split by expert; its logits all-gathered for the top-k.
+  bool split_router = false;
+  // The LatentMoE down projection column-split (its output all-gathered for the experts),
+  // the up projection row-split (its partial sum joins the shared experts' all-reduce).
+  bool split_latent_moe = false;
+};
 
 // How a tensor splits over the ranks of a tensor- and expert-parallel group.
 enum class ShardRule {

@@ -215,6 +215,12 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   {
     const ModelConfig cfg = MR_TRY(parse_model_config(ckpt->config(), ckpt->dir() + "/config.json"));
     MR_RETURN_IF_ERROR(check_parallel_split(cfg, W, o.ep_size));
+    if (o.split_router && cfg.num_experts > 0 && cfg.num_experts % W != 0)
+      return invalid_argument("--split-router: the model's " + std::to_string(cfg.num_experts) +
+                              " experts do not split evenly over --tp-size " + std::to_string(W));
+    if (o.split_latent_moe && cfg.routed_expert_hidden_size > 0 && cfg.routed_expert_hidden_size % W != 0)
+      return invalid_argument("--split-latent-moe: the LatentMoE width " + std::to_string(cfg.routed_expert_hidden_size) +
+                              " (routed_expert_hidden_size) does not split evenly over --tp-size " + std::to_string(W));
     for (int s = 0; s < P; ++s) stages.push_back(MR_TRY(stage_layers(cfg, W, o.ep_size, P, s)));
   }
   // One backend per local rank. GPUs talk through NCCL; CPU ranks through o.make_comm
@@ -314,6 +320,8 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     load.world_size = W;
     load.ep_size = o.ep_size;
     load.stage = stages[static_cast<size_t>(g / W)];
+    load.split_router = o.split_router;
+    load.split_latent_moe = o.split_latent_moe;
     load.log_progress = o.log && i == 0;
     load.max_positions = o.context_length;
     lr.ops[i]->bind_thread();

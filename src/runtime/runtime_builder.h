@@ -33,6 +33,10 @@ struct RuntimeOptions {
   // on ranks [s * tp_size, (s + 1) * tp_size); the last stage hands its rows back to
   // stage 0, which samples. GPUs: every stage in one process for now.
   int pp_size = 1;
+  // Split over each stage's TP group what every rank otherwise holds whole (model/
+  // weight_spec.h, WeightLayout): the MoE router, the LatentMoE projections.
+  bool split_router = false;
+  bool split_latent_moe = false;
   // The ranks this process runs: [first_rank, first_rank + local_ranks) (0: all of them).
   // Ranks in other processes are reached through make_comm: group s < pp_size is stage s's
   // tensor-parallel group, group pp_size + s * tp_size + t the ring link from stage s's rank

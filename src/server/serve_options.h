@@ -72,6 +72,8 @@ struct ServeOptions {
   int tp_size = 1;                  // --tp-size / --tensor-parallel-size / --tp
   int ep_size = 1;                  // --ep-size / --expert-parallel-size / --ep
   int pp_size = 1;                  // --pp-size / --pipeline-parallel-size: stages of tp_size ranks
+  bool split_router = false;        // --split-router: the MoE router split over the TP group
+  bool split_latent_moe = false;    // --split-latent-moe: the LatentMoE projections split
   int nnodes = 1;                   // --nnodes
   int node_rank = 0;                // --node-rank
   std::string dist_init_addr;       // --dist-init-addr HOST:PORT

@@ -144,11 +144,12 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
       const bool shared = cfg.num_shared_experts > 0;
       coll(shared ? "shared experts (+ split latent up) all-reduce" : "split latent up all-reduce", false,
            shared || opt.split_latent_moe ? st.n_moe : 0, hidden_f32);
-      // The split down projection's output and the split router's logits: one all-gather
-      // of both per MoE layer (the experts need the whole latent row, the top-k every logit).
-      const uint64_t gathered = (opt.split_latent_moe ? uint64_t(cfg.expert_io_dim()) * 2 : 0) +
-                                (opt.split_router ? uint64_t(E) * 4 : 0);
-      if (gathered > 0) coll("split latent down / router all-gather", true, st.n_moe, gathered);
+      // The split down projection's output and the split router's logits: an all-gather
+      // each per MoE layer (the experts need the whole latent row, the top-k every logit),
+      // both in fp32 as the runtime gathers them (model/layers/moe.cpp; one packed gather
+      // of both would save one of the two).
+      if (opt.split_latent_moe) coll("split latent down all-gather", true, st.n_moe, uint64_t(cfg.expert_io_dim()) * 4);
+      if (opt.split_router) coll("split router logits all-gather", true, st.n_moe, uint64_t(E) * 4);
       if (st.has_head) coll("lm_head logits all-gather", true, 1, uint64_t(cfg.vocab_size) * 4);
     }
     for (const auto& c : st.collectives) st.collectives_per_step += c.count;

@@ -29,15 +29,17 @@ struct Split {
   const char* fixture;
   int tp, ep;
   int pp = 1;  // pipeline stages, each a tp x ep group
+  bool split = false;  // --split-router and --split-latent-moe
 };
 // gtest prints a parameter in the test's listing (and ctest's test names): not its bytes.
 void PrintTo(const Split& sp, std::ostream* os) {
-  *os << sp.fixture << " tp" << sp.tp << " ep" << sp.ep << " pp" << sp.pp;
+  *os << sp.fixture << " tp" << sp.tp << " ep" << sp.ep << " pp" << sp.pp << (sp.split ? " split" : "");
 }
 
 std::string split_name(const ::testing::TestParamInfo<Split>& info) {
   std::string n = std::string(info.param.fixture) + "_tp" + std::to_string(info.param.tp) + "_ep" +
-                  std::to_string(info.param.ep) + (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "");
+                  std::to_string(info.param.ep) + (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "") +
+                  (info.param.split ? "_split" : "");
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 }
@@ -48,11 +50,14 @@ struct CaseRun {
 };
 
 // Every case of a fixture through a runtime of tp ranks in ep expert groups.
-std::vector<CaseRun> run_cases(const std::string& dir, const nlohmann::json& expected, int tp, int ep, int pp = 1) {
+std::vector<CaseRun> run_cases(const std::string& dir, const nlohmann::json& expected, int tp, int ep, int pp = 1,
+                               bool split = false) {
   RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
   ro.tp_size = tp;
   ro.ep_size = ep;
   ro.pp_size = pp;
+  ro.split_router = split;
+  ro.split_latent_moe = split;
   Runtime rt = testing::make_runtime(dir, ro);
   std::vector<CaseRun> out;
   if (!rt.runner) return out;
@@ -99,7 +104,7 @@ TEST_P(ParallelFixture, SameTokensAsOneRankAndTheReference) {
   const nlohmann::json expected = nlohmann::json::parse(in);
   const float ref_tol = expected.at("tolerance_abs_logit").get<float>();
   const std::vector<CaseRun> one = run_cases(dir, expected, 1, 1);
-  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep, sp.pp);
+  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep, sp.pp, sp.split);
   ASSERT_EQ(one.size(), expected.at("cases").size());
   ASSERT_EQ(par.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) {
@@ -184,6 +189,36 @@ TEST(Parallel, PipelineMixedBatchesMatchOneRank) {
     EXPECT_EQ(one[i].tokens, par[i].tokens) << "sequence " << i;
     EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits)) << "sequence " << i;
   }
+}
+
+// The router split by expert and the LatentMoE projections split over the TP ranks (issue
+// 41, item 2): the logits and the latent rows gathered, the up projection's partial sums
+// reduced with the shared experts'. K2 has no LatentMoE: its router alone splits.
+INSTANTIATE_TEST_SUITE_P(SplitReplicated, ParallelFixture,
+                         ::testing::Values(Split{"k3-tiny-b", 2, 2, 1, true}, Split{"k3-tiny-b", 2, 1, 1, true},
+                                           Split{"k3-tiny-b", 4, 4, 1, true}, Split{"k3-tiny-b", 2, 2, 2, true},
+                                           Split{"k3-tiny-a", 2, 2, 1, true}, Split{"k2-tiny", 2, 2, 1, true},
+                                           Split{"k31-tiny-b", 2, 2, 1, true}),
+                         split_name);
+
+// What the split takes off one rank: half the router and half of both LatentMoE
+// projections of every MoE layer at TP 2 (the CPU holds them in F32).
+TEST(Parallel, SplitReplicatedHalvesTheirBytesPerRank) {
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  ro.tp_size = 2;
+  ro.ep_size = 2;
+  Runtime whole = testing::make_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ro.split_router = ro.split_latent_moe = true;
+  Runtime split = testing::make_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_TRUE(whole.runner && split.runner);
+  const ModelConfig& c = whole.config;
+  int moe_layers = 0;
+  for (const LayerSpec& l : c.layers) moe_layers += l.mlp == MlpKind::moe;
+  ASSERT_GT(moe_layers, 0);
+  const int64_t router = int64_t{c.num_experts} * c.hidden_size * 4;
+  const int64_t latent = 2 * int64_t{c.routed_expert_hidden_size} * c.hidden_size * 4;
+  const int64_t saved = moe_layers * (router + latent) / 2;
+  EXPECT_NEAR(double(whole.weight_bytes - split.weight_bytes), double(saved), 0.02 * double(saved));
 }
 
 // More stages than layers, and GPU-less stages across processes without a way to meet, are

@@ -121,6 +121,12 @@ TEST_P(BackendOps, DenseOps) {
   B.gpu->embedding(slice.g, 100, vg, es.g);
   expect_exact(std::string("embedding_slice_") + B.mode(), "37x96", testing::download(*B.gpu, es.g),
                testing::download(B.cpu, es.c));
+  // copy_cols: a rank's column block of a split LatentMoE row (cols [32, 56) of 96 into 24).
+  Pair cc = out(B, T, 24);
+  B.cpu.copy_cols(e.c, 32, cc.c, 0, 24);
+  B.gpu->copy_cols(e.g, 32, cc.g, 0, 24);
+  expect_exact(std::string("copy_cols_") + B.mode(), "37x96[32:56]", testing::download(*B.gpu, cc.g),
+               testing::download(B.cpu, cc.c));
   // rmsnorm into F32 and into the act dtype
   Pair x = put(B, normal(T * H, 2, 3.0f), T, H);
   Pair w = put(B, optest::random_uniform(H, 3, 0.5f, 1.5f), 1, H);

@@ -71,6 +71,17 @@ void CpuOps::copy(const Tensor& src, const Tensor& dst) {
   std::memmove(dst.data, src.data, src.nbytes());
 }
 
+void CpuOps::copy_cols(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t n_cols) {
+  MR_CHECK(src.dtype == dst.dtype && src.rows == dst.rows && src_col >= 0 && dst_col >= 0 && n_cols >= 0 &&
+           src_col + n_cols <= src.cols && dst_col + n_cols <= dst.cols)
+      << "copy_cols: [" << src.rows << ", " << src.cols << "] cols " << src_col << "+" << n_cols << " -> ["
+      << dst.rows << ", " << dst.cols << "] col " << dst_col;
+  const size_t es = dtype_size_bytes(src.dtype);
+  for (int64_t r = 0; r < src.rows; ++r)
+    std::memmove(static_cast<char*>(dst.data) + (r * dst.cols + dst_col) * es,
+                 static_cast<const char*>(src.data) + (r * src.cols + src_col) * es, static_cast<size_t>(n_cols) * es);
+}
+
 Tensor CpuOps::scratch(int64_t rows, int64_t cols, DType dtype) {
   Tensor t{nullptr, dtype, rows, cols};
   const size_t bytes = align_up(std::max<size_t>(t.nbytes(), 1));

@@ -29,6 +29,7 @@ class CpuOps final : public Ops {
   void download(const Tensor& t, void* host) override;
   void zero(const Tensor& t) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  void copy_cols(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t n_cols) override;
   Tensor scratch(int64_t rows, int64_t cols, DType dtype) override;
   size_t scratch_mark() const override { return scratch_used_; }
   void scratch_rewind(size_t mark) override;

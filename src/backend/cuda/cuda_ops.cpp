@@ -151,6 +151,16 @@ class CudaOps final : public Ops {
       throw CudaError("copy from " + shape(src) + " to " + shape(dst));
     }
   }
+  void copy_cols(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t n_cols) override {
+    check(src.dtype == dst.dtype && src.rows == dst.rows && src_col >= 0 && dst_col >= 0 && n_cols >= 0 &&
+              src_col + n_cols <= src.cols && dst_col + n_cols <= dst.cols,
+          "copy_cols: " + shape(src) + " -> " + shape(dst));
+    if (n_cols == 0 || src.rows == 0) return;
+    const size_t es = dtype_size_bytes(src.dtype);
+    CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data) + dst_col * es, dst.cols * es,
+                                 static_cast<const char*>(src.data) + src_col * es, src.cols * es, n_cols * es, src.rows,
+                                 cudaMemcpyDeviceToDevice, stream_));
+  }
   Tensor scratch(int64_t rows, int64_t cols, DType dtype) override {
     Tensor t{nullptr, dtype, rows, cols};
     t.data = arena_.take_scratch(t.nbytes());

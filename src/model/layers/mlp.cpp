@@ -2,7 +2,8 @@
 
 namespace moonrun {
 
-void mlp_forward(Ops& ops, const MlpWeights& w, const ActivationParams& act, const Tensor& x, Tensor out) {
+void mlp_forward(Ops& ops, const MlpWeights& w, const ActivationParams& act, const Tensor& x, Tensor out,
+                 bool reduce) {
   ScratchScope scope(ops);
   const int64_t T = x.rows;
   Tensor g = ops.scratch(T, w.gate.out, DType::F32);  // [T, inter]
@@ -12,7 +13,7 @@ void mlp_forward(Ops& ops, const MlpWeights& w, const ActivationParams& act, con
   Tensor h = ops.act_dtype() == DType::F32 ? g : ops.scratch(T, w.gate.out, ops.act_dtype());
   ops.gated_activation(g, u, act, h);
   ops.linear(h, w.down, out);
-  ops.all_reduce_sum(out);  // down is row-parallel: each rank's intermediate slice contributes
+  if (reduce) ops.all_reduce_sum(out);  // down is row-parallel: each rank's intermediate slice contributes
 }
 
 }  // namespace moonrun

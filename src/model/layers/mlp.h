@@ -13,7 +13,9 @@ struct MlpWeights {
   bool empty() const { return gate.empty(); }
 };
 
-// x [T, in] act dtype -> out [T, in] F32.
-void mlp_forward(Ops& ops, const MlpWeights& w, const ActivationParams& act, const Tensor& x, Tensor out);
+// x [T, in] act dtype -> out [T, in] F32. reduce = false leaves out as this rank's partial
+// sum (its intermediate slice), for a caller that adds to it before one all-reduce.
+void mlp_forward(Ops& ops, const MlpWeights& w, const ActivationParams& act, const Tensor& x, Tensor out,
+                 bool reduce = true);
 
 }  // namespace moonrun

@@ -14,6 +14,12 @@ struct MoeDims {
   RouterParams router;
   ActivationParams act;
   float norm_eps = 1e-5f;  // routed_expert_norm (rms_norm_eps)
+  // Split over the tensor-parallel group (model/weight_spec.h, WeightLayout): this rank
+  // holds the router's rows of experts [tp_rank * E / tp, ...) and, for the LatentMoE, the
+  // down projection's rows and the up projection's columns [tp_rank * io / tp, ...).
+  bool split_router = false;
+  bool split_latent = false;
+  int tp_rank = 0;
 };
 
 struct MoeWeights {
