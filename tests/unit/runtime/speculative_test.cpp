@@ -83,9 +83,12 @@ struct EngineRun {
 EngineRun run_engine(const std::string& dir, const std::vector<Case>& cases, const SpeculativeConfig& spec,
                      int max_running, int chunk, int64_t pool_tokens = 4096, bool prefix_cache = false,
                      std::function<std::unique_ptr<TokenConstraint>()> make_constraint = nullptr,
-                     bool pad_drafts = false) {
+                     bool pad_drafts = false, int tp_size = 1, int pp_size = 1) {
   EngineRun run;
   RuntimeOptions ro = test_runtime_options("cpu", pool_tokens, max_running);
+  ro.tp_size = tp_size;
+  ro.ep_size = tp_size;
+  ro.pp_size = pp_size;
   ro.prefix_cache = prefix_cache;
   ro.prefix_block_tokens = 64;  // snapshots every 64 tokens: the short test prompts hit the cache
   ro.prefix_snapshot_slots = 32;
@@ -212,6 +215,37 @@ TEST(Speculative, DraftsChangeNothingAcrossThePrefixCacheAndPreemptions) {
       }
     }
   }
+}
+
+// Under pipeline stages (issue 41) each stage rolls back and replays its own layers' KDA
+// state: drafts through PP 2 (x TP 2 / EP 2), with the prefix cache and preemptions, give
+// the greedy tokens of a plain one-rank run.
+TEST(Speculative, DraftsChangeNothingUnderPipelineStages) {
+  const std::string dir = fixtures::fixtures_dir() + "/k3-tiny-a";  // KDA layers on both stages
+  std::vector<Case> cases;
+  for (int copy = 0; copy < 2; ++copy)
+    for (const Case& c : repetitive_cases(vocab_of(dir), 4)) {
+      Case d = c;
+      while (d.prompt.size() < 150) d.prompt.insert(d.prompt.end(), c.prompt.begin(), c.prompt.end());
+      d.max_tokens = 32;
+      cases.push_back(d);
+    }
+  const EngineRun plain = run_engine(dir, cases, {}, 4, 64);
+  SpeculativeConfig spec;
+  spec.method = SpecMethod::kNgram;
+  spec.num_speculative_tokens = 4;
+  spec.prompt_lookup_min = 1;
+  spec.prompt_lookup_max = 4;
+  for (const int tp : {1, 2})
+    for (const int64_t pool : {4096, 640}) {
+      const EngineRun fast = run_engine(dir, cases, spec, 4, 64, pool, true, nullptr, true, tp, 2);
+      ASSERT_EQ(fast.tokens.size(), plain.tokens.size());
+      for (size_t i = 0; i < cases.size(); ++i)
+        EXPECT_EQ(fast.tokens[i], plain.tokens[i]) << "tp " << tp << ", pp 2, pool " << pool << ", prompt " << i;
+      EXPECT_GT(fast.stats.spec_accepted_tokens_total, 0);
+      EXPECT_GT(fast.stats.spec_draft_tokens_total - fast.stats.spec_accepted_tokens_total, 10);
+      if (pool == 640) EXPECT_GT(fast.stats.preemptions_total, 0);
+    }
 }
 
 // Structured output with drafts: an automaton over token ids (a token of the prompts' own
