@@ -121,7 +121,7 @@ std::string format_pipeline(const Plan& p) {
   if (p.tp > 1)  // at TP 1 there is nothing to split
     o << "  splitting over TP " << p.tp << " would save a GPU of the busiest stage, each step: LatentMoE projections "
     << gb(double(pl.latent_moe_split_saves_per_gpu)) << ", router " << gb(double(pl.router_split_saves_per_gpu))
-    << " (for one all-gather a MoE layer)\n";
+    << " (for one all-gather a MoE layer each: --split-latent-moe / --split-router)\n";
   return o.str();
 }
 
