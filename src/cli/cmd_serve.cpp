@@ -341,9 +341,11 @@ int run_serve(server::ServeOptions opt) {
   set_thread_log_tag("TP0 EP0");
   const auto dist_t0 = std::chrono::steady_clock::now();
   MR_LOG(INFO) << "Init distributed begin. backend=" << device << ", tp_size=" << opt.tp_size
-               << ", ep_size=" << opt.ep_size << ", nnodes=" << opt.nnodes
+               << ", ep_size=" << opt.ep_size << ", pp_size=" << opt.pp_size
+               << (opt.split_latent_moe ? ", split_latent_moe=true" : "") << (opt.split_router ? ", split_router=true" : "")
+               << ", nnodes=" << opt.nnodes
                << (opt.nnodes > 1    ? " (one process per node, ZeroMQ control plane at " + opt.dist_init_addr + ")"
-                   : opt.tp_size > 1 ? " (ranks as threads of this process, shared-memory collectives)"
+                   : opt.tp_size * opt.pp_size > 1 ? " (ranks as threads of this process, shared-memory collectives)"
                                      : "");
   std::shared_ptr<Coordinator> coordinator;
   if (opt.nnodes > 1) {

@@ -473,6 +473,9 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("tool_call_parser", o.tool_call_parser.empty() ? "(from the model)" : o.tool_call_parser);
   add("tp_size", std::to_string(o.tp_size));
   add("ep_size", std::to_string(o.ep_size));
+  add("pp_size", std::to_string(o.pp_size));
+  if (o.split_latent_moe) add("split_latent_moe", "true");
+  if (o.split_router) add("split_router", "true");
   add("nnodes", std::to_string(o.nnodes));
   add("node_rank", std::to_string(o.node_rank));
   add("dist_init_addr", o.dist_init_addr.empty() ? "(none)" : o.dist_init_addr);
