@@ -1103,7 +1103,7 @@ void int4_experts_match_the_cpu(Backends& B, const std::vector<Int4Shape>& shape
         m->stacked.in = in_f;
       }
       std::optional<ScopedEnv> env;
-      if (fast) env.emplace("MOONRUN_INT4_FAST", "1");
+      env.emplace("MOONRUN_INT4_FAST", fast ? "1" : "0");
       for (Ops* ops : {static_cast<Ops*>(&B.cpu), B.gpu.get()}) {
         ExpertMatrices& m = ops == &B.cpu ? e.c : e.g;
         m.stacked.format = WeightFormat::int4_g32_sym;

@@ -229,7 +229,7 @@ TEST(CudaK2Int4Fast, Bf16TeacherForcedLogitsAsCloseAsTheReferenceKernel) {
     int top1 = 0, rows = 0;
   };
   auto run = [&](bool fast) {
-    if (fast) ::setenv("MOONRUN_INT4_FAST", "1", 1);
+    ::setenv("MOONRUN_INT4_FAST", fast ? "1" : "0", 1);  // the default is fast
     RuntimeOptions ro = testing::test_runtime_options("cuda", 256);
     ro.mem_fraction_static = 0.2;
     Runtime rt = testing::make_runtime(dir, ro);

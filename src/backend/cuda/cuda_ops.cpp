@@ -65,14 +65,16 @@ StackedExperts stacked(const ExpertMatrices& m) {
   return s;
 }
 
-// MOONRUN_INT4_FAST=1: INT4 experts re-laid at load and run on the MXFP4 kernels' fast paths
-// (decode stream, tensor-core prefill; moe_ops.h), which are exact in the weights (q * scale in
-// fp32) but not yet measured on the GPU, so off by default: the reference grouped kernel then
-// reads the words as stored. Read when a matrix is repacked, so each matrix keeps the layout
-// it was loaded with (Matrix::backend_layout).
+// INT4 experts re-laid at load and run on the MXFP4 kernels' fast paths (decode stream,
+// tensor-core prefill; moe_ops.h), exact in the weights (q * scale in fp32). On by default
+// since they were measured on a K2.7-width slice (H100, 2026-12-07: decode 1.07x / 1.55x /
+// 2.5x / 4.0x at b = 1 / 8 / 32 / 128, prefill 6.2x; docs/performance.md);
+// MOONRUN_INT4_FAST=0 keeps the reference grouped kernel, which reads the words as stored.
+// Read when a matrix is repacked, so each matrix keeps the layout it was loaded with
+// (Matrix::backend_layout).
 bool int4_fast() {
   const char* v = std::getenv("MOONRUN_INT4_FAST");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 BatchTables tables(const BatchView& b) { return BatchTables{b.positions, b.token_seq, b.seqs, b.page_table}; }
