@@ -215,15 +215,7 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   Tensor rows = ops.scratch(R, H, DType::F32);  // [R, hidden] the rows that get logits
   if (!stage_.last()) ops.pipe_send(h);  // the next stage goes on from here
   else ops.gather_rows(h, batch.logit_rows, rows);
-  // The ring: the last stage hands the logit rows back to the first (model/pipeline.h).
-  if (stage_.num_stages > 1) {
-    if (stage_.last()) {
-      ops.pipe_send(rows);
-      return;
-    }
-    if (!stage_.first()) return;
-    ops.pipe_recv(rows);
-  }
+  if (!logit_rows_round_the_ring(ops, stage_, rows)) return;
 
   // Final norm, lm_head.
   Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);

@@ -422,16 +422,7 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     }
     ops.gather_rows(h, batch.logit_rows, rows);
   }
-  // The ring: the last stage hands the logit rows back to the first, which holds the
-  // embedding's node and the sampler (model/pipeline.h).
-  if (stage_.num_stages > 1) {
-    if (stage_.last()) {
-      ops.pipe_send(rows);
-      return;
-    }
-    if (!stage_.first()) return;
-    ops.pipe_recv(rows);
-  }
+  if (!logit_rows_round_the_ring(ops, stage_, rows)) return;
 
   // Final norm, lm_head.
   Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);

@@ -57,6 +57,20 @@ struct TensorParallel {
   bool split_latent_moe = false;  // WeightLayout: LatentMoE down column-, up row-split
 };
 
+// The ring (model/pipeline.h) at the end of a stage's forward: the last stage sends the
+// rows that get logits [rows, hidden] back to stage 0, which receives them and goes on to
+// norm and lm_head. False: this stage is done (it writes no logits).
+inline bool logit_rows_round_the_ring(Ops& ops, const StageLayers& stage, Tensor rows) {
+  if (stage.num_stages == 1) return true;
+  if (stage.last()) {
+    ops.pipe_send(rows);
+    return false;
+  }
+  if (!stage.first()) return false;
+  ops.pipe_recv(rows);
+  return true;
+}
+
 class KimiK3 final : public Model {
  public:
   // indexers: K3.1's, one per DSA layer (LayerSpec::dsa_index); empty for K3 and Kimi Linear.

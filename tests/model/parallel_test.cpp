@@ -156,38 +156,25 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, ParallelFixture,
                                            Split{"k31-tiny-b", 2, 2, 2}),
                          split_name);
 
-// Prefill chunks and decodes mixed in steps of up to 7 sequences, at TP 2 / EP 2: the same
-// greedy tokens as one rank, logits within fp32 rounding.
+// Prefill chunks and decodes mixed in steps of up to 7 sequences, at TP 2 / EP 2, and through
+// 2 pipeline stages of TP 2 / EP 2 (each stage's KDA slots and MLA pages hold its own layers
+// only): the same greedy tokens as one rank, logits within fp32 rounding.
 TEST(Parallel, MixedBatchesMatchOneRank) {
   const std::string dir = fixtures_dir() + "/k3-tiny-b";
   RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
   const int vocab = 1024, n = 12, max_tokens = 6;
   const auto one = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
-  ro.tp_size = 2;
-  ro.ep_size = 2;
-  const auto par = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
-  ASSERT_EQ(one.size(), par.size());
-  for (int i = 0; i < n; ++i) {
-    EXPECT_EQ(one[i].tokens, par[i].tokens) << "sequence " << i;
-    EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits)) << "sequence " << i;
-  }
-}
-
-// The same mixed steps through 2 pipeline stages of TP 2 / EP 2 (8 ranks' worth of state:
-// each stage's KDA slots and MLA pages hold its own layers only).
-TEST(Parallel, PipelineMixedBatchesMatchOneRank) {
-  const std::string dir = fixtures_dir() + "/k3-tiny-b";
-  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
-  const int vocab = 1024, n = 12, max_tokens = 6;
-  const auto one = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
-  ro.tp_size = 2;
-  ro.ep_size = 2;
-  ro.pp_size = 2;
-  const auto par = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
-  ASSERT_EQ(one.size(), par.size());
-  for (int i = 0; i < n; ++i) {
-    EXPECT_EQ(one[i].tokens, par[i].tokens) << "sequence " << i;
-    EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits)) << "sequence " << i;
+  for (const int pp : {1, 2}) {
+    ro.tp_size = 2;
+    ro.ep_size = 2;
+    ro.pp_size = pp;
+    const auto par = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
+    ASSERT_EQ(one.size(), par.size());
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(one[i].tokens, par[i].tokens) << "pp " << pp << ", sequence " << i;
+      EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits))
+          << "pp " << pp << ", sequence " << i;
+    }
   }
 }
 
