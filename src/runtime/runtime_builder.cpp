@@ -106,17 +106,14 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(const Runtime
 
 // A stage boundary's two-rank NCCL link, both GPUs in this process (the earlier stage's
 // first): what Ops::set_pipeline takes.
-Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_pair(const RuntimeOptions& o, int device_from,
-                                                                  int device_to) {
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_pair(int device_from, int device_to) {
 #if MOONRUN_HAS_CUDA
-  (void)o;
   const cuda::NcclUniqueId id = MR_TRY(cuda::nccl_unique_id());
   if (const int n = cuda::device_count(); std::max(device_from, device_to) >= n)
     return invalid_argument("--pp-size: a stage needs cuda:" + std::to_string(std::max(device_from, device_to)) +
                             "; " + std::to_string(n) + " GPUs are visible");
   return cuda::make_nccl_comms(id, 2, 0, {device_from, device_to});
 #else
-  (void)o;
   (void)device_from;
   (void)device_to;
   return failed_precondition("NCCL needs the CUDA backend");
@@ -270,15 +267,8 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
       for (int t = 0; t < W; ++t) {
         const int from = s * W + t, to = (s + 1) % P * W + t;
         std::vector<std::unique_ptr<Communicator>> pair;
-        if (lr.device == "cuda") {
-          RuntimeOptions pair_o = o;
-          pair_o.tp_size = 2;
-          pair_o.first_rank = 0;
-          pair_o.nccl_id_hex.clear();
-          pair = MR_TRY(make_nccl_pair(pair_o, o.cuda_device + from, o.cuda_device + to));
-        } else {
-          pair = cpu::make_thread_group(2);
-        }
+        pair = lr.device == "cuda" ? MR_TRY(make_nccl_pair(o.cuda_device + from, o.cuda_device + to))
+                                   : cpu::make_thread_group(2);
         pipe_next[static_cast<size_t>(from)] = std::move(pair[0]);
         pipe_prev[static_cast<size_t>(to)] = std::move(pair[1]);
       }
@@ -365,8 +355,8 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
 
   // What the cache pools may use on this process's ranks. Every rank's pools have the same
   // slots and pages (the scheduler's ids mean the same thing everywhere); under pipeline
-  // parallelism the stages' bytes differ, and the largest sizes them.
-  // Every stage's, also those in other processes (Model::cache_spec_of_layers).
+  // parallelism the stages' bytes differ, and the largest of every stage's, those in other
+  // processes too (Model::cache_spec_of_layers), sizes them.
   CacheSpec spec = model.cache_spec();
   int64_t state_floats = spec.state_floats_per_slot;
   for (const StageLayers& st : stages) {
