@@ -37,6 +37,9 @@ floor_ratio at a micro-batch size that was not measured: interpolated in log2(ba
 
 Usage: bench/project_parallel.py --moonrun build/moonrun --measured bench/results/k3-slice-h200.json \
            --plans-json-out bench/results/parallel-plans-projection.json
+       bench/project_parallel.py --single-node 8 --gpu H200 --model models/kimi-k2.7-code.config.json \
+           --config models/kimi-k2.7-code.config.json --measured bench/results/<K2 slice run>.json
+  (one node, TP = EP = 8, every collective over NVLink: issue #40's K2.7 Code figure)
 """
 import argparse
 import datetime
@@ -46,8 +49,8 @@ import subprocess
 import sys
 
 
-def plan(moonrun, gpu, tp, ep, nodes, pp=1, split=False):
-    cmd = [moonrun, "plan", "--model", "kimi-k3", "--gpu", gpu, "--tp-size", str(tp), "--ep-size", str(ep),
+def plan(moonrun, gpu, tp, ep, nodes, pp=1, split=False, model="kimi-k3"):
+    cmd = [moonrun, "plan", "--model", model, "--gpu", gpu, "--tp-size", str(tp), "--ep-size", str(ep),
            "--nnodes", str(nodes), "--json"]
     if pp > 1:
         cmd += ["--pp-size", str(pp)]
@@ -99,11 +102,16 @@ def floor_ratio(ratio, m):
             return ratio[lo] + f * (ratio[hi] - ratio[lo])
 
 
+def routed_experts(t):
+    """(experts, experts a token) under K3's names or DeepSeek-V3's (K2)."""
+    return t.get("num_experts", t.get("n_routed_experts")), t.get("num_experts_per_token", t.get("num_experts_per_tok"))
+
+
 def stage_bytes(st, p, cfg, m, context):
     """One GPU of stage `st` in a step of m tokens: its weights (the experts m tokens touch,
     one embedding row a token), its MLA rows and KDA state (read and written)."""
     t = cfg.get("text_config", cfg)
-    E, k = t["num_experts"], t["num_experts_per_token"]
+    E, k = routed_experts(t)
     dense = experts = 0.0
     for g in st["groups"]:
         if g["name"].startswith("vision"):
@@ -214,6 +222,40 @@ def plans_table(a, cfg, measured, copy, ratio):
     return rows
 
 
+def single_node(a, cfg, measured, copy, ratio):
+    """One node, TP = EP = its GPUs (issue #40: Kimi K2.7 Code on 8 x H200): every collective
+    inside the node; the floor shares are those measured on the model's own slice."""
+    batches = sorted(ratio)
+    print(f"{a.model} on {a.single_node} x {a.gpu} (one node, TP {a.single_node} x EP {a.single_node}), projected from "
+          f"{a.measured} (commit {measured.get('commit', '?')}, {measured.get('gpu', '?')}): copy bandwidth "
+          f"{measured['copy_tb_s']:.2f} TB/s, floor shares " + ", ".join(f"b={b} {ratio[b]:.2f}" for b in batches)
+          + f"; {a.context} tokens of context; assumed {a.nvlink_us} us a collective at {a.nvlink_gb_s} GB/s over "
+          "NVLink. A projection, not a measurement.\n")
+    p = plan(a.moonrun, a.gpu, a.single_node, a.single_node, 1, model=a.model)
+    pl = p["pipeline"]
+    print("| cluster | batch | GB a GPU (weights) | collectives a step | kernels (ms) | collectives (ms) | step (ms) | "
+          "tok/s a sequence | tok/s total |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    name = f"{a.single_node} x {a.gpu} (one node)"
+    for b in batches:
+        r = project_plan(p, cfg, b, a.context, copy, ratio, a, a.nvlink_us, a.nvlink_gb_s)
+        r.update({"cluster": name, "model": a.model, "tp": a.single_node, "ep": a.single_node, "batch": b,
+                  "weights_per_gpu_bytes": pl["max_stage_per_gpu_bytes"],
+                  "collectives_per_step": pl["collectives_per_step"], "floor_ratio_used": ratio[b]})
+        rows.append(r)
+        print(f"| {name} | {b} | {pl['max_stage_per_gpu_bytes'] / 1e9:.2f} | {pl['collectives_per_step']} | "
+              f"{r['kernel_ms']:.2f} | {r['collective_ms']:.2f} | {r['period_ms']:.2f} | "
+              f"{r['tok_s_per_sequence']:.1f} | {r['tok_s']:,.0f} |")
+    if a.json_out:
+        json.dump({"what": "projection, not a measurement", "date": datetime.date.today().isoformat(),
+                   "model": a.model, "source": a.measured, "commit": measured.get("commit"),
+                   "gpu_measured": measured.get("gpu"), "context_tokens": a.context,
+                   "copy_tb_s": measured["copy_tb_s"], "floor_ratio": ratio,
+                   "assumed": {"nvlink_us": a.nvlink_us, "nvlink_gb_s": a.nvlink_gb_s}, "rows": rows},
+                  open(a.json_out, "w"), indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moonrun", default="build/moonrun")
@@ -235,9 +277,19 @@ def main():
     ap.add_argument("--plan-batches", default="1,128", help="batch sizes of the plans table")
     ap.add_argument("--json-out", default="")
     ap.add_argument("--plans-json-out", default="", help="the plans table as JSON")
+    ap.add_argument("--single-node", type=int, default=0, metavar="GPUS",
+                    help="only this: --model on one node of GPUS x --gpu at TP = EP = GPUS (e.g. K2.7 Code on 8 x H200)")
+    ap.add_argument("--model", default="kimi-k3", help="what `moonrun plan --model` takes (with --single-node)")
+    ap.add_argument("--gpu", default="H200", help="with --single-node")
     a = ap.parse_args()
     measured = json.load(open(a.measured))
     cfg = json.load(open(a.config))
+    if a.single_node:
+        # A share above 1 means the slice's floor overcounted its bytes (its synthetic router
+        # touches fewer experts than a uniform one): taken as 1, the kernels at the floor.
+        ratio = {d["batch"]: min(1.0, d["floor_ratio"]) for d in measured["decode"]}
+        single_node(a, cfg, measured, measured["copy_tb_s"] * 1e12, ratio)
+        return
     layers = cfg.get("text_config", cfg)["num_hidden_layers"]
     copy = measured["copy_tb_s"] * 1e12
     ratio = {d["batch"]: d["floor_ratio"] for d in measured["decode"]}

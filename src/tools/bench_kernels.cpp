@@ -17,6 +17,12 @@ namespace {
 constexpr int kLatent = 3584, kFfn = 3072, kTopK = 16;
 constexpr int kKdaHeads = 96, kKdaHeadDim = 128;
 constexpr int kChunkedTokens = 8192;
+// Kimi K2's routed experts (models/kimi-k2.7-code.config.json): hidden 7168, FFN 2048, top-8,
+// INT4 pack-quantized (group 32, bf16 scales). Shapes as (experts, tokens each): one decode
+// token (8 x 1), a batch of 8 (64 x 1), of about 128 (64 of ~358 experts x 3), a prefill-like
+// load per expert (64 x 128), and a batch of about 32 (192 x 1: ~188 distinct experts).
+constexpr int kK2Hidden = 7168, kK2Ffn = 2048, kK2TopK = 8;
+constexpr int kK2Shapes[][2] = {{8, 1}, {64, 1}, {64, 3}, {64, 128}, {192, 1}};
 
 // The issue's peer figures (one H200): FLA's fused_recurrent_kda / chunk_kda and torch's
 // bf16 grouped GEMM for 16 experts x 1 token.
@@ -56,6 +62,15 @@ double time_ms(Ops& ops, int reps, F&& call) {
   for (int i = 0; i < reps; ++i) call();
   ops.synchronize();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+// bench/peers/torch_expert_gemm.py's "moe_experts_k2" rows: bf16 at the same shapes.
+double torch_k2_peer_ms(const nlohmann::json& peers, int experts, int tokens_per_expert) {
+  if (!peers.is_object() || !peers.contains("moe_experts_k2")) return 0;
+  for (const auto& e : peers["moe_experts_k2"])
+    if (e.value("experts", 0) == experts && e.value("tokens_per_expert", 0) == tokens_per_expert)
+      return e.value("ms", 0.0);
+  return 0;
 }
 
 double torch_peer_ms(const nlohmann::json& peers, int tokens_per_expert) {
@@ -116,6 +131,65 @@ Result<std::vector<KernelFigure>> run_k3_kernel_bench(Ops& ops, const nlohmann::
       f.peer = f.peer_ms > 0 ? "torch bf16 grouped GEMM, this run" : "";
       if (f.peer_ms == 0 && n == 1) f.peer_ms = kTorchGroupedOneTokenMs, f.peer = "torch bf16 grouped GEMM (issue #12)";
       f.bar = 3.0;
+      out.push_back(f);
+    }
+  }
+
+  // K2's INT4 routed experts (issue #40): E experts each with n tokens, T = E * n / 8 tokens
+  // whose top-8 are experts (8t + k) mod E; the loader's layout (I32 words of eight u4 = q + 8,
+  // bf16 scales per 32), re-laid by repack_experts as the loader does.
+  {
+    auto experts = [&](int count, int out_f, int in_f) {
+      ExpertMatrices m;
+      m.num_experts = count;
+      m.stacked.out = out_f;
+      m.stacked.in = in_f;
+      m.stacked.format = WeightFormat::int4_g32_sym;
+      const int64_t rows = static_cast<int64_t>(count) * out_f;
+      std::vector<uint32_t> words(static_cast<size_t>(rows) * in_f / 8);
+      std::vector<uint16_t> scales(static_cast<size_t>(rows) * in_f / 32);
+      for (auto& v : words) v = static_cast<uint32_t>(bits());
+      // bf16 scales near 1 / (7.5 sqrt(in)): an nn.Linear-sized weight, sums of order one.
+      for (auto& v : scales) v = static_cast<uint16_t>(0x3b00 + bits() % 64);
+      m.stacked.w = ops.alloc(rows, in_f / 8, DType::I32, "int4 words");
+      m.stacked.scales = ops.alloc(rows, in_f / 32, DType::BF16, "int4 scales");
+      ops.upload(m.stacked.w, 0, words.data(), words.size() * sizeof(uint32_t));
+      ops.upload(m.stacked.scales, 0, scales.data(), scales.size() * sizeof(uint16_t));
+      ops.repack_experts(m);
+      return m;
+    };
+    int held = 0;
+    ExpertMatrices w1, w3, w2;
+    for (const auto& [E, n] : kK2Shapes) {
+      if (E != held) {  // one set of weights per expert count: 8, 64, 192 (6.5 GB in all)
+        w1 = experts(E, kK2Ffn, kK2Hidden), w3 = experts(E, kK2Ffn, kK2Hidden), w2 = experts(E, kK2Hidden, kK2Ffn);
+        held = E;
+      }
+      const int T = E * n / kK2TopK;
+      std::vector<int32_t> ids;
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < kK2TopK; ++k) ids.push_back((t * kK2TopK + k) % E);
+      Tensor id = ops.alloc(T, kK2TopK, DType::I32, "ids");
+      ops.upload(id, 0, ids.data(), ids.size() * 4);
+      Tensor wt = put(ops, uniform(static_cast<size_t>(T) * kK2TopK, 31, 0.0f, 0.25f), T, kK2TopK);
+      const std::vector<float> xv = uniform(static_cast<size_t>(T) * kK2Hidden, 32, -1.0f, 1.0f);
+      Tensor x = ops.alloc(T, kK2Hidden, ops.act_dtype(), "x");
+      if (ops.act_dtype() == DType::F32) {
+        ops.upload(x, 0, xv.data(), xv.size() * 4);
+      } else {
+        ops.copy(put(ops, xv, T, kK2Hidden), x);
+      }
+      Tensor y = ops.alloc(T, kK2Hidden, DType::F32, "y");
+      KernelFigure f;
+      f.kernel = "moe_experts int4 (K2)";
+      f.shape = std::to_string(E) + " experts x " + std::to_string(n) + (n == 1 ? " token" : " tokens");
+      f.bytes = 3.0 * E * kK2Ffn * kK2Hidden * (0.5 + 2.0 / 32);
+      f.ms = time_ms(ops, n >= 64 ? 10 : 50, [&] { ops.moe_experts(x, id, wt, w1, w3, w2, ActivationParams{}, y); });
+      f.peer_ms = torch_k2_peer_ms(torch_peers, E, n);
+      f.peer = f.peer_ms > 0 ? "torch bf16 grouped GEMM, this run" : "";
+      // Reading a quarter of bf16's bytes gives at most ~3.6x where both stream weights; at
+      // 128 tokens an expert both are tensor-core bound and the bar is parity.
+      f.bar = n >= 64 ? 1.0 : 3.0;
       out.push_back(f);
     }
   }

@@ -1,5 +1,6 @@
 #pragma once
-// Issue #12's kernel comparisons at Kimi K3's widths, driven through the ops interface on one
+// Issue #12's kernel comparisons at Kimi K3's widths (and issue #40's INT4 routed experts at
+// Kimi K2's: tools/bench_kernels.cpp, kK2Shapes), driven through the ops interface on one
 // backend with random inputs (no checkpoint): the MXFP4 routed-expert op for 16 experts x
 // 1-8 tokens each (latent 3584, FFN 3072: one token's top-16 at n = 1), the KDA recurrence of
 // one layer (96 heads of 128) as a decode step at batch 1, 32 and 128, and its chunked form
