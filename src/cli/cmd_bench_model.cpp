@@ -1,5 +1,5 @@
 // `moonrun bench-model --model DIR [--batch 1,8,32] [--context N] [--steps N] [--prefill N]
-// [--device cuda] [--dtype ...] [--tp-size N [--ep-size M]] [--disable-cuda-graph] [--no-profile]
+// [--max-total-tokens N] [--device cuda] [--dtype ...] [--tp-size N [--ep-size M]] [--disable-cuda-graph] [--no-profile]
 // [--kernels [--kernel-peers FILE]]
 // [--json-out FILE]`: decode
 // step times per batch size beside the bandwidth floor, the prefill rate beside the GEMM peak,
@@ -32,6 +32,9 @@ void add_bench_model_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--context-length", c->runtime.context_length,
                   "the longest sequence the cache pools are sized for (0: the model's)");
+  cmd->add_option("--max-total-tokens", c->runtime.max_total_tokens,
+                  "cap the KV pool at this many tokens (0: what the largest row needs, within the memory); rows "
+                  "that do not fit are skipped");
   cmd->add_option("--device", c->runtime.device, "cuda | cpu | auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
@@ -87,6 +90,8 @@ void add_bench_model_command(CLI::App& app) {
       std::fprintf(stderr, "moonrun bench-model: %s\n", report.status().message().c_str());
       throw CLI::RuntimeError(report.status().code() == StatusCode::kInvalidArgument ? 2 : 1);
     }
+    // Rows that do not fit the pools were skipped (the table says so too); the rest ran.
+    for (const tools::SkippedRow& r : report->skipped) std::fprintf(stderr, "moonrun bench-model: %s\n", r.message.c_str());
     std::printf("%s", tools::format_model_bench(*report).c_str());
     if (!json_out->empty()) std::ofstream(*json_out) << tools::model_bench_to_json(*report).dump(2) << "\n";
   });

@@ -180,8 +180,19 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   ro.prefix_cache = false;
   ro.page_size_tokens = ro.page_size_tokens > 0 ? ro.page_size_tokens : 16;
   const int ps = ro.page_size_tokens;
-  const int pages_per_seq = (std::max(per_seq, c.prefill_tokens) + ps - 1) / ps;
-  ro.max_total_tokens = static_cast<int64_t>(max_batch) * pages_per_seq * ps;
+  // A sequence of a row with k drafts holds its context, one token a step and the k drafts
+  // of its last step; its pages lie at [i * pages_each, (i + 1) * pages_each). The prefill
+  // row's one prompt takes pages from 0.
+  const auto tokens_each = [&](int k) -> int64_t {
+    return static_cast<int64_t>(c.context_tokens) + c.warmup_steps + c.decode_steps + c.profile_steps + 1 + k;
+  };
+  const auto pages_each = [&](int k) -> int64_t { return (tokens_each(k) + ps - 1) / ps; };
+  const int64_t prefill_pages = (static_cast<int64_t>(c.prefill_tokens) + ps - 1) / ps;
+  // The pool need not hold more than the largest row; --max-total-tokens may cap it lower
+  // (and so may the device's memory): rows that do not fit are skipped, not run.
+  const int64_t pages_wanted = std::max<int64_t>(int64_t{max_batch} * pages_each(max_drafts), prefill_pages);
+  ro.max_total_tokens = pages_wanted * ps;
+  if (c.runtime.max_total_tokens > 0) ro.max_total_tokens = std::min(ro.max_total_tokens, c.runtime.max_total_tokens);
   const bool prefill_fill = static_cast<int64_t>(max_batch) * c.context_tokens <= kMaxPrefillFillTokens;
   // Prompts go through in chunks of --chunked-prefill-size, as `serve` feeds them: the
   // step's memory is a chunk's, whatever the prompt's length.
@@ -253,13 +264,61 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   StepOutput out;
   OpProfile profile;
 
+  // What a row needs of the pools against what they hold (issue #38: 8 sequences of 1M
+  // tokens on an 80 GB H100 ran into "KV page ... is not in the pool" mid-bench). The KV
+  // pages and K3.1's DSA indexer-key pages share their ids: one count covers both.
+  const CacheConfig& pool = rt.cache;
+  const bool has_kv = pool.layout.kv_bytes_per_token > 0;
+  const bool has_state = pool.layout.state_bytes_per_slot > 0;
+  const std::string pool_words = [&] {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%d pages (%.2f GB at %lld bytes a token%s, sized from %s)", pool.num_pages,
+                  pool.kv_bytes() / 1e9, static_cast<long long>(pool.layout.kv_bytes_per_token),
+                  rt.config.num_dsa_layers > 0 ? " with the DSA indexer keys" : "",
+                  c.runtime.max_total_tokens > 0 && pool.num_pages >= (c.runtime.max_total_tokens + ps - 1) / ps
+                      ? "--max-total-tokens"
+                      : "the device's memory");
+    return std::string(buf);
+  }();
+  const std::string more_room = " or give the pool more room (--kv-cache-dtype fp8, --mem-fraction-static" +
+                                std::string(c.runtime.max_total_tokens > 0 ? ", --max-total-tokens)" : ")");
+  // Empty when the row fits; else the row's SkippedRow.
+  const auto misfit = [&](int b, int k) -> std::optional<SkippedRow> {
+    SkippedRow r;
+    r.kind = k > 0 ? "verify" : "decode";
+    r.batch = b;
+    r.draft_tokens = k;
+    r.tokens_each = tokens_each(k);
+    r.pages_needed = int64_t{b} * pages_each(k);
+    r.pages_held = pool.num_pages;
+    std::string row = (k > 0 ? "verify k " + std::to_string(k) + ", " : std::string("decode ")) + "batch " +
+                      std::to_string(b) + " x context " + std::to_string(c.context_tokens);
+    if (has_kv && r.pages_needed > r.pages_held) {
+      r.message = row + ": skipped: " + std::to_string(b) + " sequences x " + std::to_string(pages_each(k)) +
+                  " KV pages (" + std::to_string(r.tokens_each) + " tokens each: context + steps" +
+                  (k > 0 ? " + drafts" : "") + ", " + std::to_string(ps) + " a page) = " +
+                  std::to_string(r.pages_needed) + " pages; the pool holds " + pool_words +
+                  "; lower --batch or --context," + more_room;
+      return r;
+    }
+    if (has_state && (b > pool.num_state_slots || (k > 0 && b > pool.num_verify_slots))) {
+      r.message = row + ": skipped: " + std::to_string(b) + " sequences need " + std::to_string(b) +
+                  " state slots" + (k > 0 ? " and as many verify slots" : "") + "; the pool holds " +
+                  std::to_string(pool.num_state_slots) + " and " + std::to_string(pool.num_verify_slots) +
+                  "; lower --batch";
+      return r;
+    }
+    return std::nullopt;
+  };
+
   // One batch size's steps: decode (k = 0) or verify steps of 1 + k tokens a sequence whose
   // drafts are all rejected (each step starts with the rollback of the one before).
   const auto run_batch = [&](int b, int k) -> Result<DecodeFigure> {
-    // Fresh sequences: slot i, pages [i * pages_per_seq, (i + 1) * pages_per_seq).
+    // Fresh sequences: slot i, pages [i * each, (i + 1) * each) (misfit checked they exist).
+    const int each = static_cast<int>(pages_each(k));
     std::vector<Seq> seqs(b);
     for (int i = 0; i < b; ++i) {
-      for (int p = 0; p < pages_per_seq; ++p) seqs[i].pages.push_back(i * pages_per_seq + p);
+      for (int p = 0; p < each; ++p) seqs[i].pages.push_back(i * each + p);
       seqs[i].n_past = c.context_tokens;
       seqs[i].last = tokens_of(i, 1, vocab, c.seed + 7)[0];
       if (!prefill_fill) continue;
@@ -331,18 +390,40 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     }
     return f;
   };
-  for (int b : c.batches) report.decode.push_back(MR_TRY(run_batch(b, 0)));
+  const auto run_row = [&](int b, int k) -> Status {
+    if (std::optional<SkippedRow> skip = misfit(b, k)) {
+      report.skipped.push_back(std::move(*skip));
+      return Status::ok();
+    }
+    (k > 0 ? report.verify : report.decode).push_back(MR_TRY(run_batch(b, k)));
+    return Status::ok();
+  };
+  for (int b : c.batches) MR_RETURN_IF_ERROR(run_row(b, 0));
   for (int k : c.draft_tokens)
-    for (int b : c.batches) report.verify.push_back(MR_TRY(run_batch(b, k)));
+    for (int b : c.batches) MR_RETURN_IF_ERROR(run_row(b, k));
   double tok_s_b1 = 0;
   for (const DecodeFigure& f : report.decode)
     if (f.batch == 1) tok_s_b1 = f.tok_s;
   for (DecodeFigure& f : report.decode) f.speedup_vs_b1 = tok_s_b1 > 0 ? f.tok_s / tok_s_b1 : 0;
 
-  if (c.prefill_tokens > 0) {
+  bool prefill_fits = true;
+  if (c.prefill_tokens > 0 && has_kv && prefill_pages > pool.num_pages) {
+    prefill_fits = false;
+    SkippedRow r;
+    r.kind = "prefill";
+    r.batch = 1;
+    r.tokens_each = c.prefill_tokens;
+    r.pages_needed = prefill_pages;
+    r.pages_held = pool.num_pages;
+    r.message = "prefill of " + std::to_string(c.prefill_tokens) + " tokens: skipped: " +
+                std::to_string(prefill_pages) + " KV pages (" + std::to_string(ps) +
+                " tokens a page); the pool holds " + pool_words + "; lower --prefill," + more_room;
+    report.skipped.push_back(std::move(r));
+  }
+  if (c.prefill_tokens > 0 && prefill_fits) {
     const std::vector<int32_t> prompt = tokens_of(999, c.prefill_tokens, vocab, c.seed);
-    std::vector<int32_t> pages(pages_per_seq);
-    for (int p = 0; p < pages_per_seq; ++p) pages[p] = p;
+    std::vector<int32_t> pages(prefill_pages);
+    for (int p = 0; p < prefill_pages; ++p) pages[p] = p;
     const auto prefill_once = [&]() -> Status { return prefill_chunked(runner, prompt, 0, pages, chunk, out); };
     const auto t0 = std::chrono::steady_clock::now();
     MR_RETURN_IF_ERROR(prefill_once());
@@ -363,6 +444,11 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
       report.prefill_tflops = flops / report.prefill_s / 1e12;
       if (report.bf16_tflops > 0) report.prefill_peak_ratio = report.prefill_tflops / report.bf16_tflops;
     }
+  }
+  if (report.decode.empty() && report.verify.empty() && report.prefill_tokens == 0) {
+    std::string all = "no row fits the cache pools:";
+    for (const SkippedRow& r : report.skipped) all += "\n  " + r.message;
+    return resource_exhausted(all);
   }
   return report;
 }
@@ -464,6 +550,18 @@ std::string format_model_bench(const ModelBenchReport& r) {
     }
     s += "\n";
   }
+  // Rows that did not fit the pools, in the table where they would have been.
+  const auto skipped_rows = [&](const char* kind, bool with_k) {
+    for (const SkippedRow& k : r.skipped) {
+      if (k.kind != kind) continue;
+      if (with_k) std::snprintf(line, sizeof line, "| %d | %d | ", k.draft_tokens, k.batch);
+      else std::snprintf(line, sizeof line, "| %d | ", k.batch);
+      s += line + k.message + " |\n";
+    }
+  };
+  skipped_rows("decode", false);
+  for (const SkippedRow& k : r.skipped)
+    if (k.kind == "prefill") s += "\n" + k.message + "\n";
   if (r.prefill_tokens > 0) {
     std::snprintf(line, sizeof line, "\nprefill: %d tokens in %.3f s = %.1f tok/s", r.prefill_tokens, r.prefill_s,
                   r.prefill_tok_s);
@@ -515,6 +613,13 @@ std::string format_model_bench(const ModelBenchReport& r) {
       s += line;
     }
   }
+  if (r.verify.empty() && !r.skipped.empty()) {
+    bool any = false;
+    for (const SkippedRow& k : r.skipped) any |= k.kind == "verify";
+    if (any)
+      s += "\nspeculative verify steps:\n| k | batch | |\n|---:|---:|---|\n";
+  }
+  skipped_rows("verify", true);
   for (const DecodeFigure& f : r.verify) {
     if (f.ops.empty()) continue;
     std::snprintf(line, sizeof line, "\nper-op, verify step k %d, batch %d (profiled step %.3f ms):\n", f.draft_tokens,
@@ -621,6 +726,15 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
     j["peer"] = p;
   }
   if (!r.kernels.empty()) j["kernels"] = kernel_bench_to_json(r.kernels, r.copy_gb_s);
+  j["skipped"] = nlohmann::json::array();
+  for (const SkippedRow& k : r.skipped)
+    j["skipped"].push_back({{"kind", k.kind},
+                            {"batch", k.batch},
+                            {"draft_tokens", k.draft_tokens},
+                            {"tokens_each", k.tokens_each},
+                            {"pages_needed", k.pages_needed},
+                            {"pages_held", k.pages_held},
+                            {"message", k.message}});
   return j;
 }
 

@@ -82,6 +82,18 @@ struct PeerFigures {
   double prefill_tok_s = 0;
 };
 
+// A row bench-model did not run because its sequences do not fit the cache pools sized
+// from the device's memory (or --max-total-tokens): what it needed, what the pool holds.
+struct SkippedRow {
+  std::string kind;          // "decode", "verify" or "prefill"
+  int batch = 0;             // sequences (1 for the prefill row)
+  int draft_tokens = 0;      // verify rows: k
+  int64_t tokens_each = 0;   // tokens a sequence holds by its last step
+  int64_t pages_needed = 0;  // KV pages (with the DSA indexer-key pages, which share their ids)
+  int64_t pages_held = 0;    // the pool's
+  std::string message;       // one line naming the row, the numbers and the flags that help
+};
+
 struct ModelBenchReport {
   std::string model, device, dtype, kv_dtype, gpu, date, commit;
   bool cuda_graphs = false;
@@ -103,6 +115,7 @@ struct ModelBenchReport {
   std::vector<OpFigure> prefill_ops;
   std::optional<PeerFigures> peer;
   std::vector<KernelFigure> kernels;  // --kernels
+  std::vector<SkippedRow> skipped;    // rows that do not fit the pools (the rest still ran)
 };
 
 // Issue #12's llama.cpp figures for the K3-width 3-layer slice at 4k context on one H200,
@@ -125,6 +138,9 @@ double decode_step_flops(const ModelConfig& config, const StepBytes& bytes, bool
 // layers (scores and weighted values of every visible pair, every head).
 double prompt_attention_flops(const ModelConfig& config, int64_t n_tokens);
 
+// Rows whose sequences do not fit the KV page pool (or the state slots) are skipped, each
+// with a SkippedRow in the report; fails (resource exhausted) when no row fits at all.
+// runtime.max_total_tokens > 0 caps the KV pool as in serve (--max-total-tokens).
 Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& config);
 // The tables: decode (with the floor and peer ratios last), prefill, then one per-op table
 // per profiled step.
