@@ -556,6 +556,18 @@ Status parse_kimi_k2_config(const json& config, const std::string& source, Model
     MR_RETURN_IF_ERROR(top.get_int("eos_token_id", cfg.eos_token_id, false, cfg.eos_token_id));
     MR_RETURN_IF_ERROR(top.get_int("pad_token_id", cfg.pad_token_id, false, cfg.pad_token_id));
     MR_RETURN_IF_ERROR(top.get_int("media_placeholder_token_id", cfg.media_placeholder_token_id, false, -1));
+    // K2.5's MoonViT tower and "patchmerger" projector (vision_config.h's kK25 defaults); the
+    // tower runs in the checkpoint's dtype: torch_dtype or "dtype", at the top or in text_config.
+    std::string dtype_name;
+    for (const json* level : {&config, &tc})
+      for (const char* key : {"torch_dtype", "dtype"})
+        if (dtype_name.empty() && level->contains(key) && (*level)[key].is_string())
+          dtype_name = (*level)[key].get<std::string>();
+    cfg.vision = MR_TRY(parse_vision_config(config.contains("vision_config") ? config["vision_config"] : json(),
+                                            dtype_name, cfg.hidden_size, source, VisionFlavor::kK25));
+    if (cfg.vision.enabled && cfg.media_placeholder_token_id < 0)
+      return failed_precondition(source + ": media_placeholder_token_id is missing (the vision tower's rows "
+                                          "replace that token in the prompt)");
   }
   return check_special_tokens(source, cfg);
 }

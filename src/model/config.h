@@ -59,7 +59,7 @@ struct KimiK2Part {
   std::string topk_method = "noaux_tc";
   std::string scoring_func = "sigmoid";
   bool norm_topk_prob = true;
-  bool vision_tower = false;  // kimi_k25: a vision_config is present (not loaded yet)
+  bool vision_tower = false;  // kimi_k25: a vision_config is present (the tower: ModelConfig::vision)
 };
 
 // What only K3.1 (Family::kimi_k31) has: DeepSeek Sparse Attention in the full-attention
@@ -150,7 +150,7 @@ struct ModelConfig {
   int topk_group = 1;
   ExpertQuant expert_quant = ExpertQuant::none;
 
-  // kimi_k3: the MoonViT-V2 tower and projector (vision.enabled false: text only).
+  // kimi_k3 / kimi_k25: the MoonViT tower and projector (vision.enabled false: text only).
   VisionConfig vision;
 
   // Family::kimi_k2 only.

@@ -65,15 +65,13 @@ Result<std::unique_ptr<Model>> build_k31(Ops& ops, const Checkpoint& ckpt, const
 
 // The K2 forward runs on the CPU backend and on CUDA, with bf16 experts or the released
 // checkpoints' INT4 pack-quantized ones (the CPU's moe_experts dequantises them on the fly,
-// CUDA's in registers: moe/expert_linear.cu).
+// CUDA's in registers: moe/expert_linear.cu). kimi_k25's vision tower is K3's MoonViT in its
+// K2.5 options (model/vision/moonvit.h), listed with the first stage's weights.
 Result<std::unique_ptr<Model>> build_k2(Ops& ops, const Checkpoint& ckpt, const ModelConfig& cfg,
                                         const LoadOptions& options) {
   if (cfg.expert_quant != ExpertQuant::none && cfg.expert_quant != ExpertQuant::int4_g32_sym)
     return unimplemented(ckpt.dir() + ": the K2 forward with " + expert_quant_name(cfg.expert_quant) +
                          " experts is not built (K2 checkpoints carry bf16 or INT4 experts)");
-  if (cfg.k2.vision_tower)
-    return unimplemented(ckpt.dir() + ": the K2.5 vision tower is not built yet (issue 40); text-only K2 "
-                                      "checkpoints run on the CPU backend");
   WeightLoader loader(ops, ckpt, cfg, options);
   uint64_t total = 0;
   for (const TensorSpec& t : weight_spec(cfg)) total += t.nbytes();

@@ -69,6 +69,7 @@ void describe_kimi_k2_weights(const ModelConfig& cfg, KimiK2Weights& w, WeightSi
   vec(w.norm, names.global("norm.weight"), H);
   if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
   else sink.matrix(w.lm_head, cfg.lm_head_name, cfg.vocab_size, H, ShardRule::vocab);
+  describe_moonvit_weights(cfg, w.vision, sink);  // nothing without a tower
 }
 
 }  // namespace moonrun
@@ -100,7 +101,8 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
       mla_dims_(k2_mla_dims(cfg, tp.size)),
       moe_dims_(moe_dims(cfg)),
       act_(activation_params(cfg)),
-      rope_(cfg.qk_rope_head_dim, cfg.k2.rope_theta, cfg.k2.rope_scaling) {
+      rope_(cfg.qk_rope_head_dim, cfg.k2.rope_theta, cfg.k2.rope_scaling),
+      vision_(cfg, std::move(w_.vision)) {
   moe_dims_.split_router = tp.split_router;
   moe_dims_.tp_rank = tp.rank;
   stage_.first_layer = std::clamp(stage_.first_layer, 0, cfg.num_hidden_layers);
@@ -160,7 +162,9 @@ int64_t KimiK2::scratch_bytes(int tokens_per_step) const {
   const int64_t per_query = 2 * heads * dqk + 4 * heads * (dv + 2) + 8 * heads;
   const int64_t keys = mla_prefill_key_block(std::max(tokens_per_step, 1)) + 128;
   const int64_t mla_blocks = keys * per_key + (std::max(tokens_per_step, 1) + 128) * per_query + (int64_t{1} << 20);
-  return per_token * std::max(tokens_per_step, 1) + mla_blocks + (int64_t{256} << 20);
+  const int64_t text = per_token * std::max(tokens_per_step, 1) + mla_blocks + (int64_t{256} << 20);
+  // The tower runs between steps in the same scratch: the larger of the two.
+  return std::max(text, vision_.scratch_bytes(max_image_patches(tokens_per_step)));
 }
 
 void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
@@ -189,6 +193,15 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
   } else {
     ops.pipe_recv(h);  // the previous stage's residual stream
+  }
+  // Rows whose input is given (the vision tower's rows at an image's placeholders, as
+  // transformers' kimi_k25 masked_scatter puts them) replace their lookups.
+  if (stage_.first() && !host.embed_rows.empty()) {
+    const int64_t n = static_cast<int64_t>(host.embed_rows.size());
+    MR_CHECK(host.embed_values.size() == static_cast<size_t>(n * H)) << "embed_values: " << n << " rows of " << H;
+    Tensor given = ops.scratch(n, H, DType::F32);  // [n, hidden]
+    ops.upload(given, 0, host.embed_values.data(), host.embed_values.size() * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) ops.copy(given.rows_view(i, 1), h.rows_view(host.embed_rows[i], 1));
   }
 
   Tensor a = ops.scratch(T, H, DType::F32);   // a sub-layer's output

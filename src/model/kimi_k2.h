@@ -7,7 +7,9 @@
 // stream, SwiGLU. Names as transformers' models/deepseek_v3 and vLLM's deepseek_v2.py load
 // them; K2.5 and later put them under "language_model.".
 //
-// The forward runs on the CPU and CUDA backends with bf16 or INT4 experts.
+// The forward runs on the CPU and CUDA backends with bf16 or INT4 experts. K2.5 and later
+// (kimi_k25) carry K3's MoonViT tower in its K2.5 options (model/vision/moonvit.h): its rows
+// replace the prompt's media placeholders as in K3.
 
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "model/layers/moe.h"
 #include "model/layers/rope.h"
 #include "model/model.h"
+#include "model/vision/moonvit.h"
 #include "model/weight_spec.h"
 
 namespace moonrun {
@@ -35,6 +38,7 @@ struct KimiK2Weights {
   std::vector<KimiK2LayerWeights> layers;
   Tensor norm;      // [1, hidden] F32
   Matrix lm_head;   // [vocab, hidden]
+  MoonVitWeights vision;  // kimi_k25 with a vision tower (config.vision.enabled)
 };
 
 // The one listing of the K2 text model's tensors (names, stored shapes and dtypes, shard
@@ -64,6 +68,10 @@ class KimiK2 final : public Model {
   size_t weight_bytes() const override { return weight_bytes_; }
   int64_t max_positions() const override { return rope_rows_.rows; }
   int64_t scratch_bytes(int tokens_per_step) const override;
+  bool has_vision() const override { return stage_.first() && vision_.enabled(); }
+  std::vector<float> encode_images(Ops& ops, std::span<const vision::ImagePatches* const> images) override {
+    return vision_.encode(ops, images);
+  }
 
   // Which MLA evaluation order to use (tests pin both against each other).
   void set_attention_mode(MlaMode mla) { mla_mode_ = mla; }
@@ -82,6 +90,7 @@ class KimiK2 final : public Model {
   RopeTable rope_;
   Tensor rope_rows_;  // [max positions, qk_rope_head_dim] F32 (alloc_rope_rows)
   MlaMode mla_mode_ = MlaMode::kAuto;
+  MoonVit vision_;
 };
 
 }  // namespace moonrun

@@ -1,5 +1,6 @@
-// The K3 vision fixture (tests/fixtures/k3-vision-tiny, made by the reference: see its
-// README) through the CPU backend, stage by stage, each against the reference's numbers:
+// The vision fixtures (tests/fixtures/k3-vision-tiny, made by the K3 reference, and
+// k25-vision-tiny, made by transformers' kimi_k25: see tests/fixtures/README.md) through
+// the CPU backend, stage by stage, each against the reference's numbers:
 //   1. preprocessing: the PNG files through decode + processor = the reference
 //      processor's pixel values (same grid, values to float rounding);
 //   2. the tower and projector: the rows that replace the placeholders;
@@ -44,10 +45,10 @@ namespace fs = std::filesystem;
 using fixtures::fixtures_dir;
 using fixtures::read_f32;
 
-std::string vision_dir() { return fixtures_dir() + "/k3-vision-tiny"; }
-
-class VisionFixture : public ::testing::Test {
+class VisionFixture : public ::testing::TestWithParam<std::string> {
  protected:
+  std::string vision_dir() const { return fixtures_dir() + "/" + GetParam(); }
+
   void SetUp() override {
     std::ifstream in(vision_dir() + "/vision_expected.json");
     if (!in) GTEST_SKIP() << vision_dir() << "/vision_expected.json is missing (see its README)";
@@ -74,7 +75,7 @@ class VisionFixture : public ::testing::Test {
   vision::ImageProcessorConfig processor_;
 };
 
-TEST_F(VisionFixture, PreprocessingMatchesTheReferenceProcessor) {
+TEST_P(VisionFixture, PreprocessingMatchesTheReferenceProcessor) {
   for (const auto& c : expected_.at("cases")) {
     for (size_t k = 0; k < c.at("images").size(); ++k) {
       const std::string file = c.at("images")[k].get<std::string>();
@@ -93,7 +94,7 @@ TEST_F(VisionFixture, PreprocessingMatchesTheReferenceProcessor) {
   }
 }
 
-TEST_F(VisionFixture, TowerRowsAndLogitsMatchTheReference) {
+TEST_P(VisionFixture, TowerRowsAndLogitsMatchTheReference) {
   Runtime rt = testing::make_runtime(vision_dir(), testing::test_runtime_options("cpu", 512));
   ASSERT_TRUE(rt.runner);
   const int V = rt.config.vocab_size, H = rt.config.hidden_size;
@@ -138,7 +139,7 @@ TEST_F(VisionFixture, TowerRowsAndLogitsMatchTheReference) {
 // Both cases at once through the engine with 16-token prefill chunks: the image rows cross
 // chunk boundaries and share steps with the other request's decode, and the greedy ids
 // are still the reference's (its margins, >= 0.04, dwarf the chunking's float noise).
-TEST_F(VisionFixture, EngineWithChunkedPrefillGivesTheReferenceTokens) {
+TEST_P(VisionFixture, EngineWithChunkedPrefillGivesTheReferenceTokens) {
   RuntimeOptions ro = testing::test_runtime_options("cpu", 512, 2);
   ro.max_tokens_per_step = 64;  // the runner's bound (the tower takes 4 patches per token: 256 >= 240)
   ro.page_size_tokens = 16;
@@ -177,7 +178,7 @@ TEST_F(VisionFixture, EngineWithChunkedPrefillGivesTheReferenceTokens) {
 }
 
 // The command line: --image files and one placeholder per image in --token-ids.
-TEST_F(VisionFixture, GenerateCliTakesImages) {
+TEST_P(VisionFixture, GenerateCliTakesImages) {
   const auto& c = expected_.at("cases").back();
   std::string ids, images;
   for (int id : c.at("prompt_ids")) ids += (ids.empty() ? "" : ",") + std::to_string(id);
@@ -201,6 +202,17 @@ TEST_F(VisionFixture, GenerateCliTakesImages) {
   fs::remove(out_file);
 }
 
+std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+// K3's MoonViT-V2 and K2.5's MoonViT (LayerNorm, biases, the patchmerger projector) on a
+// DeepSeek-V3 text model nested in text_config.
+INSTANTIATE_TEST_SUITE_P(Fixtures, VisionFixture, ::testing::Values("k3-vision-tiny", "k25-vision-tiny"),
+                         fixture_test_name);
 
 // ---- the variants ----------------------------------------------------------------------
 

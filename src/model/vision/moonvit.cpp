@@ -21,6 +21,8 @@ void describe_moonvit_weights(const ModelConfig& cfg, MoonVitWeights& w, WeightS
   };
   // The patch embedding is a Conv2d with stride = kernel: one dot product per patch, i.e. a
   // linear over the patch's values in (channel, y, x) order. Kept F32 (its input is F32).
+  const bool bias = v.linear_bias, ln = v.norm == VisionNorm::kLayerNorm;
+  if (bias) vec(w.patch_embed_b, "vision_tower.patch_embed.proj.bias", H);
   sink.f32(w.patch_embed.w, "vision_tower.patch_embed.proj.weight", DType::BF16, {H, 3, P, P}, H, 3 * P * P,
            ShardRule::replicated);
   w.patch_embed.out = static_cast<int>(H);
@@ -37,12 +39,30 @@ void describe_moonvit_weights(const ModelConfig& cfg, MoonVitWeights& w, WeightS
     mat(l.wo, b + "wo.weight", H, Q);
     mat(l.fc0, b + "mlp.fc0.weight", I, H);
     mat(l.fc1, b + "mlp.fc1.weight", H, I);
+    if (ln) {
+      vec(l.norm0_b, b + "norm0.bias", H);
+      vec(l.norm1_b, b + "norm1.bias", H);
+    }
+    if (bias) {
+      vec(l.wqkv_b, b + "wqkv.bias", 3 * Q);
+      vec(l.wo_b, b + "wo.bias", H);
+      vec(l.fc0_b, b + "mlp.fc0.bias", I);
+      vec(l.fc1_b, b + "mlp.fc1.bias", H);
+    }
   }
   vec(w.final_norm, "vision_tower.encoder.final_layernorm.weight", H);
+  if (ln) vec(w.final_norm_b, "vision_tower.encoder.final_layernorm.bias", H);
   // nn.Sequential(Linear, GELU, Linear): indices 0 and 2.
   mat(w.proj0, "mm_projector.proj.0.weight", M, M);
   mat(w.proj2, "mm_projector.proj.2.weight", T, M);
-  vec(w.post_norm, "mm_projector.post_norm.weight", T);
+  if (v.projector == VisionProjector::kPatchMergerV2) {
+    vec(w.post_norm, "mm_projector.post_norm.weight", T);
+  } else {  // patchmerger: LayerNorm(mm_hidden_size) before the merge's linears, biases on both
+    vec(w.pre_norm, "mm_projector.pre_norm.weight", H);
+    vec(w.pre_norm_b, "mm_projector.pre_norm.bias", H);
+    vec(w.proj0_b, "mm_projector.proj.0.bias", M);
+    vec(w.proj2_b, "mm_projector.proj.2.bias", T);
+  }
 }
 
 // ---- host-side inputs --------------------------------------------------------------------
@@ -185,7 +205,14 @@ int64_t MoonVit::scratch_bytes(int64_t n_patches) const {
   const int64_t per_patch = static_cast<int64_t>(v.patch_values()) + v.head_dim() + 1 + 6 * v.hidden_size +
                             5 * v.qkv_hidden_size + 2 * v.intermediate_size +
                             (2 * v.merged_width() + v.text_hidden_size) / v.merge_rows() + 2 * v.hidden_size;
-  return n_patches * per_patch * 4 + (int64_t{1} << 20);
+  // K2.5: a bias tile as wide as the widest biased output, the LayerNorm's centred copy and
+  // the zero row index per row; the centring matrix [hidden, hidden] once.
+  const bool k25 = v.linear_bias || v.norm == VisionNorm::kLayerNorm || v.projector == VisionProjector::kPatchMerger;
+  const int64_t extra = k25 ? std::max<int64_t>({3 * v.qkv_hidden_size, v.intermediate_size, v.hidden_size}) +
+                                  v.hidden_size + 1
+                            : 0;
+  const int64_t once = k25 ? static_cast<int64_t>(v.hidden_size) * v.hidden_size * 4 : 0;
+  return n_patches * (per_patch + extra) * 4 + once + (int64_t{1} << 20);
 }
 
 std::vector<float> MoonVit::encode(Ops& ops, std::span<const vision::ImagePatches* const> images) {
@@ -234,8 +261,52 @@ std::vector<float> MoonVit::encode(Ops& ops, std::span<const vision::ImagePatche
   Tensor order_t = ops.scratch(N, 1, DType::I32);
   ops.upload(order_t, 0, order.data(), order.size() * sizeof(int32_t));
 
+  // K2.5's pieces, composed from the ops. bias(y, b): y += b on every row (b tiled by a
+  // gather of row 0). norm(x, w, b, eps, y): RMSNorm, or LayerNorm as RMSNorm of the centred
+  // row (x C with C = I - 1/H: mean(y^2) of a centred row is the biased variance) plus b.
+  const bool layer_norm = v.norm == VisionNorm::kLayerNorm;
+  const bool needs_tile = v.linear_bias || layer_norm || v.projector == VisionProjector::kPatchMerger;
+  Tensor zero_rows, tile_buf, centred;
+  Matrix centre;
+  if (needs_tile) {
+    zero_rows = ops.scratch(N, 1, DType::I32);
+    const std::vector<int32_t> zeros(static_cast<size_t>(N), 0);
+    ops.upload(zero_rows, 0, zeros.data(), zeros.size() * sizeof(int32_t));
+    tile_buf = ops.scratch(N, std::max<int64_t>({3 * Q, I, H}), DType::F32);
+    centred = ops.scratch(N, H, DType::F32);
+    std::vector<float> c(static_cast<size_t>(H * H));
+    for (int64_t r = 0; r < H; ++r)
+      for (int64_t k = 0; k < H; ++k) c[r * H + k] = (r == k ? 1.0f : 0.0f) - 1.0f / static_cast<float>(H);
+    centre.w = ops.scratch(H, H, DType::F32);
+    ops.upload(centre.w, 0, c.data(), c.size() * sizeof(float));
+    centre.out = centre.in = static_cast<int>(H);
+  }
+  auto bias = [&](Tensor y, const Tensor& b) {
+    if (b.empty()) return;
+    Tensor t{tile_buf.data, DType::F32, y.rows, y.cols};  // [rows of y, cols of y] at the tile's start
+    ops.gather_rows(b, zero_rows.as<int32_t>(), t);
+    ops.add(y, t, y);
+  };
+  auto norm = [&](const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor y) {
+    if (!layer_norm) {
+      ops.rmsnorm(x, w, eps, y);
+      return;
+    }
+    Tensor xc = centred.rows_view(0, x.rows);
+    ops.linear(x, centre, xc);
+    if (y.dtype == DType::F32) {
+      ops.rmsnorm(xc, w, eps, y);
+      bias(y, b);
+    } else {
+      ops.rmsnorm(xc, w, eps, xc);
+      bias(xc, b);
+      ops.copy(xc, y);
+    }
+  };
+
   Tensor h = ops.scratch(N, H, DType::F32);  // the residual stream [N, hidden]
   ops.linear(x, w_.patch_embed, h);
+  bias(h, w_.patch_embed_b);
   ops.add(h, pos_t, h);
 
   Tensor xa = ops.scratch(N, H, act);             // normed, the projections' input
@@ -246,20 +317,26 @@ std::vector<float> MoonVit::encode(Ops& ops, std::span<const vision::ImagePatche
   Tensor f = ops.scratch(N, I, DType::F32);        // the MLP's hidden [N, intermediate]
   Tensor f_a = act == DType::F32 ? f : ops.scratch(N, I, act);
   for (const MoonVitLayerWeights& l : w_.layers) {
-    ops.rmsnorm(h, l.norm0, v.norm_eps, xa);
+    norm(h, l.norm0, l.norm0_b, v.norm_eps, xa);
     ops.linear(xa, l.wqkv, qkv);
+    bias(qkv, l.wqkv_b);
     ops.vision_attention(qkv, rope_t, seq_starts, v.num_heads, static_cast<int>(d), att);
     if (att_a.data != att.data) ops.copy(att, att_a);
     ops.linear(att_a, l.wo, o);
+    bias(o, l.wo_b);
     ops.add(h, o, h);
-    ops.rmsnorm(h, l.norm1, v.norm_eps, xa);
+    norm(h, l.norm1, l.norm1_b, v.norm_eps, xa);
     ops.linear(xa, l.fc0, f);
+    bias(f, l.fc0_b);
     ops.gelu(f, /*tanh_approx=*/true, f_a);
     ops.linear(f_a, l.fc1, o);
+    bias(o, l.fc1_b);
     ops.add(h, o, h);
   }
   Tensor hn = ops.scratch(N, H, DType::F32);
-  ops.rmsnorm(h, w_.final_norm, v.norm_eps, hn);
+  norm(h, w_.final_norm, w_.final_norm_b, v.norm_eps, hn);
+  // patchmerger: its LayerNorm runs on each patch row, so before the merge's gather.
+  if (v.projector == VisionProjector::kPatchMerger) norm(hn, w_.pre_norm, w_.pre_norm_b, v.projector_eps, hn);
 
   // 2x2 merge: each token's 4 patch rows side by side, [n_tokens, 4 * hidden].
   Tensor merged = ops.scratch(N, H, DType::F32);
@@ -268,14 +345,17 @@ std::vector<float> MoonVit::encode(Ops& ops, std::span<const vision::ImagePatche
   Tensor merged_a = act == DType::F32 ? merged : ops.scratch(n_tokens, M, act);
   if (merged_a.data != merged.data) ops.copy(merged, merged_a);
 
-  // The projector (PatchMergerMLPV2): linear -> exact GELU -> linear -> RMSNorm.
+  // The projector (PatchMergerMLPV2): linear -> exact GELU -> linear -> RMSNorm; K2.5's
+  // patchmerger: the same linears with biases and no norm after them.
   Tensor p0 = ops.scratch(n_tokens, M, DType::F32);
   ops.linear(merged_a, w_.proj0, p0);
+  bias(p0, w_.proj0_b);
   Tensor p0_a = act == DType::F32 ? p0 : ops.scratch(n_tokens, M, act);
   ops.gelu(p0, /*tanh_approx=*/false, p0_a);
   Tensor p2 = ops.scratch(n_tokens, TH, DType::F32);
   ops.linear(p0_a, w_.proj2, p2);
-  ops.rmsnorm(p2, w_.post_norm, v.projector_eps, p2);
+  bias(p2, w_.proj2_b);
+  if (v.projector == VisionProjector::kPatchMergerV2) ops.rmsnorm(p2, w_.post_norm, v.projector_eps, p2);
 
   std::vector<float> rows(static_cast<size_t>(n_tokens) * TH);
   ops.download(p2, rows.data());

@@ -9,6 +9,12 @@
 //   -> final RMSNorm -> 2x2 merge (4 neighbouring patches side by side in one row)
 //   -> projector: linear -> GELU(exact) -> linear -> RMSNorm  = one text-width row per token.
 //
+// K2.5's MoonViT (VisionConfig's kLayerNorm / linear_bias / kPatchMerger, vision_config.h)
+// is the same forward with LayerNorm for each RMSNorm, a bias after each linear, and the
+// "patchmerger" projector: LayerNorm per patch row -> merge -> linear -> GELU(exact) -> linear.
+// LayerNorm and the biases are composed from the ops (a centring linear, then rmsnorm; a
+// bias row tiled by gather_rows, then add), so every backend that runs the K3 tower runs it.
+//
 // Each image attends only to its own patches. The rows come out in the order the prompt's
 // placeholder run takes them: images in order, each one's merged tokens in raster order.
 #include <cstdint>
@@ -24,6 +30,7 @@ namespace moonrun {
 
 struct MoonVitLayerWeights {
   Tensor norm0, norm1;  // [1, hidden] F32
+  Tensor norm0_b, norm1_b, wqkv_b, wo_b, fc0_b, fc1_b;  // [1, n] F32; LayerNorm / linear_bias only
   Matrix wqkv;          // [3 * qkv_hidden, hidden]
   Matrix wo;            // [hidden, qkv_hidden]
   Matrix fc0;           // [intermediate, hidden]
@@ -37,7 +44,9 @@ struct MoonVitWeights {
   Tensor final_norm;   // [1, hidden]
   Matrix proj0;        // [4 * hidden, 4 * hidden] (merged width)
   Matrix proj2;        // [text_hidden, 4 * hidden]
-  Tensor post_norm;    // [1, text_hidden]
+  Tensor post_norm;    // [1, text_hidden] (patchmergerv2)
+  // K2.5: the biases (linear_bias / kLayerNorm) and the patchmerger's pre LayerNorm [1, hidden].
+  Tensor patch_embed_b, final_norm_b, pre_norm, pre_norm_b, proj0_b, proj2_b;
   bool empty() const { return layers.empty(); }
 };
 

@@ -46,8 +46,9 @@ class VisionFields {
 }  // namespace
 
 Result<VisionConfig> parse_vision_config(const json& vc, const std::string& dtype_name, int text_hidden_size,
-                                         const std::string& source) {
+                                         const std::string& source, VisionFlavor flavor) {
   VisionConfig c;
+  const bool k25 = flavor == VisionFlavor::kK25;
   if (vc.is_null()) return c;
   if (!vc.is_object()) return failed_precondition(source + ": vision_config must be an object");
   if (!vc.contains("vt_hidden_size")) return c;  // no tower described (see the header)
@@ -74,7 +75,8 @@ Result<VisionConfig> parse_vision_config(const json& vc, const std::string& dtyp
   MR_RETURN_IF_ERROR(f.positive("vt_hidden_size", c.hidden_size));
   MR_RETURN_IF_ERROR(f.positive("vt_intermediate_size", c.intermediate_size));
   c.qkv_hidden_size = c.hidden_size;  // the reference's fallback when qkv_hidden_size is null
-  if (!vc.contains("qkv_hidden_size")) c.qkv_hidden_size = 1536;  // its default when absent
+  if (!vc.contains("qkv_hidden_size") && !k25) c.qkv_hidden_size = 1536;  // K3's default when absent
+  // K2.5's attention is as wide as the tower (wqkv [3 * hidden, hidden]).
   MR_RETURN_IF_ERROR(f.positive("qkv_hidden_size", c.qkv_hidden_size));
   MR_RETURN_IF_ERROR(f.number("projector_ln_eps", c.projector_eps));
   c.text_hidden_size = text_hidden_size;
@@ -88,10 +90,20 @@ Result<VisionConfig> parse_vision_config(const json& vc, const std::string& dtyp
     return failed_precondition(f.where("qkv_hidden_size") + " " + std::to_string(c.qkv_hidden_size) +
                                " must split into vt_num_attention_heads heads of a multiple of 4 (2-D RoPE)");
 
-  MR_RETURN_IF_ERROR(f.only("norm_type", "rmsnorm", "rmsnorm"));
-  MR_RETURN_IF_ERROR(f.only("attn_bias", false, false));
-  MR_RETURN_IF_ERROR(f.only("linear_bias", false, false));
-  MR_RETURN_IF_ERROR(f.only("patch_embed_proj_bias", false, false));
+  // The norms, the biases and the projector: K3's (RMSNorm, none, patchmergerv2) or
+  // K2.5's (LayerNorm, all, patchmerger); the flavor gives the absent ones.
+  const json norm = vc.contains("norm_type") && !vc["norm_type"].is_null() ? vc["norm_type"]
+                                                                           : json(k25 ? "layernorm" : "rmsnorm");
+  if (norm == json("layernorm")) c.norm = VisionNorm::kLayerNorm;
+  else if (norm != json("rmsnorm"))
+    return failed_precondition(f.where("norm_type") + " is " + norm.dump() + "; moonrun runs \"rmsnorm\" (K3) or "
+                               "\"layernorm\" (K2.5)");
+  c.linear_bias = k25;
+  MR_RETURN_IF_ERROR(f.only("attn_bias", json(c.linear_bias), json(c.linear_bias)));
+  MR_RETURN_IF_ERROR(f.only("linear_bias", json(c.linear_bias), json(c.linear_bias)));
+  MR_RETURN_IF_ERROR(f.only("patch_embed_proj_bias", json(c.linear_bias), json(c.linear_bias)));
+  if (k25) c.pos_emb_interpolation = PosEmbInterpolation::kBicubic;  // MoonViT3d's resize
+  if (c.norm == VisionNorm::kLayerNorm) c.norm_eps = 1e-5f;          // nn.LayerNorm's default
   MR_RETURN_IF_ERROR(f.only("mlp_type", "mlp2", "mlp2"));
   MR_RETURN_IF_ERROR(f.only("activation_func", "gelu_pytorch_tanh", "gelu_pytorch_tanh"));
   MR_RETURN_IF_ERROR(f.only("pos_emb_type", "divided_fixed", "divided_fixed"));
@@ -103,16 +115,22 @@ Result<VisionConfig> parse_vision_config(const json& vc, const std::string& dtyp
                                  "; moonrun resizes the position table \"bilinear\" (K3's) or \"bicubic\"");
   }
   MR_RETURN_IF_ERROR(f.only("merge_type", "sd2_tpool", "sd2_tpool"));
-  MR_RETURN_IF_ERROR(f.only("mm_projector_type", "patchmergerv2", "patchmergerv2"));
+  const json proj = vc.contains("mm_projector_type") && !vc["mm_projector_type"].is_null()
+                        ? vc["mm_projector_type"]
+                        : json(k25 ? "patchmerger" : "patchmergerv2");
+  if (proj == json("patchmerger")) c.projector = VisionProjector::kPatchMerger;
+  else if (proj != json("patchmergerv2"))
+    return failed_precondition(f.where("mm_projector_type") + " is " + proj.dump() + "; moonrun runs "
+                               "\"patchmergerv2\" (K3) or \"patchmerger\" (K2.5)");
   MR_RETURN_IF_ERROR(f.only("projector_hidden_act", "gelu", "gelu"));
 
   // The tower's nn.RMSNorm() has no eps. torch's rms_norm then adds the machine epsilon of
   // its op-math type, float32 for a bfloat16, float16 or float32 input (at::rms_norm:
   // toOpMathType, then numeric_limits<float>::epsilon()), not the input dtype's own epsilon
   // that its docs used to state: 2^-23 whichever of the three the checkpoint holds.
-  if (dtype_name == "bfloat16" || dtype_name == "float16" || dtype_name == "float32" || dtype_name.empty())
-    c.norm_eps = std::numeric_limits<float>::epsilon();
-  else return failed_precondition(source + ": torch_dtype \"" + dtype_name + "\" is not a dtype moonrun knows");
+  if (dtype_name == "bfloat16" || dtype_name == "float16" || dtype_name == "float32" || dtype_name.empty()) {
+    if (c.norm == VisionNorm::kRmsNorm) c.norm_eps = std::numeric_limits<float>::epsilon();
+  } else return failed_precondition(source + ": torch_dtype \"" + dtype_name + "\" is not a dtype moonrun knows");
   return c;
 }
 
