@@ -43,6 +43,12 @@ struct ForwardBatch {
   // recurrent-state inputs the model saves so that a rejected draft's trace can be undone
   // (Model::replay_state). Saved row i is token row save_rows[i]. Host only.
   std::vector<int32_t> save_rows;
+  // DP attention (runtime/model_runner.h, RunnerOptions::dp_attention_size): the new tokens of
+  // every rank of the group this step, by rank (empty when off). This batch holds rank
+  // dp_rank's sequences; the MoE layers gather every rank's rows in rank order around the
+  // expert-parallel experts (model/layers/moe.h, moe_forward_dp). Host only.
+  std::vector<int32_t> dp_tokens;
+  int dp_rank = 0;
 
   int n_tokens() const { return static_cast<int>(token_ids.size()); }
   int n_seqs() const { return static_cast<int>(seqs.size()); }

@@ -46,6 +46,7 @@ struct GenerateArgs {
   int ep_size = 1;
   int pp_size = 1;
   bool split_router = false, split_latent_moe = false;
+  bool dp_attention = false;
   std::vector<std::string> images;
 };
 
@@ -155,6 +156,7 @@ void run_generate(const GenerateArgs& a) {
   ro.pp_size = a.pp_size;
   ro.split_router = a.split_router;
   ro.split_latent_moe = a.split_latent_moe;
+  ro.dp_attention = a.dp_attention;
   ro.log = a.verbose;
   auto rt = build_runtime(a.model, ro);
   if (!rt.is_ok()) fail(rt.status().code() == StatusCode::kInvalidArgument ? 2 : 1, rt.status().message());
@@ -233,6 +235,8 @@ void add_generate_command(CLI::App& app) {
                   "pipeline stages, each a --tp-size group (CPU: threads of this process)")->capture_default_str();
   cmd->add_flag("--split-router", args->split_router, "the MoE router split over the TP ranks by expert");
   cmd->add_flag("--split-latent-moe", args->split_latent_moe, "the LatentMoE projections split over the TP ranks");
+  cmd->add_flag("--enable-dp-attention", args->dp_attention,
+                "attention whole on each TP rank for its own sequences, the routed experts split (--ep-size)");
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -117,6 +117,7 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.pp_size = opt.pp_size;
   ro.split_router = opt.split_router;
   ro.split_latent_moe = opt.split_latent_moe;
+  ro.dp_attention = opt.dp_attention;
   ro.num_speculative_tokens = opt.speculative.enabled() ? opt.speculative.num_speculative_tokens : 0;
   if (opt.speculative.enabled() && opt.speculative.method == SpecMethod::kDSpark)
     ro.draft_model = opt.speculative.draft_model;
@@ -137,6 +138,7 @@ ClusterOptions cluster_options(const server::ServeOptions& opt, const std::strin
                              {"ep", opt.ep_size},
                              {"pp", opt.pp_size},
                              {"split", {opt.split_router, opt.split_latent_moe}},
+                             {"dp_attention", opt.dp_attention},
                              {"nnodes", opt.nnodes},
                              {"device", device},
                              {"dtype", opt.dtype},
@@ -343,7 +345,7 @@ int run_serve(server::ServeOptions opt) {
   MR_LOG(INFO) << "Init distributed begin. backend=" << device << ", tp_size=" << opt.tp_size
                << ", ep_size=" << opt.ep_size << ", pp_size=" << opt.pp_size
                << (opt.split_latent_moe ? ", split_latent_moe=true" : "") << (opt.split_router ? ", split_router=true" : "")
-               << ", nnodes=" << opt.nnodes
+               << (opt.dp_attention ? ", dp_attention=true" : "") << ", nnodes=" << opt.nnodes
                << (opt.nnodes > 1    ? " (one process per node, ZeroMQ control plane at " + opt.dist_init_addr + ")"
                    : opt.tp_size * opt.pp_size > 1 ? " (ranks as threads of this process, shared-memory collectives)"
                                      : "");

@@ -41,7 +41,6 @@ constexpr NoEffectFlag kNoEffect[] = {
     {"--random-seed", true, "requests take a seed each"},
     {"--chat-template", true, "the chat format comes from the checkpoint (K3 XTML or K2)"},
     {"--quantization", true, "the checkpoint's MXFP4 experts are used as published"},
-    {"--enable-dp-attention", false, "no data-parallel attention"},
     {"--speculative-num-steps", true, "the NGRAM drafts come from one lookup, not draft-model steps"},
     {"--speculative-eagle-topk", true, "drafts are one chain, not an EAGLE tree"},
     {"--show-time-cost", false, "per-request timings are in the request log line"},
@@ -289,7 +288,11 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                 "replicating them");
   cmd->add_option("--pipeline-parallel-size,--pp-size", flags->pipeline_parallel_size,
                   "Pipeline stages of contiguous layers, each a --tp-size group (tp x pp ranks in all)");
-  cmd->add_option("--data-parallel-size,--dp-size", flags->data_parallel_size, "Must be 1 (run one server per replica)");
+  cmd->add_option("--data-parallel-size,--dp-size", flags->data_parallel_size,
+                  "1 (run one server per replica), or with --enable-dp-attention the --tp-size");
+  cmd->add_flag("--enable-dp-attention", flags->enable_dp_attention,
+                "SGLang: each TP rank runs attention (held whole) for its own sequences; the routed experts stay "
+                "split over the ranks (--ep-size), every MoE layer gathering all ranks' tokens");
   cmd->add_option("--nnodes", o.nnodes, "Number of nodes")->capture_default_str();
   cmd->add_option("--node-rank", o.node_rank, "This node's rank")->capture_default_str();
   cmd->add_option("--dist-init-addr", o.dist_init_addr, "HOST:PORT of node 0's rendezvous");
@@ -399,9 +402,15 @@ Status finish_serve_flags(ServeFlags& flags, const std::vector<std::string>& arg
     return invalid_argument("--pipeline-parallel-size must be >= 1, got " + std::to_string(flags.pipeline_parallel_size));
   o.pp_size = flags.pipeline_parallel_size;
 
-  if (flags.data_parallel_size != 1)
+  o.dp_attention = flags.enable_dp_attention;
+  if (o.dp_attention && flags.data_parallel_size != 1 && flags.data_parallel_size != o.tp_size)
+    return invalid_argument("--dp-size " + std::to_string(flags.data_parallel_size) + " with --enable-dp-attention: " +
+                            "attention runs whole on each of the --tp-size " + std::to_string(o.tp_size) +
+                            " ranks, so --dp-size is --tp-size (attention TP inside a DP rank is not built yet)");
+  if (!o.dp_attention && flags.data_parallel_size != 1)
     return invalid_argument("--data-parallel-size " + std::to_string(flags.data_parallel_size) +
-                            ": run one moonrun per replica behind a load balancer");
+                            ": run one moonrun per replica behind a load balancer (or --enable-dp-attention "
+                            "with --dp-size equal to --tp-size)");
   MR_RETURN_IF_ERROR(resolve_speculative_flags(flags, o.speculative));
   if (o.tp_size < 1 || o.ep_size < 1 || o.nnodes < 1) return invalid_argument("--tp-size, --ep-size and --nnodes must be >= 1");
   if (o.max_queued_requests < 0) return invalid_argument("--max-queued-requests must be >= 0");
@@ -476,6 +485,7 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("pp_size", std::to_string(o.pp_size));
   if (o.split_latent_moe) add("split_latent_moe", "true");
   if (o.split_router) add("split_router", "true");
+  if (o.dp_attention) add("enable_dp_attention", "true (dp_size " + std::to_string(o.tp_size) + ")");
   add("nnodes", std::to_string(o.nnodes));
   add("node_rank", std::to_string(o.node_rank));
   add("dist_init_addr", o.dist_init_addr.empty() ? "(none)" : o.dist_init_addr);

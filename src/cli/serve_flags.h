@@ -27,6 +27,7 @@ struct ServeFlags {
   bool enable_expert_parallel = false;
   int pipeline_parallel_size = 1;
   int data_parallel_size = 1;
+  bool enable_dp_attention = false;
   // Speculative decoding, as typed: vLLM's JSON and SGLang's flags (finish_serve_flags).
   std::string speculative_config;
   std::string speculative_algorithm;

@@ -26,6 +26,9 @@ void describe_k31(const ModelConfig& cfg, WeightSink& sink) {
 
 WeightLayout weight_layout(const LoadOptions& o) { return {o.stage, o.split_router, o.split_latent_moe}; }
 TensorParallel tensor_parallel(const LoadOptions& o) {
+  // DP attention: the heads, the vocabulary and the dense MLPs whole on every rank (a
+  // tensor-parallel size of one); only the routed experts are the group's.
+  if (o.dp_attention && o.world_size > 1) return {o.rank, 1, false, false, true};
   return {o.rank, o.world_size, o.split_router && o.world_size > 1, o.split_latent_moe && o.world_size > 1};
 }
 

@@ -97,7 +97,7 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
       weight_bytes_(weight_bytes),
       tp_(tp),
       stage_(stage),
-      vocab_begin_(static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
+      vocab_begin_(tp.dp_attention ? 0 : static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
       mla_dims_(k2_mla_dims(cfg, tp.size)),
       moe_dims_(moe_dims(cfg)),
       act_(activation_params(cfg)),
@@ -105,6 +105,8 @@ KimiK2::KimiK2(Ops& ops, const ModelConfig& cfg, KimiK2Weights weights, size_t w
       vision_(cfg, std::move(w_.vision)) {
   moe_dims_.split_router = tp.split_router;
   moe_dims_.tp_rank = tp.rank;
+  moe_dims_.shared_whole = tp.dp_attention;
+  mla_dims_.reduce_output = !tp.dp_attention;
   stage_.first_layer = std::clamp(stage_.first_layer, 0, cfg.num_hidden_layers);
   stage_.end_layer = std::clamp(stage_.end_layer, stage_.first_layer, cfg.num_hidden_layers);
   for (int i = 0; i < stage_.first_layer; ++i) mla_base_ += cfg.layers[i].attn != LayerKind::kda;
@@ -173,6 +175,15 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   const float eps = cfg_.rms_norm_eps;
   const DType act = ops.act_dtype();
   const ForwardBatch& host = *batch.host;
+  if (tp_.dp_attention && T == 0) {
+    // DP attention, no sequence of this rank in the step: its part in every MoE layer's
+    // gather and expert sum all the same (moe_forward_dp), nothing else.
+    const Tensor none = ops.scratch(0, H, DType::F32);
+    for (int i = stage_.first_layer; i < stage_.end_layer; ++i)
+      if (cfg_.layers[i].mlp == MlpKind::moe)
+        moe_forward_dp(ops, w_.layers[i].moe, moe_dims_, none, none, host.dp_tokens, host.dp_rank, none);
+    return;
+  }
 
   auto kv_of = [&](const LayerSpec& spec) {
     const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;
@@ -190,7 +201,8 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   Tensor h = ops.scratch(T, H, DType::F32);  // the residual stream
   if (stage_.first()) {
     ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
-    ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
+    // Each rank looked up the ids of its vocabulary rows (under DP attention: all of them).
+    if (!tp_.dp_attention) ops.all_reduce_sum(h);
   } else {
     ops.pipe_recv(h);  // the previous stage's residual stream
   }
@@ -216,11 +228,12 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     ops.add(h, a, h);
     if (spec.mlp == MlpKind::dense) {
       ops.rmsnorm(h, lw.post_attention_layernorm, eps, xa);
-      mlp_forward(ops, lw.mlp, act_, xa, a);
+      mlp_forward(ops, lw.mlp, act_, xa, a, /*reduce=*/!tp_.dp_attention);
     } else {
       ops.rmsnorm(h, lw.post_attention_layernorm, eps, xn);
       if (xa.data != xn.data) ops.copy(xn, xa);
-      moe_forward(ops, lw.moe, moe_dims_, xn, xa, a);
+      if (tp_.dp_attention) moe_forward_dp(ops, lw.moe, moe_dims_, xn, xa, host.dp_tokens, host.dp_rank, a);
+      else moe_forward(ops, lw.moe, moe_dims_, xn, xa, a);
     }
     ops.add(h, a, h);
   }

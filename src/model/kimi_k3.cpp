@@ -152,7 +152,7 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
       weight_bytes_(weight_bytes),
       tp_(tp),
       stage_(stage),
-      vocab_begin_(static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
+      vocab_begin_(tp.dp_attention ? 0 : static_cast<int64_t>(cfg.vocab_size) / tp.size * tp.rank),
       kda_shape_(kda_shape(cfg)),
       mla_dims_(mla_dims(cfg)),
       indexers_(std::move(indexers)),
@@ -169,6 +169,8 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
   moe_dims_.split_router = tp.split_router;
   moe_dims_.split_latent = tp.split_latent_moe;
   moe_dims_.tp_rank = tp.rank;
+  moe_dims_.shared_whole = tp.dp_attention;
+  mla_dims_.reduce_output = !tp.dp_attention;
   stage_.first_layer = std::clamp(stage_.first_layer, 0, cfg.num_hidden_layers);
   stage_.end_layer = std::clamp(stage_.end_layer, stage_.first_layer, cfg.num_hidden_layers);
   for (int i = 0; i < stage_.first_layer; ++i) {
@@ -303,11 +305,21 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
                    pools.page_size_tokens, static_cast<int>(pools.index_kv.cols)};
   };
 
-  Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
   const ForwardBatch& host = *batch.host;
+  if (tp_.dp_attention && T == 0) {
+    // DP attention, no sequence of this rank in the step: its part in every MoE layer's
+    // gather and expert sum all the same (moe_forward_dp), nothing else.
+    const Tensor none = ops.scratch(0, H, DType::F32);
+    for (int i = stage_.first_layer; i < stage_.end_layer; ++i)
+      if (cfg_.layers[i].mlp == MlpKind::moe)
+        moe_forward_dp(ops, w_.layers[i].moe, moe_dims_, none, none, host.dp_tokens, host.dp_rank, none);
+    return;
+  }
+  Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
   if (stage_.first()) {
     ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
-    ops.all_reduce_sum(h);  // each rank looked up the ids of its vocabulary rows
+    // Each rank looked up the ids of its vocabulary rows (under DP attention: all of them).
+    if (!tp_.dp_attention) ops.all_reduce_sum(h);
   }
   // Rows whose input is given (the vision tower's rows at an image's placeholders; the
   // reference's _merge_input_ids_with_image_features) replace their lookups.
@@ -378,7 +390,8 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     ops.rmsnorm(attn_in, lw.input_layernorm, eps, xa);
     if (spec.attn == LayerKind::kda) {
       const KdaSavedInputs save = saved_of(spec);
-      kda_forward(ops, lw.kda, kda_shape_, xa, batch, state_of(spec), kda_mode_, a, saving ? &save : nullptr);
+      kda_forward(ops, lw.kda, kda_shape_, xa, batch, state_of(spec), kda_mode_, a, saving ? &save : nullptr,
+                  /*reduce=*/!tp_.dp_attention);
     } else if (spec.dsa_index >= 0) {
       dsa_forward(ops, lw.mla, indexers_[spec.dsa_index], mla_dims_, dsa_dims_, xa, batch, kv_of(spec),
                   keys_of(spec), mla_mode_, a);
@@ -398,11 +411,12 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     // 5. MLP: dense (first_k_dense_replace) or MoE; the layer's output is prefix + m.
     if (spec.mlp == MlpKind::dense) {
       ops.rmsnorm(mlp_in, lw.post_attention_layernorm, eps, xa);
-      mlp_forward(ops, lw.mlp, act_, xa, m);
+      mlp_forward(ops, lw.mlp, act_, xa, m, /*reduce=*/!tp_.dp_attention);
     } else {
       ops.rmsnorm(mlp_in, lw.post_attention_layernorm, eps, xn);
       if (xa.data != xn.data) ops.copy(xn, xa);
-      moe_forward(ops, lw.moe, moe_dims_, xn, xa, m);
+      if (tp_.dp_attention) moe_forward_dp(ops, lw.moe, moe_dims_, xn, xa, host.dp_tokens, host.dp_rank, m);
+      else moe_forward(ops, lw.moe, moe_dims_, xn, xa, m);
     }
     ops.add(prefix, m, h);
     if (!tap_of_layer_.empty() && tap_of_layer_[i] >= 0) {

@@ -55,6 +55,10 @@ struct TensorParallel {
   int size = 1;
   bool split_router = false;      // WeightLayout: the router's rows are this rank's experts'
   bool split_latent_moe = false;  // WeightLayout: LatentMoE down column-, up row-split
+  // DP attention: size is 1 (every rank whole but the routed experts) while the group has
+  // more ranks; the forward runs its own sequences and meets the others at each MoE layer
+  // (moe_forward_dp), and skips the dense collectives.
+  bool dp_attention = false;
 };
 
 // The ring (model/pipeline.h) at the end of a stage's forward: the last stage sends the

@@ -155,7 +155,7 @@ struct WeightLoader::Impl {
   // function `plan` counts with).
   bool shard_range(const std::string& name, ShardRule rule, int64_t rows, int64_t cols, int64_t& r0, int64_t& r1,
                    int64_t& c0, int64_t& c1) {
-    auto b = dense_shard(name, rule, rows, cols, ParallelRank{options.rank, options.world_size, options.ep_size});
+    auto b = dense_shard(name, rule, rows, cols, ParallelRank{options.rank, options.world_size, options.ep_size, options.dp_attention});
     if (!b.is_ok()) return fail(b.status()), false;
     r0 = b->r0, r1 = b->r1, c0 = b->c0, c1 = b->c1;
     return true;
@@ -243,7 +243,7 @@ void WeightLoader::experts(ExpertMatrices& dst, int layer, ExpertMatrix which, i
                             std::to_string(ep) + " expert-parallel groups"));
     return;
   }
-  const ParallelRank pr{m.options.rank, W, ep};  // weight_spec.h: the layout plan counts with
+  const ParallelRank pr{m.options.rank, W, ep, m.options.dp_attention};  // weight_spec.h: the layout plan counts with
   const int moe_tp = pr.moe_tp(), ep_rank = pr.ep_rank(), moe_tp_rank = pr.moe_tp_rank();
   const int local = num_experts / ep, first = ep_rank * local;
   const bool split_out = which != ExpertMatrix::w2;  // w1, w3: [inter, io] rows; w2: [io, inter] columns

@@ -4,13 +4,13 @@
 
 namespace moonrun {
 
-Status check_parallel_split(const ModelConfig& cfg, int tp_size, int ep_size) {
+Status check_parallel_split(const ModelConfig& cfg, int tp_size, int ep_size, bool dp_attention) {
   const std::string tp = "--tp-size " + std::to_string(tp_size) + ": ";
   if (tp_size < 1 || ep_size < 1) return invalid_argument("--tp-size and --ep-size must be >= 1");
   if (tp_size % ep_size != 0)
     return invalid_argument("--ep-size " + std::to_string(ep_size) + " must divide --tp-size " + std::to_string(tp_size));
   auto splits = [&](int64_t n, const char* what) -> Status {
-    if (n % tp_size == 0) return Status::ok();
+    if (n % tp_size == 0 || dp_attention) return Status::ok();  // DP attention: whole on every rank
     return invalid_argument(tp + "the model's " + std::to_string(n) + " " + what + " do not split evenly over " +
                             std::to_string(tp_size) + " ranks");
   };
@@ -31,7 +31,7 @@ Result<std::unique_ptr<Model>> load_model(Ops& ops, const Checkpoint& ckpt, cons
                          family.not_built);
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size)
     return invalid_argument("rank " + std::to_string(options.rank) + " of " + std::to_string(options.world_size));
-  MR_RETURN_IF_ERROR(check_parallel_split(cfg, options.world_size, options.ep_size));
+  MR_RETURN_IF_ERROR(check_parallel_split(cfg, options.world_size, options.ep_size, options.dp_attention));
   return family.build(ops, ckpt, cfg, options);
 }
 

@@ -68,6 +68,8 @@ struct LoadOptions {
   // Split the MoE router / the LatentMoE projections over the group (WeightLayout).
   bool split_router = false;
   bool split_latent_moe = false;
+  // DP attention: all but the routed experts whole on every rank (ParallelRank::dp_attention).
+  bool dp_attention = false;
   bool log_progress = false;  // progress lines (bytes, GB/s, ETA) for long loads
   // The longest context served (0: the config's max_position_embeddings): what a model that
   // keeps a table per position (RoPE rows) sizes it for.
@@ -144,7 +146,7 @@ class Model {
 
 // Whether the model's heads, vocabulary and experts split over tp_size ranks in ep_size
 // expert groups (the dimension that does not, named). The loader checks the rest per tensor.
-Status check_parallel_split(const ModelConfig& cfg, int tp_size, int ep_size);
+Status check_parallel_split(const ModelConfig& cfg, int tp_size, int ep_size, bool dp_attention = false);
 
 // Loads the text model of `ckpt` onto `ops`'s backend (config.json's architecture decides
 // which model). Errors name the file, the tensor and the problem.

@@ -114,7 +114,7 @@ bool is_alternative_shape(const TensorSpec& t, const std::vector<int64_t>& store
 Result<ShardBlock> dense_shard(const std::string& name, ShardRule rule, int64_t rows, int64_t cols,
                                const ParallelRank& p) {
   ShardBlock b{0, rows, 0, cols};
-  if (p.world == 1 || rule == ShardRule::replicated || rule == ShardRule::expert) return b;
+  if (p.world == 1 || p.dp_attention || rule == ShardRule::replicated || rule == ShardRule::expert) return b;
   const bool split_rows = (rule == ShardRule::column || rule == ShardRule::vocab) && rows > 1;
   const int64_t extent = split_rows ? rows : cols;
   if (extent % p.world != 0)
@@ -134,7 +134,7 @@ uint64_t rank_tensor_bytes(const TensorSpec& t, const ParallelRank& p, int num_e
     if (t.expert < first || t.expert >= first + per_group) return 0;
     return t.nbytes() / static_cast<uint64_t>(p.moe_tp());
   }
-  return t.nbytes() / static_cast<uint64_t>(p.world);
+  return p.dp_attention ? t.nbytes() : t.nbytes() / static_cast<uint64_t>(p.world);
 }
 
 uint64_t rank_weight_bytes(const ModelConfig& cfg, const ParallelRank& p) {

@@ -59,6 +59,9 @@ struct ParallelRank {
   int rank = 0;
   int world = 1;
   int ep = 1;
+  // DP attention (SGLang --enable-dp-attention): every rank holds everything but the routed
+  // experts whole (attention, dense and shared MLPs, vocabulary); the experts split as above.
+  bool dp_attention = false;
   int moe_tp() const { return world / ep; }  // ranks sharing one expert
   int ep_rank() const { return rank / moe_tp(); }
   int moe_tp_rank() const { return rank % moe_tp(); }

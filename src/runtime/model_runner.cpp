@@ -194,6 +194,7 @@ void ModelRunner::build_batch(const StepInput& input, int padded_seqs, int pad_t
   batch_.embed_rows.clear();
   batch_.embed_values.clear();
   batch_.save_rows.clear();
+  batch_.dp_tokens.clear();
   for (const StepSeq& s : input.seqs) {
     // A verifying sequence: logits for every new token, and its rows saved (when the model
     // keeps a recurrent state) for a rollback to any prefix of them.
@@ -256,6 +257,86 @@ void ModelRunner::run_state_copies(const std::vector<StateCopy>& copies) {
   }
 }
 
+Status ModelRunner::step_dp(const StepInput& input, StepOutput& output) {
+  const int D = options_.dp_attention_size, me = options_.rank % D;
+  const auto owner = [&](const StepSeq& s) { return std::max(s.state_slot, 0) % D; };
+  const auto logit_rows_of = [](const StepSeq& s) {
+    return s.all_logits || s.n_draft > 0 ? static_cast<int>(s.new_token_ids.size()) : 1;
+  };
+  // Every rank's tokens and logits rows (rank order), and where this rank's rows start.
+  std::vector<int32_t> tokens(static_cast<size_t>(D), 0), rows_of(static_cast<size_t>(D), 0);
+  StepInput mine;
+  for (const StepSeq& s : input.seqs) {
+    tokens[owner(s)] += static_cast<int32_t>(s.new_token_ids.size());
+    rows_of[owner(s)] += logit_rows_of(s);
+    if (owner(s) == me) mine.seqs.push_back(s);
+  }
+  std::vector<int32_t> first_row(static_cast<size_t>(D), 0);
+  for (int r = 1; r < D; ++r) first_row[r] = first_row[r - 1] + rows_of[r - 1];
+  const int all_rows = first_row[D - 1] + rows_of[D - 1];
+  Ops& ops = *ops_;
+  try {
+    ops.reset_scratch();
+    run_state_copies(input.before);
+    build_batch(mine, static_cast<int>(mine.seqs.size()), 1);
+    batch_.dp_tokens = tokens;
+    batch_.dp_rank = me;
+    for (const StepSeq& s : mine.seqs) tokens_computed_ += static_cast<int64_t>(s.new_token_ids.size());
+    const BatchView view = ops.upload_batch(batch_);
+    const int V = vocab();
+    // The gather of the logits rows as a sum: each rank's rows in its place, zeros elsewhere.
+    const Tensor all_logits = ops.scratch(all_rows, V, DType::F32);
+    ops.zero(all_logits);
+    const int64_t model_positions = model_->max_positions();
+    for (const BatchSeq& s : batch_.seqs)
+      if (model_positions > 0 && s.n_past + s.n_new > model_positions)
+        return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
+                                ", past the model's " + std::to_string(model_positions) +
+                                " positions (its rope table; --context-length sizes it)");
+    model_->forward(ops, view, pools_, all_logits.rows_view(first_row[me], rows_of[me]));
+    ops.all_reduce_sum(all_logits);
+    run_state_copies(input.after);
+    if (options_.rank != 0) {
+      ops.synchronize();
+      return Status::ok();
+    }
+    // Back to the step's order: sequence i's rows sit at its owner's next rows.
+    std::vector<int32_t> at(static_cast<size_t>(D), 0), order;  // order: a gathered row per step row
+    for (const StepSeq& s : input.seqs) {
+      const int r = owner(s), n = logit_rows_of(s);
+      for (int j = 0; j < n; ++j) order.push_back(first_row[r] + at[r] + j);
+      at[r] += n;
+    }
+    if (input.return_logits) {
+      output.logits.resize(static_cast<size_t>(all_rows) * V);
+      for (size_t i = 0; i < order.size(); ++i)
+        ops.download(all_logits.rows_view(order[i], 1), output.logits.data() + i * V);
+    }
+    // Each sampling sequence samples from its last row; a verifying one from the rows of its
+    // last known token and of each draft (as step()).
+    std::vector<int32_t> rows;
+    int row = 0;
+    for (const StepSeq& s : input.seqs) {
+      row += logit_rows_of(s);
+      if (s.sample)
+        for (int j = s.n_draft; j >= 0; --j) rows.push_back(order[row - 1 - j]);
+    }
+    if (!rows.empty()) {
+      Tensor index = ops.scratch(static_cast<int64_t>(rows.size()), 1, DType::I32);
+      ops.upload(index, 0, rows.data(), rows.size() * sizeof(int32_t));
+      Tensor to_sample = ops.scratch(static_cast<int64_t>(rows.size()), V, DType::F32);
+      ops.gather_rows(all_logits, index.as<int32_t>(), to_sample);
+      ops.sample(to_sample, input.sampling, output.samples);
+    }
+    ops.synchronize();
+  } catch (const BackendError& e) {
+    ops.abort_collectives(e.what());
+    failed_ = internal_error(std::string(ops.name()) + " backend failure: " + e.what());
+    return failed_;
+  }
+  return Status::ok();
+}
+
 Result<std::vector<float>> ModelRunner::encode_images(std::span<const vision::ImagePatches* const> images) {
   if (!failed_.is_ok()) return failed_;
   if (!model_->has_vision()) return unimplemented("images: the model has no vision tower (no vision_tower.* weights)");
@@ -293,6 +374,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
   output.logits.clear();
   if (input.seqs.empty()) return Status::ok();
   MR_RETURN_IF_ERROR(check(input));
+  if (options_.dp_attention_size > 1) return step_dp(input, output);
   // A profiled step runs every op through ProfiledOps, eagerly (bench-model --profile).
   std::optional<ProfiledOps> profiled;
   if (profile_) profiled.emplace(*ops_, *profile_);

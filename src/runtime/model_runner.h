@@ -116,6 +116,11 @@ struct RunnerOptions {
   // This runner's rank in a tensor-parallel group: every rank runs the forward, rank 0
   // alone samples and returns tokens (and logits when asked).
   int rank = 0;
+  // DP attention over the group's ranks (SGLang --enable-dp-attention; 1: off): every rank
+  // gets the whole step, runs attention for the sequences it owns (state slot mod this
+  // size: a sequence's caches stay on one rank for its life) and meets the others at each
+  // MoE layer; the logits rows are gathered for rank 0 to sample in the step's order.
+  int dp_attention_size = 1;
 };
 
 class ModelRunner final : public StepRunner {
@@ -150,6 +155,7 @@ class ModelRunner final : public StepRunner {
  private:
   ModelRunner() = default;
   Status check(const StepInput& input) const;
+  Status step_dp(const StepInput& input, StepOutput& output);  // RunnerOptions::dp_attention_size > 1
   // padded_seqs: with padding sequences of pad_tokens tokens each up to that count (a graph).
   void build_batch(const StepInput& input, int padded_seqs, int pad_tokens);
   void run_state_copies(const std::vector<StateCopy>& copies);

@@ -207,11 +207,20 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
                          "--tp-size and --ep-size across nodes; CPU ranks can span processes)");
   if (P > 1 && !o.draft_model.empty())
     return unimplemented("a DSpark draft reads the target's layers on one rank: not with --pp-size > 1");
+  if (o.dp_attention) {
+    if (W < 2) return invalid_argument("--enable-dp-attention needs a group to share the experts: --tp-size >= 2");
+    if (P > 1) return unimplemented("--enable-dp-attention with --pp-size > 1 is not built yet");
+    if (o.split_router || o.split_latent_moe)
+      return invalid_argument("--enable-dp-attention holds the router and the LatentMoE projections whole on every "
+                              "rank: not with --split-router / --split-latent-moe");
+    if (o.num_speculative_tokens > 0 || !o.draft_model.empty())
+      return unimplemented("speculative decoding with --enable-dp-attention is not built yet");
+  }
   auto ckpt = MR_TRY(Checkpoint::open(model_dir_or_repo));
   std::vector<StageLayers> stages;  // by stage
   {
     const ModelConfig cfg = MR_TRY(parse_model_config(ckpt->config(), ckpt->dir() + "/config.json"));
-    MR_RETURN_IF_ERROR(check_parallel_split(cfg, W, o.ep_size));
+    MR_RETURN_IF_ERROR(check_parallel_split(cfg, W, o.ep_size, o.dp_attention));
     if (o.split_router && cfg.num_experts > 0 && cfg.num_experts % W != 0)
       return invalid_argument("--split-router: the model's " + std::to_string(cfg.num_experts) +
                               " experts do not split evenly over --tp-size " + std::to_string(W));
@@ -297,6 +306,10 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
 
   // Weights: each local rank reads its byte ranges.
   const HostMemory host_before = host_memory();
+  if (o.log && o.dp_attention)
+    MR_LOG(INFO) << "DP attention: " << W << " ranks, each with attention, the dense layers and the vocabulary whole "
+                 << "for its own sequences; the routed experts over --ep-size " << o.ep_size
+                 << "; prefix cache and CUDA graphs off";
   if (o.log)
     MR_LOG(INFO) << "Load weight begin. device=" << ops0.name() << ", avail mem="
                  << fmt2(ops0.free_bytes() < (int64_t{1} << 60) ? ops0.free_bytes() / kGiB
@@ -312,6 +325,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     load.stage = stages[static_cast<size_t>(g / W)];
     load.split_router = o.split_router;
     load.split_latent_moe = o.split_latent_moe;
+    load.dp_attention = o.dp_attention;
     load.log_progress = o.log && i == 0;
     load.max_positions = o.context_length;
     lr.ops[i]->bind_thread();
@@ -371,7 +385,8 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
                                     lr.draft->config().cache_row_width() * dtype_size_bytes(*lr.layout.kv_dtype);
   lr.layout.state_bytes_per_slot = spec.state_bytes_per_slot();
   const int running = o.max_running_requests;
-  const int snapshots = o.prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
+  const bool prefix_cache = o.prefix_cache && !o.dp_attention;  // RuntimeOptions::dp_attention
+  const int snapshots = prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
   const int64_t context_len = o.context_length > 0                  ? o.context_length
                               : lr.config.max_position_embeddings > 0 ? lr.config.max_position_embeddings
                                                                       : 4096;
@@ -416,11 +431,12 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
 
 Result<CacheConfig> size_cache(const LoadedRanks& lr, int64_t budget_bytes, const RuntimeOptions& o) {
   const int running = o.max_running_requests;
-  const int snapshots = o.prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
+  const bool prefix_cache = o.prefix_cache && !o.dp_attention;  // RuntimeOptions::dp_attention
+  const int snapshots = prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
   CacheConfig cache = MR_TRY(
       size_cache_from_budget(lr.layout, budget_bytes, o.page_size_tokens, running, snapshots, o.max_total_tokens,
                              o.num_speculative_tokens > 0 && lr.layout.state_bytes_per_slot > 0 ? running : 0));
-  cache.prefix_block_tokens = o.prefix_cache ? o.prefix_block_tokens : 0;
+  cache.prefix_block_tokens = prefix_cache ? o.prefix_block_tokens : 0;
   return cache;
 }
 
@@ -428,7 +444,8 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   RunnerOptions ro;
   ro.max_seqs_per_step = o.max_running_requests;
   ro.max_tokens_per_step = o.max_tokens_per_step;
-  ro.cuda_graphs = o.cuda_graphs;
+  ro.cuda_graphs = o.cuda_graphs && !o.dp_attention;  // RuntimeOptions::dp_attention
+  ro.dp_attention_size = o.dp_attention ? o.tp_size : 1;
   ro.fail_after_steps = o.fail_after_steps;
   ro.num_speculative_tokens = o.num_speculative_tokens;
   ro.max_positions = o.context_length > 0 ? o.context_length : std::max<int64_t>(lr.config.max_position_embeddings, 0);

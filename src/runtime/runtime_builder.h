@@ -37,6 +37,13 @@ struct RuntimeOptions {
   // weight_spec.h, WeightLayout): the MoE router, the LatentMoE projections.
   bool split_router = false;
   bool split_latent_moe = false;
+  // DP attention (SGLang --enable-dp-attention, with --dp-size equal to --tp-size): each rank
+  // holds attention, the dense layers and the vocabulary whole and runs them for its own
+  // sequences (a state slot's sequences, slot mod tp_size); the routed experts stay split
+  // (--ep-size) and every MoE layer gathers all ranks' rows (model/layers/moe.h). Without a
+  // prefix cache (a cached prefix lives on the rank that computed it) and CUDA graphs (a
+  // step's shape is every rank's) for now.
+  bool dp_attention = false;
   // The ranks this process runs: [first_rank, first_rank + local_ranks) (0: all of them).
   // Ranks in other processes are reached through make_comm: group s < pp_size is stage s's
   // tensor-parallel group, group pp_size + s * tp_size + t the ring link from stage s's rank

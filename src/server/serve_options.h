@@ -74,6 +74,7 @@ struct ServeOptions {
   int pp_size = 1;                  // --pp-size / --pipeline-parallel-size: stages of tp_size ranks
   bool split_router = false;        // --split-router: the MoE router split over the TP group
   bool split_latent_moe = false;    // --split-latent-moe: the LatentMoE projections split
+  bool dp_attention = false;        // --enable-dp-attention: attention per rank, experts shared
   int nnodes = 1;                   // --nnodes
   int node_rank = 0;                // --node-rank
   std::string dist_init_addr;       // --dist-init-addr HOST:PORT

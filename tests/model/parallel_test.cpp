@@ -30,16 +30,18 @@ struct Split {
   int tp, ep;
   int pp = 1;  // pipeline stages, each a tp x ep group
   bool split = false;  // --split-router and --split-latent-moe
+  bool dp = false;     // --enable-dp-attention
 };
 // gtest prints a parameter in the test's listing (and ctest's test names): not its bytes.
 void PrintTo(const Split& sp, std::ostream* os) {
-  *os << sp.fixture << " tp" << sp.tp << " ep" << sp.ep << " pp" << sp.pp << (sp.split ? " split" : "");
+  *os << sp.fixture << " tp" << sp.tp << " ep" << sp.ep << " pp" << sp.pp << (sp.split ? " split" : "")
+      << (sp.dp ? " dp-attention" : "");
 }
 
 std::string split_name(const ::testing::TestParamInfo<Split>& info) {
   std::string n = std::string(info.param.fixture) + "_tp" + std::to_string(info.param.tp) + "_ep" +
                   std::to_string(info.param.ep) + (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "") +
-                  (info.param.split ? "_split" : "");
+                  (info.param.split ? "_split" : "") + (info.param.dp ? "_dp_attention" : "");
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 }
@@ -51,13 +53,14 @@ struct CaseRun {
 
 // Every case of a fixture through a runtime of tp ranks in ep expert groups.
 std::vector<CaseRun> run_cases(const std::string& dir, const nlohmann::json& expected, int tp, int ep, int pp = 1,
-                               bool split = false) {
+                               bool split = false, bool dp = false) {
   RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
   ro.tp_size = tp;
   ro.ep_size = ep;
   ro.pp_size = pp;
   ro.split_router = split;
   ro.split_latent_moe = split;
+  ro.dp_attention = dp;
   Runtime rt = testing::make_runtime(dir, ro);
   std::vector<CaseRun> out;
   if (!rt.runner) return out;
@@ -104,7 +107,7 @@ TEST_P(ParallelFixture, SameTokensAsOneRankAndTheReference) {
   const nlohmann::json expected = nlohmann::json::parse(in);
   const float ref_tol = expected.at("tolerance_abs_logit").get<float>();
   const std::vector<CaseRun> one = run_cases(dir, expected, 1, 1);
-  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep, sp.pp, sp.split);
+  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep, sp.pp, sp.split, sp.dp);
   ASSERT_EQ(one.size(), expected.at("cases").size());
   ASSERT_EQ(par.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) {
@@ -187,6 +190,89 @@ INSTANTIATE_TEST_SUITE_P(SplitReplicated, ParallelFixture,
                                            Split{"k3-tiny-a", 2, 2, 1, true}, Split{"k2-tiny", 2, 2, 1, true},
                                            Split{"k31-tiny-b", 2, 2, 1, true}),
                          split_name);
+
+// DP attention x EP (issue 41, item 3; SGLang --enable-dp-attention): attention, the dense
+// layers and the vocabulary whole on every rank, run for the rank's own sequences; the routed
+// experts split (EP groups, or each expert's intermediate over the ranks at EP 1), every MoE
+// layer gathering all ranks' rows. One sequence at a time: rank 0 owns it and the others take
+// part in the MoE layers with no rows of their own.
+INSTANTIATE_TEST_SUITE_P(DpAttention, ParallelFixture,
+                         ::testing::Values(Split{"k3-tiny-a", 2, 2, 1, false, true},
+                                           Split{"k3-tiny-b", 2, 2, 1, false, true},
+                                           Split{"k3-tiny-b", 2, 1, 1, false, true},
+                                           Split{"k3-tiny-b", 4, 4, 1, false, true},
+                                           Split{"kimi-linear-tiny", 2, 2, 1, false, true},
+                                           Split{"k2-tiny", 2, 2, 1, false, true},
+                                           Split{"k2-tiny-int4", 2, 2, 1, false, true},
+                                           Split{"k31-tiny-a", 2, 2, 1, false, true}),
+                         split_name);
+
+// DP attention with several sequences a step: prefill chunks and decodes of up to 7
+// sequences spread over the ranks by state slot, each rank's attention over its own, every
+// MoE layer over all of them; at DP 2 x EP 2 and DP 4 x EP 4 on k3-tiny-b (KDA and MLA
+// layers, AttnRes) and DP 2 x EP 2 on k2-tiny (MLA, YaRN, a dense first layer).
+TEST(Parallel, DpAttentionMixedBatchesMatchOneRank) {
+  for (const auto& [fixture, vocab] : {std::pair{"k3-tiny-b", 1024}, std::pair{"k2-tiny", 512}}) {
+    const std::string dir = fixtures_dir() + "/" + fixture;
+    RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+    const int n = 12, max_tokens = 6;
+    const auto one = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
+    for (const int dp : {2, 4}) {
+      if (dp == 4 && std::string(fixture) == "k2-tiny") continue;
+      ro.tp_size = ro.ep_size = dp;
+      ro.dp_attention = true;
+      const auto par = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
+      ASSERT_EQ(one.size(), par.size());
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(one[i].tokens, par[i].tokens) << fixture << " dp " << dp << ", sequence " << i;
+        EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits))
+            << fixture << " dp " << dp << ", sequence " << i;
+      }
+    }
+  }
+}
+
+// DP attention holds everything but the routed experts whole: per rank, the one-rank bytes
+// less the experts of the other groups.
+TEST(Parallel, DpAttentionHoldsAllButTheExpertsWhole) {
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  Runtime one = testing::make_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ro.tp_size = ro.ep_size = 2;
+  ro.dp_attention = true;
+  Runtime dp = testing::make_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_TRUE(one.runner && dp.runner);
+  const ModelConfig& c = one.config;
+  int moe_layers = 0;
+  for (const LayerSpec& l : c.layers) moe_layers += l.mlp == MlpKind::moe;
+  // Half of every MoE layer's routed experts: three MXFP4 matrices of [inter, io] each.
+  const double half_experts = 0.5 * moe_layers * c.num_experts * 3.0 * c.moe_intermediate_size *
+                              c.expert_io_dim() * (0.5 + 1.0 / 32);
+  EXPECT_NEAR(double(one.weight_bytes - dp.weight_bytes), half_experts, 0.05 * half_experts);
+}
+
+// What cannot go with DP attention is refused before anything loads.
+TEST(Parallel, DpAttentionThatCannotBeIsAClearError) {
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  ro.dp_attention = true;
+  auto rt = build_runtime(fixtures_dir() + "/k3-tiny-b", ro);  // one rank: nothing to share
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("--tp-size >= 2"), std::string::npos) << rt.status().message();
+  ro.tp_size = ro.ep_size = 2;
+  ro.pp_size = 2;
+  rt = build_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("--pp-size"), std::string::npos) << rt.status().message();
+  ro.pp_size = 1;
+  ro.split_latent_moe = true;
+  rt = build_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("--split-latent-moe"), std::string::npos) << rt.status().message();
+  ro.split_latent_moe = false;
+  ro.num_speculative_tokens = 2;
+  rt = build_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_FALSE(rt.is_ok());
+  EXPECT_NE(rt.status().message().find("speculative"), std::string::npos) << rt.status().message();
+}
 
 // What the split takes off one rank: half the router and half of both LatentMoE
 // projections of every MoE layer at TP 2 (the CPU holds them in F32).

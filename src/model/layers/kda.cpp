@@ -30,7 +30,7 @@ Tensor saved_block(const KdaSavedInputs& s, const KdaShape& shape, int block, in
 }  // namespace
 
 void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Tensor& x, const BatchView& batch,
-                 StateLayer state, KdaMode mode, Tensor out, const KdaSavedInputs* save) {
+                 StateLayer state, KdaMode mode, Tensor out, const KdaSavedInputs* save, bool reduce) {
   ScratchScope scope(ops);
   const int64_t T = x.rows, D = shape.proj_dim(), H = shape.num_heads, d = shape.head_dim;
   const int64_t window = kda_conv_window_floats(shape);
@@ -106,7 +106,7 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   Tensor gated = ops.scratch(T, D, ops.act_dtype());  // the o_proj input
   ops.gated_rmsnorm(o.reshaped(d), gate.reshaped(d), w.o_norm, shape.norm_eps, gated.reshaped(d));
   ops.linear(gated, w.o_proj, out);
-  ops.all_reduce_sum(out);  // o_proj is row-parallel: each rank's heads contribute
+  if (reduce) ops.all_reduce_sum(out);  // o_proj is row-parallel: each rank's heads contribute
 }
 
 void kda_replay(Ops& ops, const KdaWeights& w, const KdaShape& shape, const BatchView& batch, StateLayer state,

@@ -58,8 +58,11 @@ struct KdaSavedInputs {
   int64_t capacity = 0;    // saved rows the region holds
 };
 int64_t kda_replay_floats_per_token(const KdaShape& shape);  // 4 * H*d + H
+// reduce: sum o_proj's partial outputs over the tensor-parallel group (false: this rank holds
+// every head, DP attention).
 void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Tensor& x, const BatchView& batch,
-                 StateLayer state, KdaMode mode, Tensor out, const KdaSavedInputs* save = nullptr);
+                 StateLayer state, KdaMode mode, Tensor out, const KdaSavedInputs* save = nullptr,
+                 bool reduce = true);
 // Advances each sequence of `batch` (its state slot restored to a snapshot) over its tokens,
 // token i from saved row from.rows[i]: the windows over the saved projections, S over the
 // conv outputs with the saved g and beta, exactly as kda_forward would have advanced it.

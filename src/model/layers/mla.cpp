@@ -44,7 +44,7 @@ void mla_output(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tensor
     ops.copy(o, o_in);
   }
   ops.linear(o_in, w.o_proj, out);
-  ops.all_reduce_sum(out);  // o_proj is row-parallel: each rank's heads contribute
+  if (dims.reduce_output) ops.all_reduce_sum(out);  // o_proj is row-parallel: each rank's heads contribute
 }
 
 void mla_forward(Ops& ops, const MlaWeights& w, const MlaDims& dims, const Tensor& x, const BatchView& batch,

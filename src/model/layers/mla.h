@@ -19,6 +19,9 @@ struct MlaDims {
   MlaShape attn;        // heads, kv_lora, nope, rope, v
   bool output_gate = false;
   float q_a_norm_eps = 1e-6f, kv_a_norm_eps = 1e-6f;
+  // Sum o_proj's partial outputs over the tensor-parallel group (false: this rank holds
+  // every head, DP attention).
+  bool reduce_output = true;
   int q_head_dim() const { return attn.nope + attn.rope; }
 };
 

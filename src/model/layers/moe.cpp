@@ -60,10 +60,46 @@ void moe_forward(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tenso
   }
   if (!w.shared.empty()) {
     Tensor shared = ops.scratch(T, dims.hidden, DType::F32);
-    mlp_forward(ops, w.shared, dims.act, x_act, shared, /*reduce=*/!partial);
+    mlp_forward(ops, w.shared, dims.act, x_act, shared, /*reduce=*/!partial && !dims.shared_whole);
     ops.add(out, shared, out);
   }
   if (partial) ops.all_reduce_sum(out);
+}
+
+void moe_forward_dp(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tensor& x_f32, const Tensor& x_act,
+                    const std::vector<int32_t>& dp_tokens, int dp_rank, Tensor out) {
+  ScratchScope scope(ops);
+  const int64_t T = x_f32.rows, H = x_f32.cols;
+  int64_t all = 0, first = 0;
+  for (size_t r = 0; r < dp_tokens.size(); ++r) {
+    if (static_cast<int>(r) == dp_rank) first = all;
+    all += dp_tokens[r];
+  }
+  MR_CHECK(dp_rank >= 0 && dp_rank < static_cast<int>(dp_tokens.size()) && dp_tokens[dp_rank] == T)
+      << "DP rank " << dp_rank << " brings " << T << " rows";
+  if (all == 0) return;
+  // The gather as a sum: each rank's rows in its place, zeros elsewhere (x + 0 is exact).
+  Tensor xs = ops.scratch(all, H, DType::F32);
+  ops.zero(xs);
+  if (T > 0) ops.copy(x_f32, xs.rows_view(first, T));
+  ops.all_reduce_sum(xs);
+  Tensor xa = xs;
+  if (ops.act_dtype() != DType::F32) {
+    xa = ops.scratch(all, H, ops.act_dtype());
+    ops.copy(xs, xa);
+  }
+  // The routed experts only (moe_forward without shared experts), over every rank's rows.
+  MoeWeights routed = w;
+  routed.shared = MlpWeights{};
+  Tensor ys = ops.scratch(all, H, DType::F32);
+  moe_forward(ops, routed, dims, xs, xa, ys);
+  if (T == 0) return;
+  ops.copy(ys.rows_view(first, T), out);
+  if (!w.shared.empty()) {
+    Tensor shared = ops.scratch(T, H, DType::F32);
+    mlp_forward(ops, w.shared, dims.act, x_act, shared, /*reduce=*/false);
+    ops.add(out, shared, out);
+  }
 }
 
 }  // namespace moonrun

@@ -20,6 +20,8 @@ struct MoeDims {
   bool split_router = false;
   bool split_latent = false;
   int tp_rank = 0;
+  // DP attention: the shared experts are whole on every rank (no all-reduce after them).
+  bool shared_whole = false;
 };
 
 struct MoeWeights {
@@ -36,5 +38,14 @@ struct MoeWeights {
 // dtype (the projections'; the same tensor when act is F32) -> out [T, hidden] F32.
 void moe_forward(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tensor& x_f32, const Tensor& x_act,
                  Tensor out);
+
+// DP attention (SGLang's --enable-dp-attention): each rank of the group ran attention for its
+// own sequences, x_f32 [T, hidden] being its rows (T may be 0: a rank without sequences this
+// step still takes part). The rows of every rank are gathered in rank order (dp_tokens[r]
+// rows from rank r: zero rows elsewhere, summed over the group), the router and the
+// expert-parallel experts run over all of them (their sum all-reduced as moe_forward does),
+// and this rank keeps its own rows; its shared experts (whole here) run on its rows alone.
+void moe_forward_dp(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tensor& x_f32, const Tensor& x_act,
+                    const std::vector<int32_t>& dp_tokens, int dp_rank, Tensor out);
 
 }  // namespace moonrun
