@@ -138,12 +138,18 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
       if (st.has_embedding) coll("vocab-parallel embedding all-reduce", false, 1, hidden_f32);
       coll("attention o_proj all-reduce", false, st.n_mla + st.n_kda, hidden_f32);
       coll("dense MLP down all-reduce", false, st.n_dense_mlp, hidden_f32);
-      coll("routed experts' sum all-reduce", false, st.n_moe, latent_f32);
-      // The split LatentMoE up projection is row-parallel: its partial sum rides the shared
-      // experts' all-reduce, so it costs nothing extra when there are shared experts.
       const bool shared = cfg.num_shared_experts > 0;
-      coll(shared ? "shared experts (+ split latent up) all-reduce" : "split latent up all-reduce", false,
-           shared || opt.split_latent_moe ? st.n_moe : 0, hidden_f32);
+      if (cfg.routed_expert_hidden_size == 0 && shared) {
+        // No LatentMoE (K2): the routed and shared partial sums are added and reduced once
+        // (model/layers/moe.cpp).
+        coll("routed + shared experts' sum all-reduce", false, st.n_moe, hidden_f32);
+      } else {
+        coll("routed experts' sum all-reduce", false, st.n_moe, latent_f32);
+        // The split LatentMoE up projection is row-parallel: its partial sum rides the shared
+        // experts' all-reduce, so it costs nothing extra when there are shared experts.
+        coll(shared ? "shared experts (+ split latent up) all-reduce" : "split latent up all-reduce", false,
+             shared || opt.split_latent_moe ? st.n_moe : 0, hidden_f32);
+      }
       // The split down projection's output and the split router's logits: an all-gather
       // each per MoE layer (the experts need the whole latent row, the top-k every logit),
       // both in fp32 as the runtime gathers them (model/layers/moe.cpp; one packed gather

@@ -36,6 +36,18 @@ void moe_forward(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tenso
   }
   Tensor y = ops.scratch(T, D, DType::F32);  // [T, io] the weighted sum of the chosen experts
   ops.moe_experts(z, ids, weights, w.w1, w.w3, w.w2, dims.act, y);
+  // Without a LatentMoE (K2, Kimi Linear) nothing stands between the routed sum and the
+  // shared experts' output: both are partial sums over the group (this rank's experts, its
+  // slice of the shared intermediate), added here and all-reduced once (one collective a
+  // MoE layer instead of two). At one rank the same adds in the same order.
+  if (w.latent_up.empty() && !w.shared.empty() && !dims.shared_whole) {
+    ops.copy(y, out);
+    Tensor shared = ops.scratch(T, dims.hidden, DType::F32);
+    mlp_forward(ops, w.shared, dims.act, x_act, shared, /*reduce=*/false);
+    ops.add(out, shared, out);
+    ops.all_reduce_sum(out);
+    return;
+  }
   // Each rank ran its experts (and its slice of each): the sum over the group is the
   // routed output, before the latent norm (not linear) and up-projection (replicated).
   ops.all_reduce_sum(y);
