@@ -473,11 +473,11 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
       o.max_prefill_attention_pairs > 0 ? std::to_string(o.max_prefill_attention_pairs) : "off");
   add("max_queued_requests", std::to_string(o.max_queued_requests));
   add("page_size", std::to_string(o.page_size_tokens));
-  add("prefix_cache", o.disable_radix_cache ? "off" : "on");
+  add("prefix_cache", o.disable_radix_cache ? "off" : o.dp_attention ? "off (--enable-dp-attention)" : "on");
   add("speculative", o.speculative.enabled() ? std::string(spec_method_name(o.speculative.method)) + ", " +
                                                    std::to_string(o.speculative.num_speculative_tokens) + " drafts"
                                              : "off");
-  add("cuda_graph", o.disable_cuda_graph ? "off" : "on (CUDA backend)");
+  add("cuda_graph", o.disable_cuda_graph ? "off" : o.dp_attention ? "off (--enable-dp-attention)" : "on (CUDA backend)");
   add("reasoning_parser", o.reasoning_parser.empty() ? "(from the model)" : o.reasoning_parser);
   add("tool_call_parser", o.tool_call_parser.empty() ? "(from the model)" : o.tool_call_parser);
   add("tp_size", std::to_string(o.tp_size));
