@@ -35,7 +35,7 @@ struct Law {
   bool log_uniform = false;
 };
 
-Law law_of(const TensorSpec& t) {
+Law law_of(const TensorSpec& t, RouterBias router_bias) {
   const std::string& n = t.name;
   if (ends_with(n, "norm.weight") || ends_with(n, "layernorm.weight") || ends_with(n, ".norm0.weight") ||
       ends_with(n, ".norm1.weight"))
@@ -44,7 +44,8 @@ Law law_of(const TensorSpec& t) {
   if (ends_with(n, ".A_log")) return {0, 0, true};
   if (ends_with(n, ".dt_bias") || ends_with(n, "conv1d.weight")) return {-0.5, 0.5};
   // Wide correction biases keep routing decisions away from ties (K3_SPEC.md §6).
-  if (ends_with(n, "e_score_correction_bias")) return {-0.5, 0.5};
+  if (ends_with(n, "e_score_correction_bias"))
+    return router_bias == RouterBias::balanced ? Law{-0.01, 0.01} : Law{-0.5, 0.5};
   if (ends_with(n, "embed_tokens.weight")) return {-1, 1};
   // A [out, in] projection: uniform with variance 1/in. A kernel [out, c, kh, kw] (the
   // vision tower's patch embedding) reads c * kh * kw inputs per output.
@@ -56,7 +57,8 @@ Law law_of(const TensorSpec& t) {
 
 }  // namespace
 
-void synthetic_bytes(const TensorSpec& t, uint64_t seed, int64_t first, int64_t count, uint8_t* out) {
+void synthetic_bytes(const TensorSpec& t, uint64_t seed, int64_t first, int64_t count, uint8_t* out,
+                     RouterBias router_bias) {
   const uint64_t key = splitmix64(seed ^ fnv1a(t.name));
   if (t.dtype == DType::U8) {
     if (ends_with(t.name, "weight_scale") || ends_with(t.name, "weight_scales")) {
@@ -80,7 +82,7 @@ void synthetic_bytes(const TensorSpec& t, uint64_t seed, int64_t first, int64_t 
     }
     return;
   }
-  Law law = law_of(t);
+  Law law = law_of(t, router_bias);
   if (t.dtype == DType::BF16 && ends_with(t.name, "weight_scale")) {
     // INT4 group scales (bf16, one per 32 inputs): random codes q - 8 in [-8, 7] have RMS
     // ~4.6; aim the weights at RMS 1/sqrt(in), within 20 %.

@@ -113,7 +113,9 @@ bool write_tensor(std::FILE* f, const TensorSpec& t, uint64_t seed, int threads,
     for (int k = 0; k < threads; ++k) {
       const int64_t b = k * per, e = std::min(count, b + per);
       if (b >= e) break;
-      pool.emplace_back([&, b, e] { synthetic_bytes(t, seed, first + b, e - b, buf.data() + b * elem); });
+      // Balanced router biases: a batch touches as many experts as the floor counts.
+      pool.emplace_back(
+          [&, b, e] { synthetic_bytes(t, seed, first + b, e - b, buf.data() + b * elem, RouterBias::balanced); });
     }
     for (auto& th : pool) th.join();
     if (std::fwrite(buf.data(), 1, static_cast<size_t>(count * elem), f) != static_cast<size_t>(count * elem))
