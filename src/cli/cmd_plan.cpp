@@ -19,6 +19,7 @@ struct PlanArgs {
   int nodes = 0;          // 0: from --tp-size, else 1
   int tp = 0, ep = 0, pp = 1;
   bool split_latent_moe = false, split_router = false;
+  bool dp_attention = false;
   double mem_fraction = 0.85;
   int64_t context_length = 0;
   std::string kv_dtype = "auto";
@@ -66,6 +67,7 @@ int run_plan(PlanArgs a) {
   in.pp = a.pp;
   in.split_latent_moe = a.split_latent_moe;
   in.split_router = a.split_router;
+  in.dp_attention = a.dp_attention;
   in.mem_fraction = a.mem_fraction;
   in.context_length = a.context_length;
   in.kv_dtype_bytes = a.kv_dtype.rfind("fp8", 0) == 0 ? 1 : 2;
@@ -104,6 +106,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--split-latent-moe", args->split_latent_moe,
                 "plan the LatentMoE down/up projections split over TP instead of replicated");
   cmd->add_flag("--split-router", args->split_router, "plan the fp32 router split over TP (by expert) instead of replicated");
+  cmd->add_flag("--enable-dp-attention", args->dp_attention,
+                "plan DP attention x EP (as serve's flag): attention, dense layers, shared experts, router and vocabulary "
+                "whole on every rank, routed experts under EP; per MoE layer a rows gather and the experts' sum");
   cmd->add_option("--nnodes,--nodes", args->nodes, "number of nodes")->check(CLI::PositiveNumber);
   cmd->add_option("--gpus-per-node", args->gpus_per_node, "GPUs per node (default 8)")->check(CLI::PositiveNumber);
   cmd->add_option("--mem-fraction-static,--gpu-memory-utilization,--mem-fraction", args->mem_fraction,

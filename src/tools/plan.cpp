@@ -78,9 +78,15 @@ std::string format_pipeline(const Plan& p) {
   std::ostringstream o;
   char buf[320];
   const PipelineOptions& opt = pl.opt;
-  o << "\nPer GPU by stage (TP " << p.tp << " x EP " << p.ep << " x PP " << p.pp
-    << "; LatentMoE projections " << (opt.split_latent_moe ? "TP-split" : "replicated") << ", router "
-    << (opt.split_router ? "TP-split" : "replicated") << ")\n";
+  if (opt.dp_attention)
+    o << "\nPer GPU under DP attention " << p.tp << " x EP " << p.ep
+      << " (attention, dense MLPs, shared experts, router, LatentMoE projections and vocabulary whole on every "
+         "rank; routed experts split over EP " << p.ep << (p.tp / p.ep > 1 ? " x " + std::to_string(p.tp / p.ep) + " ranks an expert" : std::string())
+      << ")\n";
+  else
+    o << "\nPer GPU by stage (TP " << p.tp << " x EP " << p.ep << " x PP " << p.pp
+      << "; LatentMoE projections " << (opt.split_latent_moe ? "TP-split" : "replicated") << ", router "
+      << (opt.split_router ? "TP-split" : "replicated") << ")\n";
   for (const PipelineStage& st : pl.stages) {
     std::snprintf(buf, sizeof buf, "  stage %d: layers %d-%d (%lld MLA, %lld KDA, %lld MoE)%s%s, GPUs %d-%d: %s a GPU\n",
                   st.index, st.first_layer, st.end_layer - 1, (long long)st.n_mla, (long long)st.n_kda,
@@ -89,7 +95,10 @@ std::string format_pipeline(const Plan& p) {
     o << buf;
     for (const StageGroupBytes& g : st.groups) {
       std::snprintf(buf, sizeof buf, "    %-46s %-10s %14s\n", g.name.c_str(),
-                    g.split_by_option ? "TP (split)" : shard_name(g.shard), gb(double(g.per_gpu_bytes)).c_str());
+                    g.split_by_option         ? "TP (split)"
+                    : g.whole_by_dp_attention ? "whole (DP)"
+                                              : shard_name(g.shard),
+                    gb(double(g.per_gpu_bytes)).c_str());
       o << buf;
     }
     std::snprintf(buf, sizeof buf, "    collectives a decode step: %lld%s\n", (long long)st.collectives_per_step,
@@ -102,9 +111,10 @@ std::string format_pipeline(const Plan& p) {
                     with_commas(int64_t(c.bytes_per_token)).c_str());
       o << buf;
     }
-    std::snprintf(buf, sizeof buf, "    caches on this stage: KV %s B a token, KDA state %s a sequence a GPU\n",
+    std::snprintf(buf, sizeof buf, "    caches on this stage: KV %s B a token, KDA state %s a sequence a GPU%s\n",
                   with_commas(int64_t(st.kv_bytes_per_token)).c_str(),
-                  gb(double(st.kda_state_per_gpu_bytes_per_seq)).c_str());
+                  gb(double(st.kda_state_per_gpu_bytes_per_seq)).c_str(),
+                  opt.dp_attention ? " (whole, on the sequence's one rank)" : "");
     o << buf;
   }
   for (const StageHop& h : pl.hops) {
@@ -118,7 +128,10 @@ std::string format_pipeline(const Plan& p) {
   std::snprintf(buf, sizeof buf, "  a decode step: %lld collectives (%lld across nodes), %zu activation hop(s)\n",
                 (long long)pl.collectives_per_step, (long long)pl.cross_node_collectives_per_step, pl.hops.size());
   o << buf;
-  if (p.tp > 1)  // at TP 1 there is nothing to split
+  if (opt.dp_attention)
+    o << "  bytes a token are of the whole group's step (every rank's rows); no attention, dense MLP, shared-expert "
+         "or embedding all-reduce\n";
+  else if (p.tp > 1)  // at TP 1 there is nothing to split
     o << "  splitting over TP " << p.tp << " would save a GPU of the busiest stage, each step: LatentMoE projections "
     << gb(double(pl.latent_moe_split_saves_per_gpu)) << ", router " << gb(double(pl.router_split_saves_per_gpu))
     << " (for one all-gather a MoE layer each: --split-latent-moe / --split-router)\n";
@@ -129,9 +142,11 @@ json pipeline_to_json(const PipelinePlan& pl) {
   json stages = json::array();
   for (const PipelineStage& st : pl.stages) {
     json groups = json::array(), colls = json::array();
-    for (const StageGroupBytes& g : st.groups)
+    for (const StageGroupBytes& g : st.groups) {
       groups.push_back({{"name", g.name}, {"shard", g.split_by_option ? "TP" : shard_name(g.shard)},
                         {"split_by_option", g.split_by_option}, {"per_gpu_bytes", g.per_gpu_bytes}});
+      if (pl.opt.dp_attention) groups.back()["whole_by_dp_attention"] = g.whole_by_dp_attention;
+    }
     for (const StageCollective& c : st.collectives)
       colls.push_back({{"what", c.what}, {"kind", c.all_gather ? "all_gather" : "all_reduce"}, {"count", c.count},
                        {"bytes_per_token", c.bytes_per_token}});
@@ -147,12 +162,14 @@ json pipeline_to_json(const PipelinePlan& pl) {
   json hops = json::array();
   for (const StageHop& h : pl.hops)
     hops.push_back({{"from_stage", h.from_stage}, {"bytes_per_token", h.bytes_per_token}, {"cross_node", h.cross_node}});
-  return {{"pp", pl.opt.pp}, {"split_latent_moe", pl.opt.split_latent_moe}, {"split_router", pl.opt.split_router},
-          {"stages", stages}, {"hops", hops}, {"max_stage_per_gpu_bytes", pl.max_stage_per_gpu_bytes},
-          {"collectives_per_step", pl.collectives_per_step},
-          {"cross_node_collectives_per_step", pl.cross_node_collectives_per_step},
-          {"latent_moe_split_saves_per_gpu_bytes", pl.latent_moe_split_saves_per_gpu},
-          {"router_split_saves_per_gpu_bytes", pl.router_split_saves_per_gpu}};
+  json out = {{"pp", pl.opt.pp}, {"split_latent_moe", pl.opt.split_latent_moe}, {"split_router", pl.opt.split_router},
+              {"stages", stages}, {"hops", hops}, {"max_stage_per_gpu_bytes", pl.max_stage_per_gpu_bytes},
+              {"collectives_per_step", pl.collectives_per_step},
+              {"cross_node_collectives_per_step", pl.cross_node_collectives_per_step},
+              {"latent_moe_split_saves_per_gpu_bytes", pl.latent_moe_split_saves_per_gpu},
+              {"router_split_saves_per_gpu_bytes", pl.router_split_saves_per_gpu}};
+  if (pl.opt.dp_attention) out["dp_attention"] = true;  // absent otherwise: the default output as before
+  return out;
 }
 
 }  // namespace
@@ -186,6 +203,14 @@ Result<Plan> make_plan(const PlanInputs& in) {
                             ": TP x PP spans every GPU of every node; set --nnodes or --gpus-per-node to match");
   if (p.ep < 1 || p.tp % p.ep != 0)
     return invalid_argument("--ep-size " + std::to_string(p.ep) + " must divide --tp-size " + std::to_string(p.tp));
+  if (in.dp_attention) {
+    // As the runtime refuses them (runtime/runtime_builder.cpp).
+    if (p.tp < 2) return invalid_argument("--enable-dp-attention needs a group to share the experts: --tp-size >= 2");
+    if (p.pp > 1) return invalid_argument("--enable-dp-attention with --pp-size > 1 is not built yet");
+    if (in.split_router || in.split_latent_moe)
+      return invalid_argument("--enable-dp-attention holds the router and the LatentMoE projections whole on every "
+                              "rank: not with --split-router / --split-latent-moe");
+  }
   p.context_length = in.context_length > 0 ? in.context_length
                      : s.max_context > 0   ? s.max_context
                                            : 1048576;
@@ -203,7 +228,7 @@ Result<Plan> make_plan(const PlanInputs& in) {
     for (const auto& c : p.invalid_examples) seen |= c.tp == t;
     if (!why.empty() && !seen && t <= 2 * g && p.invalid_examples.size() < 5) p.invalid_examples.push_back({t, false, why});
   }
-  p.tp_check = {p.tp, true, tp_failure(s, p.tp)};
+  p.tp_check = {p.tp, true, in.dp_attention ? "" : tp_failure(s, p.tp)};  // DP attention: heads whole on every rank
   p.tp_check.ok = p.tp_check.why.empty();
 
   // ---- weights: total and this GPU's share.
@@ -218,7 +243,8 @@ Result<Plan> make_plan(const PlanInputs& in) {
     // Each expert is further split TP/EP ways inside its EP group.
     ep_share = uint64_t(double(ep_bytes) * double(p.experts_per_gpu) / double(s.n_experts) / double(p.tp / p.ep));
   }
-  p.weights_per_gpu_bytes = tp_bytes / p.tp + ep_share + rep_bytes;
+  // DP attention: the TP groups whole on every rank, the experts as under EP.
+  p.weights_per_gpu_bytes = (in.dp_attention ? tp_bytes : tp_bytes / p.tp) + ep_share + rep_bytes;
 
   // ---- stages, bytes by group, per-step traffic. Without PP or a split option the figure
   // above stands (it is exact for a checkpoint); otherwise the busiest stage's GPU.
@@ -228,6 +254,7 @@ Result<Plan> make_plan(const PlanInputs& in) {
   PipelineOptions popt;
   popt.tp = p.tp, popt.ep = p.ep, popt.pp = p.pp, popt.gpus_per_node = in.gpus_per_node;
   popt.split_latent_moe = in.split_latent_moe, popt.split_router = in.split_router;
+  popt.dp_attention = in.dp_attention;
   popt.kv_dtype_bytes = in.kv_dtype_bytes;
   p.pipeline = plan_pipeline(s, popt, unlisted);
   const bool staged = p.pp > 1 || in.split_latent_moe || in.split_router;
@@ -253,7 +280,8 @@ Result<Plan> make_plan(const PlanInputs& in) {
   p.kda_recurrent_bytes_per_seq = uint64_t(s.n_kda_layers) * P * uint64_t(s.kda_head_dim) * 4;
   p.kda_state_bytes_per_seq = p.kda_recurrent_bytes_per_seq +
                               uint64_t(s.n_kda_layers) * 3 * uint64_t(std::max<int64_t>(s.kda_conv_kernel - 1, 0)) * P * 2;
-  p.kda_state_per_gpu_bytes_per_seq = p.kda_state_bytes_per_seq / p.tp;
+  // Under DP attention a sequence's state is whole (every head) on its one rank.
+  p.kda_state_per_gpu_bytes_per_seq = in.dp_attention ? p.kda_state_bytes_per_seq : p.kda_state_bytes_per_seq / p.tp;
   if (p.pp > 1) {
     // A layer's MLA pages and KDA state live on its stage: size the pool by the stage that
     // needs the most per token and per sequence (every stage's pool holds the same slots).
@@ -276,7 +304,8 @@ Result<Plan> make_plan(const PlanInputs& in) {
       "activations, CUDA graphs and NCCL buffers live in the other " + fmt("%g", 100 * (1 - in.mem_fraction)) + " %",
       "KV " + std::string(in.kv_dtype_bytes == 1 ? "fp8" : "bf16") + ": " + std::to_string(s.n_mla_layers) +
           " MLA layers x (kv_lora_rank " + std::to_string(s.kv_lora_rank) + " + rope " +
-          std::to_string(s.qk_rope_head_dim) + ") per token, the whole latent on every TP rank (not split)" +
+          std::to_string(s.qk_rope_head_dim) + ") per token, the whole latent on " +
+          (in.dp_attention ? "the sequence's rank" : "every TP rank (not split)") +
           (s.n_dsa_layers > 0 ? "; plus " + std::to_string(s.n_dsa_layers) + " DSA layers x " +
                                     std::to_string(s.dsa_key_bytes) + " B of indexer key (FP8 + fp32 scale)"
                               : std::string()),
@@ -285,6 +314,12 @@ Result<Plan> make_plan(const PlanInputs& in) {
           with_commas(p.context_length) + " tokens long",
       "no prefix-cache sharing, no CPU offload, page rounding ignored (< 1 page per sequence)",
   };
+  if (in.dp_attention)
+    p.kv_assumptions.push_back(
+        "DP attention: a sequence's MLA pages and KDA state (every head) live on its one rank, but every rank "
+        "allocates the whole pool as today and writes only its own sequences' slots and pages, so the " +
+        std::to_string(p.tp) + " ranks together hold the figures above, not " + std::to_string(p.tp) +
+        " x them (per-rank pools: not yet); no prefix cache under DP attention");
 
   // ---- the seeds' whole-VM rule.
   p.vm_nominal_bytes = uint64_t(p.total_gpus) * in.gpu.nominal_bytes;
@@ -303,6 +338,10 @@ Result<Plan> make_plan(const PlanInputs& in) {
                         fmt("%g", in.mem_fraction) + " x " + gb(double(p.usable_per_gpu_bytes)) + " = " +
                         gb(double(p.budget_per_gpu_bytes)) + " is available");
   }
+  if (in.dp_attention && p.left_per_gpu_bytes <= 0)
+    p.reasons.push_back("DP attention holds " + gb(double(tp_bytes + rep_bytes)) +
+                        " of attention, dense, shared-expert, router and vocabulary weights whole on every GPU, and " +
+                        gb(double(ep_share)) + " of routed experts");
   if (p.vm_rule_left_bytes <= 0)
     p.reasons.push_back("whole-machine rule: 92 % of " + gb(double(p.vm_nominal_bytes)) + " = " +
                         gb(kVmRuleFraction * double(p.vm_nominal_bytes)) + " is less than the " +
@@ -334,7 +373,8 @@ std::string format_plan_table(const Plan& p) {
   o << "model            : " << s.name << "\n";
   o << "cluster          : " << in.nodes << " x " << in.gpus_per_node << " " << in.gpu.label << " = "
     << p.total_gpus << " GPUs, TP " << p.tp << " x EP " << p.ep
-    << (p.pp > 1 ? " x PP " + std::to_string(p.pp) : std::string()) << "\n";
+    << (p.pp > 1 ? " x PP " + std::to_string(p.pp) : std::string())
+    << (in.dp_attention ? ", DP attention (each rank attention for its own sequences)" : "") << "\n";
   o << "context length   : " << with_commas(p.context_length) << " tokens, KV cache "
     << (in.kv_dtype_bytes == 1 ? "fp8" : "bf16") << "\n\n";
 
@@ -352,7 +392,8 @@ std::string format_plan_table(const Plan& p) {
   o << buf;
   row("total (the download)", with_commas(int64_t(p.checkpoint_bytes)) + " bytes (" +
                                   gb(double(p.checkpoint_bytes)) + ")");
-  row("per GPU under TP " + std::to_string(p.tp) + " x EP " + std::to_string(p.ep),
+  row((in.dp_attention ? "per GPU under DP attention " : "per GPU under TP ") + std::to_string(p.tp) + " x EP " +
+          std::to_string(p.ep),
       gb(double(p.weights_per_gpu_bytes)) +
           (s.n_experts > 0 ? " (" + std::to_string(p.experts_per_gpu) + " of " + std::to_string(s.n_experts) +
                                  " experts per GPU)"
@@ -366,7 +407,10 @@ std::string format_plan_table(const Plan& p) {
   for (int t : p.valid_tp) valid += (valid.empty() ? "" : ", ") + std::to_string(t);
   row("gcd = " + std::to_string(p.tp_gcd) + ": valid TP sizes", valid);
   for (const auto& c : p.invalid_examples) row("TP " + std::to_string(c.tp) + " fails", c.why);
-  row("TP " + std::to_string(p.tp) + " (this cluster)", p.tp_check.ok ? "valid" : "INVALID: " + p.tp_check.why);
+  row("TP " + std::to_string(p.tp) + " (this cluster)",
+      !p.tp_check.ok     ? "INVALID: " + p.tp_check.why
+      : in.dp_attention ? "valid (DP attention: attention and vocabulary whole on every rank)"
+                         : "valid");
 
   o << "\nMemory per GPU (" << in.gpu.name << ": " << in.gpu.usable_source << ")\n";
   row("usable", gb(double(p.usable_per_gpu_bytes)) + gib(double(p.usable_per_gpu_bytes)));
@@ -382,14 +426,16 @@ std::string format_plan_table(const Plan& p) {
                                     " B indexer keys"
                               : std::string()) +
           ")",
-      with_commas(int64_t(p.kv_bytes_per_token)) + " bytes, on every TP rank");
+      with_commas(int64_t(p.kv_bytes_per_token)) +
+          (in.dp_attention ? " bytes, on the sequence's own rank (DP attention)" : " bytes, on every TP rank"));
   row("KV per sequence at " + with_commas(p.context_length),
       gb(double(p.kv_bytes_per_seq)) + gib(double(p.kv_bytes_per_seq)));
   if (s.n_kda_layers > 0) {
     row("KDA state per sequence (" + std::to_string(s.n_kda_layers) + " layers)",
         gb(double(p.kda_state_bytes_per_seq)) + gib(double(p.kda_state_bytes_per_seq)) +
             "; S alone " + gb(double(p.kda_recurrent_bytes_per_seq)));
-    row("  per GPU (split by heads over TP " + std::to_string(p.tp) + ")",
+    row(in.dp_attention ? "  per GPU (whole: DP attention)"
+                        : "  per GPU (split by heads over TP " + std::to_string(p.tp) + ")",
         gb(double(p.kda_state_per_gpu_bytes_per_seq)));
   }
   row("KV pool if all left memory is KV", with_commas(p.pool_tokens) + " tokens");
@@ -419,7 +465,7 @@ json plan_to_json(const Plan& p) {
                       {"tensors", g.n_tensors}, {"estimated", g.estimated}});
   json invalid = json::array();
   for (const auto& c : p.invalid_examples) invalid.push_back({{"tp", c.tp}, {"why", c.why}});
-  return {
+  json out = {
       {"model", in.shape.name},
       {"gpu", in.gpu.name},
       {"gpus_per_node", in.gpus_per_node},
@@ -454,6 +500,8 @@ json plan_to_json(const Plan& p) {
       {"price_per_gpu_hour", in.price_per_gpu_hour},
       {"cost_per_hour", p.cost_per_hour},
   };
+  if (in.dp_attention) out["dp_attention"] = true;  // absent otherwise: the default output as before
+  return out;
 }
 
 Result<LoadedModel> load_plan_model(const std::string& model) {

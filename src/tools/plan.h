@@ -33,6 +33,8 @@ struct PlanInputs {
   int pp = 1;                     // pipeline stages (--pp-size): tp x pp = every GPU
   bool split_latent_moe = false;  // plan the LatentMoE down/up projections TP-split
   bool split_router = false;      // plan the fp32 router TP-split (by expert)
+  bool dp_attention = false;      // --enable-dp-attention: attention, dense layers, vocabulary
+                                  // whole on every rank, routed experts under EP (PP 1, no split)
   int ep = 0;                     // 0: = tp
   double mem_fraction = 0.85;     // share of usable memory for weights + caches (SGLang's
                                   // --mem-fraction-static, the seed's 0.85)

@@ -20,11 +20,12 @@ constexpr const char* kRouterGroup = "MoE router";
 // Bytes one GPU holds of one layer (or of what comes before / after the layers), by group.
 using GroupMap = std::map<std::string, StageGroupBytes>;
 
-void add(GroupMap& m, const std::string& name, Shard shard, bool split, uint64_t bytes) {
+void add(GroupMap& m, const std::string& name, Shard shard, bool split, uint64_t bytes, bool whole = false) {
   StageGroupBytes& g = m[name];
   g.name = name;
   g.shard = shard;
   g.split_by_option = split;
+  g.whole_by_dp_attention = whole;
   g.per_gpu_bytes += bytes;
 }
 
@@ -59,7 +60,10 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
     const bool split = (opt.split_latent_moe && role == kLatentMoeGroup) || (opt.split_router && role == kRouterGroup);
     const uint64_t n = t.nbytes();
     uint64_t bytes = n;
-    if (shard == Shard::kTensorParallel || split) bytes = n / uint64_t(tp);
+    // DP attention: the dense shard rules take the whole tensor (weight_spec.cpp dense_shard).
+    const bool whole = opt.dp_attention && shard == Shard::kTensorParallel;
+    if (whole) bytes = n;
+    else if (shard == Shard::kTensorParallel || split) bytes = n / uint64_t(tp);
     else if (shard == Shard::kExpertParallel) bytes = uint64_t(double(n) * expert_share);
     // Outside the layers: stage 0's (embedding, vision, and, round the ring, norm and
     // lm_head), but the output AttnRes mix, the last stage's: as the runtime (model/pipeline.h).
@@ -69,7 +73,7 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
       li = std::atoi(t.name.c_str() + layer_prefix.size());
       if (li >= 0 && li < L) into = &layer[size_t(li)];
     }
-    add(*into, role, shard, split, bytes);
+    add(*into, role, shard, split, bytes, whole);
     if (into != &pre && into != &post) {
       if (role == kLatentMoeGroup) replicated_latent[size_t(li)] += n;
       if (role == kRouterGroup) replicated_router[size_t(li)] += n;
@@ -101,7 +105,8 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
     st.has_head = s == 0;  // the ring: logits and sampling where the embedding is
     GroupMap groups;
     auto merge = [&](const GroupMap& m) {
-      for (const auto& [name, g] : m) add(groups, name, g.shard, g.split_by_option, g.per_gpu_bytes);
+      for (const auto& [name, g] : m)
+        add(groups, name, g.shard, g.split_by_option, g.per_gpu_bytes, g.whole_by_dp_attention);
     };
     if (st.has_embedding) merge(pre);
     uint64_t stage_latent = 0, stage_router = 0;
@@ -115,7 +120,8 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
         st.kv_bytes_per_token += mla_row + (ls.dsa_index >= 0 ? uint64_t(shape.dsa_key_bytes) : 0);
       } else {
         ++st.n_kda;
-        st.kda_state_per_gpu_bytes_per_seq += kda_layer_state / uint64_t(tp);
+        // DP attention: every head on the rank that owns the sequence.
+        st.kda_state_per_gpu_bytes_per_seq += opt.dp_attention ? kda_layer_state : kda_layer_state / uint64_t(tp);
       }
       if (ls.mlp == MlpKind::moe) ++st.n_moe;
       else ++st.n_dense_mlp;
@@ -125,16 +131,26 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
       st.groups.push_back(g);
       st.per_gpu_bytes += g.per_gpu_bytes;
     }
-    const uint64_t keep = uint64_t(tp);
+    const uint64_t keep = opt.dp_attention ? 1 : uint64_t(tp);  // DP attention: no split applies
     out.latent_moe_split_saves_per_gpu = std::max(out.latent_moe_split_saves_per_gpu, stage_latent - stage_latent / keep);
     out.router_split_saves_per_gpu = std::max(out.router_split_saves_per_gpu, stage_router - stage_router / keep);
 
     // ---- the stage's collectives: where the forward sums over its TP group (docs/
     // architecture.md, "Parallelism"), none at TP 1.
-    if (tp > 1) {
-      auto coll = [&](const std::string& what, bool gather, int64_t count, uint64_t bytes) {
-        if (count > 0) st.collectives.push_back({what, gather, count, bytes});
-      };
+    auto coll = [&](const std::string& what, bool gather, int64_t count, uint64_t bytes) {
+      if (count > 0) st.collectives.push_back({what, gather, count, bytes});
+    };
+    if (tp > 1 && opt.dp_attention) {
+      // DP attention (model/layers/moe.cpp moe_forward_dp, ModelRunner::step_dp): no o_proj,
+      // dense MLP, shared-expert or embedding all-reduce. Each MoE layer gathers every rank's
+      // rows as a sum (its rows in place, zeros elsewhere; hidden, fp32) and all-reduces the
+      // routed experts' sum over all of them (the LatentMoE width for K3, else hidden; the
+      // shared experts are whole, so not in it); the logits rows are gathered the same way
+      // once a step. Bytes per token of the whole group's step (every rank's rows).
+      coll("DP gather of every rank's rows (sum)", false, st.n_moe, hidden_f32);
+      coll("routed experts' sum all-reduce", false, st.n_moe, latent_f32);
+      if (st.has_head) coll("DP gather of the logits rows (sum)", false, 1, uint64_t(cfg.vocab_size) * 4);
+    } else if (tp > 1) {
       if (st.has_embedding) coll("vocab-parallel embedding all-reduce", false, 1, hidden_f32);
       coll("attention o_proj all-reduce", false, st.n_mla + st.n_kda, hidden_f32);
       coll("dense MLP down all-reduce", false, st.n_dense_mlp, hidden_f32);

@@ -28,6 +28,12 @@ struct PipelineOptions {
   bool split_latent_moe = false;
   // The fp32 router column-split by expert (its logits all-gathered for the top-k).
   bool split_router = false;
+  // DP attention x EP (--enable-dp-attention, ParallelRank::dp_attention): every rank holds
+  // attention, the dense MLPs, the shared experts, the router, the LatentMoE projections and
+  // the vocabulary whole, the routed experts as under EP; a sequence's caches on its one rank.
+  // Per MoE layer the gather of every rank's rows and the routed experts' sum, once a step
+  // the logits rows' gather (model/layers/moe.cpp moe_forward_dp). One stage, no split.
+  bool dp_attention = false;
   int kv_dtype_bytes = 2;  // bf16 2, fp8 1: the stage's MLA pages
 };
 
@@ -36,6 +42,7 @@ struct StageGroupBytes {
   std::string name;            // role_of_tensor()'s name: "MoE router", "KDA attention", ...
   Shard shard = Shard::kReplicated;  // as the loader splits it today
   bool split_by_option = false;      // replicated today, TP-split under this plan's options
+  bool whole_by_dp_attention = false;  // TP-split today, whole on every rank under DP attention
   uint64_t per_gpu_bytes = 0;
 };
 
@@ -57,6 +64,7 @@ struct PipelineStage {
   uint64_t per_gpu_bytes = 0;          // sum of groups
   uint64_t kv_bytes_per_token = 0;     // this stage's MLA layers, whole latent on each rank
   uint64_t kda_state_per_gpu_bytes_per_seq = 0;  // this stage's KDA layers, split by heads
+                                                 // (DP attention: whole, on the sequence's rank)
   std::vector<StageCollective> collectives;
   int64_t collectives_per_step = 0;    // sum of counts
   bool collectives_cross_nodes = false;  // the TP group spans nodes

@@ -2,6 +2,7 @@
 // K3 config. What the projection (bench/project_parallel.py) rests on: per-GPU bytes by
 // stage and group, the collectives a decode step issues and which cross nodes, the hops.
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -182,6 +183,114 @@ TEST(PlanPipeline, TpTimesPpMustBeTheCluster) {
   EXPECT_FALSE(make_plan(in).is_ok());
 }
 
+// DP attention x EP (--enable-dp-attention) at TP 8 x EP 8 on K3: every rank holds every
+// group but the routed experts whole, and 1/8 of the experts; per step two all-reduces a MoE
+// layer (the rows' gather, the experts' sum at the LatentMoE width) and the logits gather,
+// no attention, dense, shared or embedding all-reduce; a sequence's caches whole on its rank.
+Plan dp_plan(int nodes, int tp, int ep) {
+  const auto& m = kimi_k3();
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  PlanInputs in;
+  in.shape = m->shape;
+  in.weights = m->weights;
+  in.gpu = *find_gpu("H200");
+  in.nodes = nodes;
+  in.tp = tp;
+  in.ep = ep;
+  in.dp_attention = true;
+  auto p = make_plan(in);
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return *p;
+}
+
+TEST(PlanPipeline, DpAttentionHoldsAllButTheExpertsWhole) {
+  const auto& m = kimi_k3();
+  ASSERT_TRUE(m.is_ok());
+  Plan dp = dp_plan(1, 8, 8);
+  Plan tp = plan_for("H200", 1, 8, 1);
+  const uint64_t experts = m->weights.bytes_of(Shard::kExpertParallel);
+  const uint64_t non_expert = m->weights.bytes_of(Shard::kTensorParallel) + m->weights.bytes_of(Shard::kReplicated);
+  ASSERT_GT(experts, 0u);
+  EXPECT_NEAR(double(dp.weights_per_gpu_bytes), double(non_expert) + double(experts) / 8, 1.0);
+  ASSERT_EQ(dp.pipeline.stages.size(), 1u);
+  const PipelineStage& st = dp.pipeline.stages[0];
+  // By group: the experts are TP 8 x EP 8's share, every other group its whole-model bytes.
+  EXPECT_NEAR(double(st.per_gpu_bytes), double(non_expert) + double(experts) / 8, 1e3);
+  std::map<std::string, uint64_t> whole;  // a role's bytes over the model (TP and replicated rows)
+  std::map<std::string, bool> is_expert;
+  for (const auto& g : m->weights.groups) {
+    whole[g.name] += g.bytes;
+    is_expert[g.name] = g.shard == Shard::kExpertParallel;
+  }
+  for (const auto& [name, bytes] : whole) {
+    const uint64_t got = group_bytes(st, name);
+    if (is_expert[name]) {
+      EXPECT_NEAR(double(got), double(bytes) / 8, 1e3) << name;
+      EXPECT_EQ(got, group_bytes(tp.pipeline.stages[0], name)) << name;  // as under EP
+    } else {
+      EXPECT_EQ(got, bytes) << name;
+    }
+  }
+  EXPECT_GT(dp.weights_per_gpu_bytes, tp.weights_per_gpu_bytes);
+  for (const auto& g : st.groups) EXPECT_EQ(g.whole_by_dp_attention, g.shard == Shard::kTensorParallel) << g.name;
+
+  // Collectives: 92 MoE layers x (gather + experts' sum) + 1 logits gather; nothing else.
+  ASSERT_EQ(st.collectives.size(), 3u);
+  EXPECT_EQ(dp.pipeline.collectives_per_step, 2 * 92 + 1);
+  EXPECT_EQ(dp.pipeline.cross_node_collectives_per_step, 0);
+  const auto& cfg = m->shape.config;
+  EXPECT_EQ(st.collectives[0].count, 92);
+  EXPECT_EQ(st.collectives[0].bytes_per_token, uint64_t(cfg.hidden_size) * 4);
+  EXPECT_EQ(st.collectives[1].count, 92);
+  EXPECT_EQ(st.collectives[1].bytes_per_token, uint64_t(cfg.routed_expert_hidden_size) * 4);
+  EXPECT_LT(cfg.routed_expert_hidden_size, cfg.hidden_size);
+  EXPECT_EQ(st.collectives[2].count, 1);
+  EXPECT_EQ(st.collectives[2].bytes_per_token, uint64_t(cfg.vocab_size) * 4);
+  for (const auto& c : st.collectives) {
+    EXPECT_FALSE(c.all_gather) << c.what;  // gathers as sums: all-reduces
+    EXPECT_EQ(c.what.find("o_proj"), std::string::npos) << c.what;
+    EXPECT_EQ(c.what.find("shared"), std::string::npos) << c.what;
+    EXPECT_EQ(c.what.find("embedding"), std::string::npos) << c.what;
+  }
+  // Caches: the latent row as before; a sequence's KDA state whole (every head) on its rank.
+  EXPECT_EQ(dp.kv_bytes_per_token, tp.kv_bytes_per_token);
+  EXPECT_EQ(dp.kda_state_per_gpu_bytes_per_seq, dp.kda_state_bytes_per_seq);
+  EXPECT_EQ(tp.kda_state_per_gpu_bytes_per_seq * 8, tp.kda_state_bytes_per_seq);
+  EXPECT_EQ(st.kda_state_per_gpu_bytes_per_seq, dp.kda_state_bytes_per_seq);
+
+  // Over two nodes (TP 16 x EP 16) every one crosses them.
+  Plan two = dp_plan(2, 16, 16);
+  EXPECT_EQ(two.pipeline.cross_node_collectives_per_step, 185);
+}
+
+TEST(PlanPipeline, DpAttentionRefusesStagesAndSplits) {
+  const auto& m = kimi_k3();
+  ASSERT_TRUE(m.is_ok());
+  PlanInputs in;
+  in.shape = m->shape;
+  in.weights = m->weights;
+  in.gpu = *find_gpu("H200");
+  in.nodes = 2;
+  in.tp = 8;
+  in.pp = 2;
+  in.dp_attention = true;
+  auto p = make_plan(in);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("--enable-dp-attention with --pp-size > 1"), std::string::npos)
+      << p.status().message();
+  in.pp = 1, in.tp = 16;
+  in.split_router = true;
+  auto q = make_plan(in);
+  ASSERT_FALSE(q.is_ok());
+  EXPECT_NE(q.status().message().find("--split-router / --split-latent-moe"), std::string::npos) << q.status().message();
+  in.split_router = false, in.split_latent_moe = true;
+  EXPECT_FALSE(make_plan(in).is_ok());
+  in.split_latent_moe = false, in.nodes = 1, in.gpus_per_node = 1, in.tp = 1;
+  auto r = make_plan(in);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("--tp-size >= 2"), std::string::npos) << r.status().message();
+}
+
 std::string run(const std::string& args, int* rc) {
   std::string out;
   FILE* p = popen((std::string(MOONRUN_EXE) + " plan " + args + " 2>&1").c_str(), "r");
@@ -211,6 +320,36 @@ TEST(PlanPipelineCli, PpSizeSetsTheNodesAndPrintsStages) {
   EXPECT_NE(out.find("hop stage 0 -> 1"), std::string::npos) << out;
   EXPECT_NE(out.find("hop stage 1 -> 0"), std::string::npos) << out;
   EXPECT_NE(out.find("280 collectives (0 across nodes)"), std::string::npos) << out;
+}
+
+TEST(PlanPipelineCli, EnableDpAttention) {
+  int rc = 0;
+  // K3's attention, dense and vocabulary weights whole (~114 GB) and 1/16 of the experts do
+  // not fit an H200's 0.85 share: DOES NOT FIT (1), with the reason.
+  std::string out = run("kimi-k3 --gpu H200 --tp-size 16 --ep-size 16 --nnodes 2 --enable-dp-attention", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("DP attention holds"), std::string::npos) << out;
+  EXPECT_NE(out.find("per GPU under DP attention 16 x EP 16"), std::string::npos) << out;
+  EXPECT_NE(out.find("whole (DP)"), std::string::npos) << out;
+  EXPECT_NE(out.find("185 collectives (185 across nodes)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("o_proj"), std::string::npos) << out;
+
+  out = run("kimi-k3 --gpu H200 --tp-size 8 --enable-dp-attention --json", &rc);
+  ASSERT_EQ(rc, 1) << out;
+  json j = json::parse(out);
+  EXPECT_TRUE(j["dp_attention"].get<bool>());
+  EXPECT_EQ(j["pipeline"]["collectives_per_step"].get<int>(), 185);
+
+  out = run("kimi-k3 --gpu H200 --tp-size 8 --pp-size 2 --enable-dp-attention", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--enable-dp-attention with --pp-size > 1"), std::string::npos) << out;
+  out = run("kimi-k3 --gpu H200 --tp-size 8 --split-latent-moe --enable-dp-attention", &rc);
+  EXPECT_EQ(rc, 2) << out;
+
+  // Without the flag: no DP key in the JSON.
+  out = run("kimi-k3 --gpu H200 --tp-size 8 --json", &rc);
+  ASSERT_NE(rc, 2) << out;
+  EXPECT_FALSE(json::parse(out).contains("dp_attention"));
 }
 
 }  // namespace
