@@ -228,7 +228,7 @@ def single_node(a, cfg, measured, copy, ratio):
     batches = sorted(ratio)
     print(f"{a.model} on {a.single_node} x {a.gpu} (one node, TP {a.single_node} x EP {a.single_node}), projected from "
           f"{a.measured} (commit {measured.get('commit', '?')}, {measured.get('gpu', '?')}): copy bandwidth "
-          f"{measured['copy_tb_s']:.2f} TB/s, floor shares " + ", ".join(f"b={b} {ratio[b]:.2f}" for b in batches)
+          f"{copy / 1e12:.2f} TB/s, floor shares " + ", ".join(f"b={b} {ratio[b]:.2f}" for b in batches)
           + f"; {a.context} tokens of context; assumed {a.nvlink_us} us a collective at {a.nvlink_gb_s} GB/s over "
           "NVLink. A projection, not a measurement.\n")
     p = plan(a.moonrun, a.gpu, a.single_node, a.single_node, 1, model=a.model)
@@ -251,7 +251,7 @@ def single_node(a, cfg, measured, copy, ratio):
         json.dump({"what": "projection, not a measurement", "date": datetime.date.today().isoformat(),
                    "model": a.model, "source": a.measured, "commit": measured.get("commit"),
                    "gpu_measured": measured.get("gpu"), "context_tokens": a.context,
-                   "copy_tb_s": measured["copy_tb_s"], "floor_ratio": ratio,
+                   "copy_tb_s_measured": measured["copy_tb_s"], "copy_tb_s_used": copy / 1e12, "floor_ratio": ratio,
                    "assumed": {"nvlink_us": a.nvlink_us, "nvlink_gb_s": a.nvlink_gb_s}, "rows": rows},
                   open(a.json_out, "w"), indent=1)
 
@@ -288,7 +288,12 @@ def main():
         # A share above 1 means the slice's floor overcounted its bytes (its synthetic router
         # touches fewer experts than a uniform one): taken as 1, the kernels at the floor.
         ratio = {d["batch"]: min(1.0, d["floor_ratio"]) for d in measured["decode"]}
-        single_node(a, cfg, measured, measured["copy_tb_s"] * 1e12, ratio)
+        copy = measured["copy_tb_s"] * 1e12
+        if "H100" in measured.get("gpu", "") and a.gpu == "H200":
+            copy *= 4.8 / 3.35  # measured on an H100: the H200's at the same share of its nominal bandwidth
+            print(f"(copy bandwidth taken as the H100's measured {measured['copy_tb_s']:.2f} TB/s x 4.8 / 3.35 = "
+                  f"{copy / 1e12:.2f} TB/s for the H200)")
+        single_node(a, cfg, measured, copy, ratio)
         return
     layers = cfg.get("text_config", cfg)["num_hidden_layers"]
     copy = measured["copy_tb_s"] * 1e12
