@@ -58,12 +58,18 @@ SchedulerOutput Scheduler::schedule() {
   // (kFairCompanySteps): company that left a step ago is likely coming back.
   steps_alone_ = running_.size() + waiting_.size() > 1 ? 0 : std::min(steps_alone_ + 1, kFairCompanySteps);
   const bool shared = steps_alone_ < kFairCompanySteps;
-  const PrefillBudget cost = !shared ? PrefillBudget{}
-                             : paced_.budget > 0 ? paced_
-                             : config_.max_prefill_attention_pairs > 0
-                                 ? PrefillBudget{static_cast<double>(config_.max_prefill_attention_pairs), 0.0, 1.0}
-                                 : PrefillBudget{};
-  double attention_left = cost.budget > 0 ? cost.budget : HUGE_VAL;
+  // A pacer's budget at or below zero (its fitted fixed part at the target: the fit is
+  // degenerate when every step sits at the target, t0 = target and a = c = 0 explaining them
+  // all) leaves no room, not no bound: the prompt advances by the minimum chunk until steps
+  // of other sizes correct the fit. Read as unbounded, as it was, each such step took a whole
+  // chunk (~1.1 s late in a 1M prompt) past the growth bound: the streams' 1 % of ~1 s gaps.
+  const PrefillBudget cost =
+      !shared                ? PrefillBudget{}
+      : paced_.per_pair > 0  ? PrefillBudget{std::max(paced_.budget, 0.0), paced_.per_token, paced_.per_pair}
+      : config_.max_prefill_attention_pairs > 0
+          ? PrefillBudget{static_cast<double>(config_.max_prefill_attention_pairs), 0.0, 1.0}
+          : PrefillBudget{};
+  double attention_left = cost.per_pair > 0 ? cost.budget : HUGE_VAL;
 
   // Running requests: the decodes (one token left to compute) first, then the prefill
   // chunks, each group oldest first, so a long prompt's chunks never hold back the streams

@@ -83,8 +83,9 @@ class Scheduler {
   static constexpr int kFairCompanySteps = 64;
   // Fair chunking by time (engine/prefill_pacer.h): this step's prefill may cost `budget`
   // (seconds, say) with a cost of per_token a token and per_pair a query-key pair; the
-  // decodes scheduled first spend per_token each from it. budget <= 0: the config's
-  // max_prefill_attention_pairs alone (a budget of pairs at one a pair).
+  // decodes scheduled first spend per_token each from it. per_pair <= 0 (no pacer yet): the
+  // config's max_prefill_attention_pairs alone (a budget of pairs at one a pair); budget <= 0
+  // with a pair's cost: no room this step (the minimum chunk), never "no bound".
   struct PrefillBudget {
     double budget = 0, per_token = 0, per_pair = 0;
   };

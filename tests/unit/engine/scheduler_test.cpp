@@ -319,6 +319,26 @@ TEST(Scheduler, FairChunkingBoundsAChunkToItsLastTimesTheGrowth) {
   EXPECT_LE(f.step().seqs[0].n_new_tokens, static_cast<int>(last * Scheduler::kMaxFairChunkGrowth));
 }
 
+// The pacer's fit can put its fixed part at (or past) the target: every step then sits at
+// the target and t0 = target, a = c = 0 explains them all, so target - t0 <= 0. That is a
+// step without room (the minimum chunk), not a step without a bound: read as unbounded, the
+// long prompt took a whole chunk there (bench/long_prompt_serve.py's ~1 s p99 gaps).
+TEST(Scheduler, FairChunkingWithoutRoomGivesTheMinimumChunkNotAWholeOne) {
+  Fixture f(test_pool(1100, 8, 16), {.max_running_requests = 8, .max_tokens_per_step = 4096});
+  Request* stream = f.add(5);
+  f.step();
+  f.add(12000);
+  f.sched.set_prefill_budget({3e6, 0.0, 1.0});
+  f.step();
+  for (const double budget : {0.0, -0.004}) {
+    f.sched.set_prefill_budget({budget, 1e-6, 1e-9});
+    const SchedulerOutput out = f.step();
+    ASSERT_EQ(out.seqs.size(), 2u);
+    EXPECT_EQ(out.seqs[0].req, stream);
+    EXPECT_EQ(out.seqs[1].n_new_tokens, Scheduler::kMinFairChunkTokens) << "budget " << budget;
+  }
+}
+
 // Streams that end together and send their next request a moment later leave a long prompt
 // alone for a step or two. Those steps stay paced: one whole chunk there is a second-long
 // stall for every stream's next request (what bench/long_prompt_serve.py's p99 measured).
