@@ -360,9 +360,14 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
       const auto t0 = std::chrono::steady_clock::now();
       MR_RETURN_IF_ERROR(runner.step(in, out));
       if (step >= c.warmup_steps && !profiling) timed_s += seconds_since(t0);
+      // The next token: a fresh pseudo-random one per sequence and step, not the model's
+      // greedy choice. On a slice's synthetic weights the greedy tokens of a batch collapse
+      // onto a few ids (the caches hold zero rows, so a token's hidden state is its
+      // embedding's), and a batch of equal tokens routes to the same experts: at batch 128 a
+      // K2.7-width slice read ~56 experts a layer where the floor counts ~358.
       for (int i = 0; i < b; ++i) {
         seqs[i].n_past += 1;
-        seqs[i].last = out.samples[static_cast<size_t>(i) * (1 + k)].token;
+        seqs[i].last = tokens_of(i, 1, vocab, c.seed + 1009 + static_cast<uint64_t>(step))[0];
       }
     }
     DecodeFigure f;
@@ -387,6 +392,21 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
       runner.set_op_profile(nullptr);
       f.ops = op_figures(profile, c.profile_steps);
       f.profiled_step_ms = 1e3 * profile.total_seconds() / c.profile_steps;
+      // The experts the profiled steps really read (ProfiledOps counts each call's distinct
+      // experts), per MoE layer: beside the floor's expectation for a uniform router.
+      int moe_layers = 0;
+      for (const LayerSpec& l : rt.config.layers) moe_layers += l.mlp == MlpKind::moe ? 1 : 0;
+      const ModelConfig& mc = rt.config;
+      const double expert_elems = 3.0 * mc.moe_intermediate_size * mc.expert_io_dim();
+      const double scale_bytes = mc.expert_quant == ExpertQuant::int4_g32_sym ? 2.0 : 1.0;
+      const double per_expert = mc.expert_quant == ExpertQuant::none
+                                    ? expert_elems * (rt.dtype_name == "bfloat16" ? 2.0 : 4.0)
+                                    : expert_elems * (0.5 + scale_bytes / 32);
+      double expert_bytes = 0;
+      for (const OpFigure& o : f.ops)
+        if (o.op.rfind("moe_experts", 0) == 0) expert_bytes += o.bytes;  // per step, x and y included
+      if (moe_layers > 0 && per_expert > 0)
+        f.profiled_experts = expert_bytes / moe_layers / per_expert;
     }
     return f;
   };
@@ -529,17 +549,21 @@ std::string format_model_bench(const ModelBenchReport& r) {
   }
   const bool peer = r.peer.has_value();
   if (r.tp_size == 1) {
-    s += "| batch | step (ms) | tok/s | vs b=1 | MB/step (dense + experts + kv + state) | experts/layer | GFLOP/step | "
+    s += "| batch | step (ms) | tok/s | vs b=1 | MB/step (dense + experts + kv + state) | experts/layer (profiled) | GFLOP/step | "
          "binds | floor tok/s | achieved / floor";
     s += peer ? " | llama.cpp tok/s | moonrun / llama.cpp | issue's floor tok/s |\n|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|\n"
               : " |\n|---:|---:|---:|---:|---|---:|---:|---|---:|---:|\n";
   }
   for (const DecodeFigure& f : r.decode) {
     if (r.tp_size > 1) break;  // printed above, without the floor
+    // experts/layer: the floor's (a uniform router's), and in brackets the profiled steps'.
+    char experts[48];
+    if (f.profiled_experts > 0) std::snprintf(experts, sizeof experts, "%.1f (%.1f)", f.expected_experts, f.profiled_experts);
+    else std::snprintf(experts, sizeof experts, "%.1f", f.expected_experts);
     std::snprintf(line, sizeof line,
-                  "| %d | %.3f | %.1f | %.2fx | %.1f (%.1f + %.1f + %.1f + %.1f) | %.1f | %.1f | %s | %.0f | %.2f |",
+                  "| %d | %.3f | %.1f | %.2fx | %.1f (%.1f + %.1f + %.1f + %.1f) | %s | %.1f | %s | %.0f | %.2f |",
                   f.batch, f.step_ms, f.tok_s, f.speedup_vs_b1, f.bytes.total() / 1e6, f.bytes.dense / 1e6,
-                  f.bytes.experts / 1e6, f.bytes.kv_cache / 1e6, f.bytes.state / 1e6, f.expected_experts,
+                  f.bytes.experts / 1e6, f.bytes.kv_cache / 1e6, f.bytes.state / 1e6, experts,
                   f.flops / 1e9, f.floor_binds, f.floor_tok_s, f.floor_ratio);
     s += line;
     if (peer) {
@@ -696,6 +720,7 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
                          {{"dense", f.bytes.dense}, {"experts", f.bytes.experts}, {"kv_cache", f.bytes.kv_cache},
                           {"state", f.bytes.state}}},
                         {"expected_experts_per_layer", f.expected_experts},
+                        {"profiled_experts_per_layer", f.profiled_experts},
                         {"flops", f.flops},
                         {"floor_tok_s", f.floor_tok_s},
                         {"floor_ratio", f.floor_ratio},

@@ -69,6 +69,7 @@ struct DecodeFigure {
   double floor_ratio = 0;    // tok_s / floor_tok_s
   const char* floor_binds = "bytes";  // "bytes" or "flops"
   double expected_experts = 0;  // distinct experts per MoE layer, uniform routing
+  double profiled_experts = 0;  // distinct experts per MoE layer the profiled steps read (0: not profiled)
   std::vector<OpFigure> ops;    // the profiled step, largest first
   double profiled_step_ms = 0;  // the ops' sum in the profiled (eager, synchronised) steps
 };
