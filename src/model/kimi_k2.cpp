@@ -175,15 +175,7 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   const float eps = cfg_.rms_norm_eps;
   const DType act = ops.act_dtype();
   const ForwardBatch& host = *batch.host;
-  if (tp_.dp_attention && T == 0) {
-    // DP attention, no sequence of this rank in the step: its part in every MoE layer's
-    // gather and expert sum all the same (moe_forward_dp), nothing else.
-    const Tensor none = ops.scratch(0, H, DType::F32);
-    for (int i = stage_.first_layer; i < stage_.end_layer; ++i)
-      if (cfg_.layers[i].mlp == MlpKind::moe)
-        moe_forward_dp(ops, w_.layers[i].moe, moe_dims_, none, none, host.dp_tokens, host.dp_rank, none);
-    return;
-  }
+  if (tp_.dp_attention && T == 0) return dp_attention_idle_step(ops, cfg_, stage_, w_.layers, moe_dims_, host);
 
   auto kv_of = [&](const LayerSpec& spec) {
     const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;

@@ -306,15 +306,7 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   };
 
   const ForwardBatch& host = *batch.host;
-  if (tp_.dp_attention && T == 0) {
-    // DP attention, no sequence of this rank in the step: its part in every MoE layer's
-    // gather and expert sum all the same (moe_forward_dp), nothing else.
-    const Tensor none = ops.scratch(0, H, DType::F32);
-    for (int i = stage_.first_layer; i < stage_.end_layer; ++i)
-      if (cfg_.layers[i].mlp == MlpKind::moe)
-        moe_forward_dp(ops, w_.layers[i].moe, moe_dims_, none, none, host.dp_tokens, host.dp_rank, none);
-    return;
-  }
+  if (tp_.dp_attention && T == 0) return dp_attention_idle_step(ops, cfg_, stage_, w_.layers, moe_dims_, host);
   Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
   if (stage_.first()) {
     ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);

@@ -64,6 +64,18 @@ struct TensorParallel {
 // The ring (model/pipeline.h) at the end of a stage's forward: the last stage sends the
 // rows that get logits [rows, hidden] back to stage 0, which receives them and goes on to
 // norm and lm_head. False: this stage is done (it writes no logits).
+// DP attention, no sequence of this rank in the step (TensorParallel::dp_attention): its part
+// in every MoE layer's gather and expert sum all the same (moe_forward_dp), nothing else.
+// layers[i].moe: the stage's MoE weights of layer i (K3's and K2's layer structs alike).
+template <typename Layers>
+void dp_attention_idle_step(Ops& ops, const ModelConfig& cfg, const StageLayers& stage, const Layers& layers,
+                            const MoeDims& dims, const ForwardBatch& host) {
+  const Tensor none = ops.scratch(0, cfg.hidden_size, DType::F32);
+  for (int i = stage.first_layer; i < stage.end_layer; ++i)
+    if (cfg.layers[i].mlp == MlpKind::moe)
+      moe_forward_dp(ops, layers[i].moe, dims, none, none, host.dp_tokens, host.dp_rank, none);
+}
+
 inline bool logit_rows_round_the_ring(Ops& ops, const StageLayers& stage, Tensor rows) {
   if (stage.num_stages == 1) return true;
   if (stage.last()) {
