@@ -123,10 +123,16 @@ void add_vision_tower(GroupTable& t, const json& vc, int64_t text_hidden) {
     est = true;
     return fallback;
   };
-  const uint64_t w = field("vt_hidden_size", 1024), layers = field("vt_num_hidden_layers", 27),
-                 ffn = field("vt_intermediate_size", 4096), qkv = field("qkv_hidden_size", 1536),
-                 patch = field("patch_size", 14), pos_h = field("init_pos_emb_height", 64),
-                 pos_w = field("init_pos_emb_width", 64), mm = field("mm_hidden_size", int64_t(w));
+  // K2.5's vision_config names the tower's sizes as a transformers config does (hidden_size,
+  // num_hidden_layers, intermediate_size; q, k, v each hidden wide) and adds biases to every
+  // linear and LayerNorm, and a patchmerger projector (LayerNorm per patch row, two linears).
+  const bool k25 = vc.value("mm_projector_type", std::string()) == "patchmerger" || vc.contains("hidden_size");
+  const uint64_t w = k25 ? field("hidden_size", 1152) : field("vt_hidden_size", 1024),
+                 layers = k25 ? field("num_hidden_layers", 27) : field("vt_num_hidden_layers", 27),
+                 ffn = k25 ? field("intermediate_size", 4304) : field("vt_intermediate_size", 4096),
+                 qkv = k25 ? w : field("qkv_hidden_size", 1536), patch = field("patch_size", 14),
+                 pos_h = field("init_pos_emb_height", 64), pos_w = field("init_pos_emb_width", 64),
+                 mm = field("mm_hidden_size", int64_t(w));
   uint64_t merge = 4;
   if (auto it = vc.find("merge_kernel_size"); it != vc.end() && it->is_array() && it->size() == 2 &&
                                               (*it)[0].is_number_integer() && (*it)[1].is_number_integer())
@@ -144,7 +150,16 @@ void add_vision_tower(GroupTable& t, const json& vc, int64_t text_hidden) {
   const uint64_t merged = mm * merge;           // 2x2 patches concatenated
   t.bf16(g, R, 1, merged, merged, est);
   t.bf16(g, R, 1, text_hidden, merged, est);
-  t.bf16(g, R, 1, text_hidden, 1, est);         // post_norm
+  if (!k25) {
+    t.bf16(g, R, 1, text_hidden, 1, est);  // post_norm
+    return;
+  }
+  // K2.5: the biases (patch embed, per layer the LayerNorms', wqkv's, wo's, fc0's, fc1's, the
+  // final LayerNorm's) and the projector's pre-norm (weight and bias per patch row) and biases.
+  t.bf16(g, R, 1, w, 1, est);
+  t.bf16(g, R, layers, 2 * w + 3 * qkv + w + ffn + w, 1, est);
+  t.bf16(g, R, 1, w, 1, est);
+  t.bf16(g, R, 1, 2 * mm + merged + text_hidden, 1, est);
 }
 
 }  // namespace

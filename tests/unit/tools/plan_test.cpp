@@ -72,6 +72,29 @@ TEST(PlanWeights, ConfigAloneMatchesTheSeedsCheckpointSize) {
   EXPECT_NEAR(total, kSeedCheckpointBytes, 0.0001 * kSeedCheckpointBytes);
 }
 
+// The deployment guide's fit table: Kimi K2.7 Code is 595.18 GB in INT4. From its config
+// alone (models/kimi-k2.7-code.config.json) the plan's total lands on it: the INT4 experts
+// and the K2.5 MoonViT tower and patchmerger projector sized from the vision_config's
+// transformers-style fields (hidden_size, num_hidden_layers, intermediate_size, biases).
+TEST(PlanWeights, K27CodeConfigGivesTheGuidesDownloadSize) {
+  int rc = -1;
+  FILE* p = popen((std::string(MOONRUN_EXE) + " plan --model " + MOONRUN_SOURCE_DIR +
+                   "/models/kimi-k2.7-code.config.json --gpu H200 --tp-size 8 --ep-size 8 2>&1")
+                      .c_str(),
+                  "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  rc = pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("(595.18 GB)"), std::string::npos) << out;
+  const size_t vision = out.find("vision tower + projector");
+  ASSERT_NE(vision, std::string::npos) << out;
+  EXPECT_EQ(out.substr(vision, out.find('\n', vision) - vision).find("estimated"), std::string::npos)
+      << "the K2.5 tower's sizes are in its vision_config";
+}
+
 TEST(PlanTensorParallel, Gcd96And7168Is32) {
   Plan p = plan_for("H100", 8, 4);
   EXPECT_EQ(p.tp_gcd, 32);
