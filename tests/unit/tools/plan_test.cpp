@@ -93,6 +93,20 @@ TEST(PlanWeights, K27CodeConfigGivesTheGuidesDownloadSize) {
   ASSERT_NE(vision, std::string::npos) << out;
   EXPECT_EQ(out.substr(vision, out.find('\n', vision) - vision).find("estimated"), std::string::npos)
       << "the K2.5 tower's sizes are in its vision_config";
+  // And the guide's "fits, about 443 / 730 / 1,337 GB left" on 8 x H200 / B200 / B300 (92 %
+  // of the VM's memory minus the checkpoint).
+  for (const auto& [gpu, left] : {std::pair{"H200", "about 442.58 GB left"}, std::pair{"B200", "about 729.62 GB left"},
+                                  std::pair{"B300", "about 1,336.82 GB left"}}) {
+    FILE* q = popen((std::string(MOONRUN_EXE) + " plan --model " + MOONRUN_SOURCE_DIR +
+                     "/models/kimi-k2.7-code.config.json --gpu " + gpu + " --tp-size 8 --ep-size 8 2>&1")
+                        .c_str(),
+                    "r");
+    ASSERT_NE(q, nullptr);
+    std::string o;
+    while (size_t n = fread(buf, 1, sizeof buf, q)) o.append(buf, n);
+    pclose(q);
+    EXPECT_NE(o.find(left), std::string::npos) << gpu << ":\n" << o;
+  }
 }
 
 TEST(PlanTensorParallel, Gcd96And7168Is32) {
