@@ -198,15 +198,7 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   } else {
     ops.pipe_recv(h);  // the previous stage's residual stream
   }
-  // Rows whose input is given (the vision tower's rows at an image's placeholders, as
-  // transformers' kimi_k25 masked_scatter puts them) replace their lookups.
-  if (stage_.first() && !host.embed_rows.empty()) {
-    const int64_t n = static_cast<int64_t>(host.embed_rows.size());
-    MR_CHECK(host.embed_values.size() == static_cast<size_t>(n * H)) << "embed_values: " << n << " rows of " << H;
-    Tensor given = ops.scratch(n, H, DType::F32);  // [n, hidden]
-    ops.upload(given, 0, host.embed_values.data(), host.embed_values.size() * sizeof(float));
-    for (int64_t i = 0; i < n; ++i) ops.copy(given.rows_view(i, 1), h.rows_view(host.embed_rows[i], 1));
-  }
+  if (stage_.first()) put_given_rows(ops, host, h);  // an image's rows at its placeholders
 
   Tensor a = ops.scratch(T, H, DType::F32);   // a sub-layer's output
   Tensor xn = ops.scratch(T, H, DType::F32);  // normed, F32 (the router's input)

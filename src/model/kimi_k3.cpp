@@ -313,15 +313,7 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     // Each rank looked up the ids of its vocabulary rows (under DP attention: all of them).
     if (!tp_.dp_attention) ops.all_reduce_sum(h);
   }
-  // Rows whose input is given (the vision tower's rows at an image's placeholders; the
-  // reference's _merge_input_ids_with_image_features) replace their lookups.
-  if (stage_.first() && !host.embed_rows.empty()) {
-    const int64_t n = static_cast<int64_t>(host.embed_rows.size());
-    MR_CHECK(host.embed_values.size() == static_cast<size_t>(n * H)) << "embed_values: " << n << " rows of " << H;
-    Tensor given = ops.scratch(n, H, DType::F32);  // [n, hidden]
-    ops.upload(given, 0, host.embed_values.data(), host.embed_values.size() * sizeof(float));
-    for (int64_t i = 0; i < n; ++i) ops.copy(given.rows_view(i, 1), h.rows_view(host.embed_rows[i], 1));
-  }
+  if (stage_.first()) put_given_rows(ops, host, h);  // an image's rows at its placeholders
 
   // Speculative decoding: the verified rows' recurrent inputs, per KDA layer (replay_state).
   // A step that saves every row in order (a verify step, the shape a graph captures) copies

@@ -76,6 +76,18 @@ void dp_attention_idle_step(Ops& ops, const ModelConfig& cfg, const StageLayers&
       moe_forward_dp(ops, layers[i].moe, dims, none, none, host.dp_tokens, host.dp_rank, none);
 }
 
+// Rows whose input is given (the vision tower's rows at an image's placeholders: the K3
+// reference's _merge_input_ids_with_image_features, transformers' kimi_k25 masked_scatter)
+// replace their embedding lookups in h [T, hidden].
+inline void put_given_rows(Ops& ops, const ForwardBatch& host, Tensor h) {
+  if (host.embed_rows.empty()) return;
+  const int64_t n = static_cast<int64_t>(host.embed_rows.size()), H = h.cols;
+  MR_CHECK(host.embed_values.size() == static_cast<size_t>(n * H)) << "embed_values: " << n << " rows of " << H;
+  Tensor given = ops.scratch(n, H, DType::F32);  // [n, hidden]
+  ops.upload(given, 0, host.embed_values.data(), host.embed_values.size() * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) ops.copy(given.rows_view(i, 1), h.rows_view(host.embed_rows[i], 1));
+}
+
 inline bool logit_rows_round_the_ring(Ops& ops, const StageLayers& stage, Tensor rows) {
   if (stage.num_stages == 1) return true;
   if (stage.last()) {
