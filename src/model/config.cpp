@@ -388,6 +388,24 @@ Status parse_rope_scaling(const FieldReader& r, RopeScaling& out) {
   return Status::ok();
 }
 
+// A nested checkpoint's vision tower (K3's MoonViT-V2, K2.5's MoonViT): its vision_config,
+// run in the checkpoint's dtype (its norm eps follows it: torch_dtype, or transformers 5's
+// "dtype", at the top level or in text_config), and the placeholder its rows replace.
+Status parse_nested_vision(const json& config, const json& tc, const std::string& source, VisionFlavor flavor,
+                           ModelConfig& cfg) {
+  std::string dtype_name;
+  for (const json* level : {&config, &tc})
+    for (const char* key : {"torch_dtype", "dtype"})
+      if (dtype_name.empty() && level->contains(key) && (*level)[key].is_string())
+        dtype_name = (*level)[key].get<std::string>();
+  cfg.vision = MR_TRY(parse_vision_config(config.contains("vision_config") ? config["vision_config"] : json(),
+                                          dtype_name, cfg.hidden_size, source, flavor));
+  if (cfg.vision.enabled && cfg.media_placeholder_token_id < 0)
+    return failed_precondition(source + ": media_placeholder_token_id is missing (the vision tower's rows "
+                                        "replace that token in the prompt)");
+  return Status::ok();
+}
+
 }  // namespace
 
 Status parse_kimi_k3_config(const json& config, const std::string& source, ModelConfig& cfg) {
@@ -411,18 +429,7 @@ Status parse_kimi_k3_config(const json& config, const std::string& source, Model
   MR_RETURN_IF_ERROR(top.get_int("eos_token_id", cfg.eos_token_id, false, cfg.eos_token_id));
   MR_RETURN_IF_ERROR(top.get_int("pad_token_id", cfg.pad_token_id, false, cfg.pad_token_id));
   MR_RETURN_IF_ERROR(top.get_int("media_placeholder_token_id", cfg.media_placeholder_token_id, false, -1));
-  // The tower runs in the checkpoint's dtype (its RMSNorm eps follows it): torch_dtype, or
-  // transformers 5's "dtype", at the top level or in text_config.
-  std::string dtype_name;
-  for (const json* level : {&config, &tc})
-    for (const char* key : {"torch_dtype", "dtype"})
-      if (dtype_name.empty() && level->contains(key) && (*level)[key].is_string())
-        dtype_name = (*level)[key].get<std::string>();
-  cfg.vision = MR_TRY(parse_vision_config(config.contains("vision_config") ? config["vision_config"] : json(),
-                                          dtype_name, cfg.hidden_size, source));
-  if (cfg.vision.enabled && cfg.media_placeholder_token_id < 0)
-    return failed_precondition(source + ": media_placeholder_token_id is missing (the vision tower's rows "
-                                        "replace that token in the prompt)");
+  MR_RETURN_IF_ERROR(parse_nested_vision(config, tc, source, VisionFlavor::kK3, cfg));
   return check_special_tokens(source, cfg);
 }
 
@@ -556,18 +563,8 @@ Status parse_kimi_k2_config(const json& config, const std::string& source, Model
     MR_RETURN_IF_ERROR(top.get_int("eos_token_id", cfg.eos_token_id, false, cfg.eos_token_id));
     MR_RETURN_IF_ERROR(top.get_int("pad_token_id", cfg.pad_token_id, false, cfg.pad_token_id));
     MR_RETURN_IF_ERROR(top.get_int("media_placeholder_token_id", cfg.media_placeholder_token_id, false, -1));
-    // K2.5's MoonViT tower and "patchmerger" projector (vision_config.h's kK25 defaults); the
-    // tower runs in the checkpoint's dtype: torch_dtype or "dtype", at the top or in text_config.
-    std::string dtype_name;
-    for (const json* level : {&config, &tc})
-      for (const char* key : {"torch_dtype", "dtype"})
-        if (dtype_name.empty() && level->contains(key) && (*level)[key].is_string())
-          dtype_name = (*level)[key].get<std::string>();
-    cfg.vision = MR_TRY(parse_vision_config(config.contains("vision_config") ? config["vision_config"] : json(),
-                                            dtype_name, cfg.hidden_size, source, VisionFlavor::kK25));
-    if (cfg.vision.enabled && cfg.media_placeholder_token_id < 0)
-      return failed_precondition(source + ": media_placeholder_token_id is missing (the vision tower's rows "
-                                          "replace that token in the prompt)");
+    // K2.5's MoonViT tower and "patchmerger" projector (vision_config.h's kK25 defaults).
+    MR_RETURN_IF_ERROR(parse_nested_vision(config, tc, source, VisionFlavor::kK25, cfg));
   }
   return check_special_tokens(source, cfg);
 }
