@@ -9,6 +9,16 @@
 
 namespace moonrun {
 
+namespace {
+
+// The logits rows a step gives a sequence: every new token's when it asks for them all or
+// verifies drafts, else its last token's.
+int logit_rows_of(const StepSeq& s) {
+  return s.all_logits || s.n_draft > 0 ? static_cast<int>(s.new_token_ids.size()) : 1;
+}
+
+}  // namespace
+
 int decode_bucket(int n_seqs, int max_seqs) {
   int b = 1;
   while (b < n_seqs && b < 8) b *= 2;
@@ -257,12 +267,33 @@ void ModelRunner::run_state_copies(const std::vector<StateCopy>& copies) {
   }
 }
 
+void ModelRunner::sample_rows(Ops& ops, const StepInput& input, const Tensor& logits,
+                              const std::vector<int32_t>* order, StepOutput& output) {
+  // Each sampling sequence samples from its last logits row; a verifying one from the rows
+  // of its last known token and of each draft.
+  std::vector<int32_t> rows;
+  int row = 0;
+  for (const StepSeq& s : input.seqs) {
+    row += logit_rows_of(s);
+    if (s.sample)
+      for (int j = s.n_draft; j >= 0; --j) rows.push_back(order ? (*order)[row - 1 - j] : row - 1 - j);
+  }
+  if (rows.empty()) return;
+  Tensor to_sample = logits.rows_view(0, static_cast<int64_t>(rows.size()));
+  bool identity = true;
+  for (size_t i = 0; i < rows.size(); ++i) identity = identity && rows[i] == static_cast<int32_t>(i);
+  if (!identity) {
+    Tensor index = ops.scratch(static_cast<int64_t>(rows.size()), 1, DType::I32);
+    ops.upload(index, 0, rows.data(), rows.size() * sizeof(int32_t));
+    to_sample = ops.scratch(static_cast<int64_t>(rows.size()), logits.cols, DType::F32);
+    ops.gather_rows(logits, index.as<int32_t>(), to_sample);
+  }
+  ops.sample(to_sample, input.sampling, output.samples);
+}
+
 Status ModelRunner::step_dp(const StepInput& input, StepOutput& output) {
   const int D = options_.dp_attention_size, me = options_.rank % D;
   const auto owner = [&](const StepSeq& s) { return std::max(s.state_slot, 0) % D; };
-  const auto logit_rows_of = [](const StepSeq& s) {
-    return s.all_logits || s.n_draft > 0 ? static_cast<int>(s.new_token_ids.size()) : 1;
-  };
   // Every rank's tokens and logits rows (rank order), and where this rank's rows start.
   std::vector<int32_t> tokens(static_cast<size_t>(D), 0), rows_of(static_cast<size_t>(D), 0);
   StepInput mine;
@@ -312,22 +343,7 @@ Status ModelRunner::step_dp(const StepInput& input, StepOutput& output) {
       for (size_t i = 0; i < order.size(); ++i)
         ops.download(all_logits.rows_view(order[i], 1), output.logits.data() + i * V);
     }
-    // Each sampling sequence samples from its last row; a verifying one from the rows of its
-    // last known token and of each draft (as step()).
-    std::vector<int32_t> rows;
-    int row = 0;
-    for (const StepSeq& s : input.seqs) {
-      row += logit_rows_of(s);
-      if (s.sample)
-        for (int j = s.n_draft; j >= 0; --j) rows.push_back(order[row - 1 - j]);
-    }
-    if (!rows.empty()) {
-      Tensor index = ops.scratch(static_cast<int64_t>(rows.size()), 1, DType::I32);
-      ops.upload(index, 0, rows.data(), rows.size() * sizeof(int32_t));
-      Tensor to_sample = ops.scratch(static_cast<int64_t>(rows.size()), V, DType::F32);
-      ops.gather_rows(all_logits, index.as<int32_t>(), to_sample);
-      ops.sample(to_sample, input.sampling, output.samples);
-    }
+    sample_rows(ops, input, all_logits, &order, output);
     ops.synchronize();
   } catch (const BackendError& e) {
     ops.abort_collectives(e.what());
@@ -449,32 +465,11 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     // The logits as the model made them (a backend's sampler may edit its rows in place).
     if (input.return_logits) {
       int n_rows = 0;
-      for (const StepSeq& s : input.seqs)
-        n_rows += s.all_logits || s.n_draft > 0 ? static_cast<int>(s.new_token_ids.size()) : 1;
+      for (const StepSeq& s : input.seqs) n_rows += logit_rows_of(s);
       output.logits.resize(static_cast<size_t>(n_rows) * V);
       ops.download(logits.rows_view(0, n_rows), output.logits.data());
     }
-    // Each sampling sequence samples from its last logits row; a verifying one from the
-    // rows of its last known token and of each draft.
-    std::vector<int32_t> rows;
-    int row = 0;
-    for (const StepSeq& s : input.seqs) {
-      row += s.all_logits || s.n_draft > 0 ? static_cast<int>(s.new_token_ids.size()) : 1;
-      if (s.sample)
-        for (int j = s.n_draft; j >= 0; --j) rows.push_back(row - 1 - j);
-    }
-    if (!rows.empty()) {
-      Tensor to_sample = logits.rows_view(0, static_cast<int64_t>(rows.size()));
-      bool identity = true;
-      for (size_t i = 0; i < rows.size(); ++i) identity = identity && rows[i] == static_cast<int32_t>(i);
-      if (!identity) {
-        Tensor index = ops.scratch(static_cast<int64_t>(rows.size()), 1, DType::I32);
-        ops.upload(index, 0, rows.data(), rows.size() * sizeof(int32_t));
-        to_sample = ops.scratch(static_cast<int64_t>(rows.size()), V, DType::F32);
-        ops.gather_rows(logits, index.as<int32_t>(), to_sample);
-      }
-      ops.sample(to_sample, input.sampling, output.samples);
-    }
+    sample_rows(ops, input, logits, nullptr, output);
     ops.synchronize();
     phases.mark(4, sync);
     phases.done();

@@ -156,6 +156,10 @@ class ModelRunner final : public StepRunner {
   ModelRunner() = default;
   Status check(const StepInput& input) const;
   Status step_dp(const StepInput& input, StepOutput& output);  // RunnerOptions::dp_attention_size > 1
+  // Samples each sampling sequence's rows of logits; order maps the step's logits rows (in
+  // its sequences' order) to rows of logits (nullptr: the same rows).
+  void sample_rows(Ops& ops, const StepInput& input, const Tensor& logits, const std::vector<int32_t>* order,
+                   StepOutput& output);
   // padded_seqs: with padding sequences of pad_tokens tokens each up to that count (a graph).
   void build_batch(const StepInput& input, int padded_seqs, int pad_tokens);
   void run_state_copies(const std::vector<StateCopy>& copies);
