@@ -200,20 +200,22 @@ fi
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 FILTER=${SANITIZE_FILTER:--*K3*:*k3*:*Fixtures*}
 # 3c. Speculative decoding (issue #37): the demo model through serve, one stream and 32, with
-#     and without drafts (SPEC_METHODS, default "dspark suffix"; k = 4 and 7), each server's
-#     log kept (with SPEC_PHASES=1 its step phases); then the K3-width slice's verify steps
-#     for k = 1, 2, 4, 8 at batch 1 and 8 beside its decode step. Figures: $OUT/spec-demo.json, $OUT/k3-slice-verify.json.
+#     and without drafts (SPEC_METHODS, default "dspark suffix"; SPEC_K, default "4 7"), each
+#     server's log kept (with SPEC_PHASES=1 its step phases); then (unless SPEC_SLICE=0) the
+#     K3-width slice's verify steps for k = 1, 2, 4, 8 at batch 1 and 8 beside its decode step. Figures: $OUT/spec-demo.json, $OUT/k3-slice-verify.json.
 if want spec; then
   t0=$(date +%s)
   # SPEC_PHASES=1 keeps each server's step-phase log (it synchronises the device at every
   # phase mark, so the figures of such a run are not the ones to quote).
   env ${SPEC_PHASES:+MOONRUN_DEBUG_STEP_PHASES=1} timeout "${SPEC_TIMEOUT:-300}" python3 bench/spec_decode_serve.py --exe "$EXE" --device cuda \
-    --methods ${SPEC_METHODS:-dspark suffix} --k 4 7 --max-tokens 256 --server-logs "$OUT/spec-logs" \
+    --methods ${SPEC_METHODS:-dspark suffix} --k ${SPEC_K:-4 7} --max-tokens 256 --server-logs "$OUT/spec-logs" \
     --json-out "$OUT/spec-demo.json" >"$OUT/spec-demo.log" 2>&1
   rc=$?
   row "serve: speculation, demo ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
     "$(grep -E '^\| (dspark|suffix|ngram)' "$OUT/spec-demo.log" | awk -F'|' '{printf "%s 1x %s 32x %s; ", $2, $7, $8}')"
   grep -E '^\|' "$OUT/spec-demo.log"
+fi
+if want spec && [[ ${SPEC_SLICE:-1} != 0 ]]; then
   SLICE=${SLICE_DIR:-/tmp/k3-slice}
   [[ -f $SLICE/config.json ]] || "$EXE" make-slice --config kimi-k3 --layers kda-dense,kda-moe,mla-moe --out "$SLICE" >"$OUT/make-slice.log" 2>&1
   t0=$(date +%s)
