@@ -171,11 +171,19 @@ int64_t KimiK2::scratch_bytes(int tokens_per_step) const {
 
 void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
   ScratchScope scope(ops);
+  if (tp_.dp_attention && batch.n_tokens() == 0)
+    return dp_attention_idle_step(ops, cfg_, stage_, w_.layers, moe_dims_, *batch.host);
+  Tensor rows = ops.scratch(batch.n_logit_rows(), cfg_.hidden_size, DType::F32);  // [R, hidden]
+  forward_body(ops, batch, pools, rows);
+  forward_head(ops, rows, logits);
+}
+
+void KimiK2::forward_body(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor rows) {
+  ScratchScope scope(ops);
   const int64_t T = batch.n_tokens(), H = cfg_.hidden_size;
   const float eps = cfg_.rms_norm_eps;
   const DType act = ops.act_dtype();
   const ForwardBatch& host = *batch.host;
-  if (tp_.dp_attention && T == 0) return dp_attention_idle_step(ops, cfg_, stage_, w_.layers, moe_dims_, host);
 
   auto kv_of = [&](const LayerSpec& spec) {
     const int64_t layer_rows = static_cast<int64_t>(pools.num_pages) * pools.page_size_tokens;
@@ -221,11 +229,17 @@ void KimiK2::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     }
     ops.add(h, a, h);
   }
-  const int64_t R = batch.n_logit_rows();
-  Tensor rows = ops.scratch(R, H, DType::F32);  // [R, hidden] the rows that get logits
+  MR_CHECK(rows.rows == batch.n_logit_rows() && rows.cols == H) << "forward_body: rows " << rows.rows << " x " << rows.cols;
   if (!stage_.last()) ops.pipe_send(h);  // the next stage goes on from here
   else ops.gather_rows(h, batch.logit_rows, rows);
+}
+
+void KimiK2::forward_head(Ops& ops, Tensor rows, Tensor logits) {
+  ScratchScope scope(ops);
   if (!logit_rows_round_the_ring(ops, stage_, rows)) return;
+  const int64_t R = rows.rows, H = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
+  const DType act = ops.act_dtype();
 
   // Final norm, lm_head.
   Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);

@@ -65,6 +65,9 @@ class KimiK2 final : public Model {
   CacheSpec cache_spec() const override { return cache_spec_of_layers(stage_.first_layer, stage_.end_layer); }
   CacheSpec cache_spec_of_layers(int first_layer, int end_layer) const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
+  int pipeline_stages() const override { return stage_.num_stages; }
+  void forward_body(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor rows) override;
+  void forward_head(Ops& ops, Tensor rows, Tensor logits) override;
   size_t weight_bytes() const override { return weight_bytes_; }
   int64_t max_positions() const override { return rope_rows_.rows; }
   int64_t scratch_bytes(int tokens_per_step) const override;

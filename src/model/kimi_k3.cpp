@@ -283,6 +283,15 @@ uint32_t KimiK3::graph_variant(const ForwardBatch& batch) const {
 
 void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
   ScratchScope scope(ops);
+  if (tp_.dp_attention && batch.n_tokens() == 0)
+    return dp_attention_idle_step(ops, cfg_, stage_, w_.layers, moe_dims_, *batch.host);
+  Tensor rows = ops.scratch(batch.n_logit_rows(), cfg_.hidden_size, DType::F32);  // [R, hidden]
+  forward_body(ops, batch, pools, rows);
+  forward_head(ops, rows, logits);
+}
+
+void KimiK3::forward_body(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor rows) {
+  ScratchScope scope(ops);
   const int64_t T = batch.n_tokens(), H = cfg_.hidden_size;
   const int B = cfg_.attn_res_block_size;
   const float eps = cfg_.rms_norm_eps;
@@ -306,7 +315,6 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   };
 
   const ForwardBatch& host = *batch.host;
-  if (tp_.dp_attention && T == 0) return dp_attention_idle_step(ops, cfg_, stage_, w_.layers, moe_dims_, host);
   Tensor h = ops.scratch(T, H, DType::F32);  // the layer input, then its output
   if (stage_.first()) {
     ops.embedding(w_.embed_tokens.w, vocab_begin_, batch, h);
@@ -408,8 +416,7 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
       ops.copy(h, taps_.rows_view(tap_of_layer_[i] * taps_stride_rows_, T));
     }
   }
-  const int64_t R = batch.n_logit_rows();
-  Tensor rows = ops.scratch(R, H, DType::F32);  // [R, hidden] the rows that get logits
+  MR_CHECK(rows.rows == batch.n_logit_rows() && rows.cols == H) << "forward_body: rows " << rows.rows << " x " << rows.cols;
   if (!stage_.last()) {  // the next stage goes on from here
     ops.pipe_send(h);
     if (n_blocks > 0) ops.pipe_send(blocks.rows_view(0, n_blocks * T));
@@ -420,7 +427,14 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
     }
     ops.gather_rows(h, batch.logit_rows, rows);
   }
+}
+
+void KimiK3::forward_head(Ops& ops, Tensor rows, Tensor logits) {
+  ScratchScope scope(ops);
   if (!logit_rows_round_the_ring(ops, stage_, rows)) return;
+  const int64_t R = rows.rows, H = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
+  const DType act = ops.act_dtype();
 
   // Final norm, lm_head.
   Tensor normed = act == DType::F32 ? rows : ops.scratch(R, H, act);

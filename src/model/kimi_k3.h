@@ -110,6 +110,9 @@ class KimiK3 final : public Model {
   CacheSpec cache_spec() const override { return cache_spec_of_layers(stage_.first_layer, stage_.end_layer); }
   CacheSpec cache_spec_of_layers(int first_layer, int end_layer) const override;
   void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) override;
+  int pipeline_stages() const override { return stage_.num_stages; }
+  void forward_body(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor rows) override;
+  void forward_head(Ops& ops, Tensor rows, Tensor logits) override;
   uint32_t graph_variant(const ForwardBatch& batch) const override;
   int64_t replay_floats_per_token() const override;
   bool set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) override;

@@ -96,6 +96,24 @@ class Model {
   // Appends each sequence's new tokens to its caches and writes the logits of
   // batch.host->logit_rows: logits [n_logit_rows, vocab] F32. Enqueued on the ops' stream.
   virtual void forward(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) = 0;
+  // Pipeline parallelism (model/pipeline.h): the stages of the model; above 1, the runner
+  // may split a step's sequences into micro-batches (ModelRunner::step) and run forward() in
+  // its two parts: forward_body once a micro-batch - this stage's layers, from the previous
+  // stage's hop to the next's; the last stage gathers the pre-norm rows that get logits into
+  // `rows` [n_logit_rows, hidden] F32 instead of sending them - then forward_head once for
+  // all of them: the rows of every micro-batch round the ring in one hop (last stage to the
+  // first) and the head's norm and lm_head on the first stage into logits [rows, vocab].
+  // forward() is forward_body + forward_head for one batch. Why the ring waits for every
+  // micro-batch: a hop is a rendezvous, so the first stage must have sent its last
+  // micro-batch before it can take rows back (the last stage would otherwise wait to send
+  // while the first waits to send it the next micro-batch).
+  virtual int pipeline_stages() const { return 1; }
+  virtual void forward_body(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor rows) {
+    throw BackendError("this model has no pipeline stages");
+  }
+  virtual void forward_head(Ops& ops, Tensor rows, Tensor logits) {
+    throw BackendError("this model has no pipeline stages");
+  }
   // The vision tower (kimi_k3 with vision_tower.* weights): the rows that replace the
   // prompt's media placeholder run for `images`, in prompt order, [sum of num_tokens,
   // hidden] F32 on the host. A forward takes them through ForwardBatch::embed_rows.

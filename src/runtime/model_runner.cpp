@@ -380,6 +380,74 @@ Result<std::vector<float>> ModelRunner::encode_images(std::span<const vision::Im
   }
 }
 
+Status ModelRunner::check_positions() const {
+  const int64_t model_positions = model_->max_positions();
+  for (const BatchSeq& s : batch_.seqs) {
+    if (draft_ && s.n_past + s.n_new > draft_pool_.rope.rows)
+      return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
+                              ", past the DSpark draft's " + std::to_string(draft_pool_.rope.rows) + " rope rows");
+    if (model_positions > 0 && s.n_past + s.n_new > model_positions)
+      return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
+                              ", past the model's " + std::to_string(model_positions) +
+                              " positions (its rope table; --context-length sizes it)");
+  }
+  return Status::ok();
+}
+
+std::vector<int> ModelRunner::micro_batch_starts(const StepInput& input, bool graph) const {
+  const int stages = model_->pipeline_stages();
+  const int want = options_.pipeline_micro_batches > 0 ? options_.pipeline_micro_batches : stages;
+  const int n = static_cast<int>(input.seqs.size());
+  if (stages <= 1 || want <= 1 || graph || n < 2 || draft_) return {};
+  int64_t total = 0;
+  for (const StepSeq& s : input.seqs) {
+    // Saved rows for a rollback and image rows are numbered over the whole step.
+    if (s.n_draft > 0 || !s.given_at.empty()) return {};
+    total += static_cast<int64_t>(s.new_token_ids.size());
+  }
+  // Contiguous groups of about equal tokens (a prefill chunk beside decodes gets a group of
+  // its own), every group at least one sequence.
+  const int M = std::min(want, n);
+  std::vector<int> starts{0};
+  int64_t tokens = 0;
+  for (int i = 1; i < n && static_cast<int>(starts.size()) < M; ++i) {
+    tokens += static_cast<int64_t>(input.seqs[i - 1].new_token_ids.size());
+    const int groups_left = M - static_cast<int>(starts.size());
+    if (n - i == groups_left || tokens * M >= total * static_cast<int64_t>(starts.size())) starts.push_back(i);
+  }
+  return starts;
+}
+
+Status ModelRunner::forward_micro_batches(Ops& ops, const StepInput& input, const std::vector<int>& starts,
+                                          Tensor logits) {
+  // The rows that get logits, every micro-batch's in step order: filled on the last stage,
+  // sent round the ring once (Model::forward_head).
+  const Tensor rows = ops.scratch(logits.rows, model_->config().hidden_size, DType::F32);
+  const size_t mark = ops.scratch_mark();
+  int64_t at = 0;
+  StepInput part;
+  for (size_t g = 0; g < starts.size(); ++g) {
+    const int begin = starts[g];
+    const int end = g + 1 < starts.size() ? starts[g + 1] : static_cast<int>(input.seqs.size());
+    part.seqs.assign(input.seqs.begin() + begin, input.seqs.begin() + end);
+    // The batch tables' staging is rewritten by the next upload: the previous one must have
+    // been copied (on a GPU this waits for this stage's part of the micro-batch before, and
+    // the later stages go on with it meanwhile).
+    if (g > 0) ops.synchronize();
+    ops.scratch_rewind(mark);
+    build_batch(part, end - begin, 1);
+    MR_RETURN_IF_ERROR(check_positions());
+    const BatchView view = ops.upload_batch(batch_);
+    const int64_t r = view.n_logit_rows();
+    model_->forward_body(ops, view, pools_, rows.rows_view(at, r));
+    at += r;
+    ++micro_batches_;
+  }
+  ops.scratch_rewind(mark);
+  model_->forward_head(ops, rows, logits);
+  return Status::ok();
+}
+
 Status ModelRunner::step(const StepInput& input, StepOutput& output) {
   if (!failed_.is_ok()) return failed_;
   if (options_.fail_after_steps >= 0 && steps_ >= options_.fail_after_steps)
@@ -406,6 +474,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
               (tokens_each == 1 || s.n_draft == tokens_each - 1);
   const bool graph = options_.cuda_graphs && ops.captures() && uniform && n_seqs <= options_.max_seqs_per_step;
   const int padded = graph ? decode_bucket(n_seqs, options_.max_seqs_per_step) : n_seqs;
+  const std::vector<int> micro = micro_batch_starts(input, graph);
   static DebugPhases phases("runner step", {"previous work", "replays", "copies+batch", "forward", "sample"});
   const auto sync = [&] { ops.synchronize(); };
   try {
@@ -417,28 +486,27 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     ops.reset_scratch();
     run_state_copies(input.before);
     if (padded > n_seqs && !pools_.state.empty()) ops.zero(pools_.state.rows_view(pad_slot_, 1));
-    build_batch(input, padded, tokens_each);
     for (const StepSeq& s : input.seqs) tokens_computed_ += static_cast<int64_t>(s.new_token_ids.size());
+    const int V = vocab();
+    Tensor logits;  // [rows, vocab]
+    if (micro.size() > 1) {
+      int n_rows = 0;
+      for (const StepSeq& s : input.seqs) n_rows += logit_rows_of(s);
+      logits = ops.scratch(n_rows, V, DType::F32);
+      last_saved_rows_ = 0;
+      MR_RETURN_IF_ERROR(forward_micro_batches(ops, input, micro, logits));
+    } else {
+    build_batch(input, padded, tokens_each);
     last_saved_rows_ = static_cast<int>(batch_.save_rows.size());
     const BatchView view = ops.upload_batch(batch_);
     phases.mark(2, sync);
-    const int V = vocab();
-    const Tensor logits = ops.scratch(view.n_logit_rows(), V, DType::F32);  // [rows, vocab]
+    logits = ops.scratch(view.n_logit_rows(), V, DType::F32);
     // The draft's context rows of every token this step computed (drafts included: a
     // rejected one's row lies past the next anchor, unseen, until overwritten), in the same
     // graph as the forward.
     // Tables per position (rope rows) bound the positions a step may reach; a graph replay
     // would not check.
-    const int64_t model_positions = model_->max_positions();
-    for (const BatchSeq& s : batch_.seqs) {
-      if (draft_ && s.n_past + s.n_new > draft_pool_.rope.rows)
-        return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
-                                ", past the DSpark draft's " + std::to_string(draft_pool_.rope.rows) + " rope rows");
-      if (model_positions > 0 && s.n_past + s.n_new > model_positions)
-        return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
-                                ", past the model's " + std::to_string(model_positions) +
-                                " positions (its rope table; --context-length sizes it)");
-    }
+    MR_RETURN_IF_ERROR(check_positions());
     const auto body = [&] {
       model_->forward(ops, view, pools_, logits);
       if (draft_) draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);
@@ -452,6 +520,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
       ++graph_replays_;
     } else {
       body();
+    }
     }
     run_state_copies(input.after);
     phases.mark(3, sync);

@@ -74,6 +74,7 @@ struct RunnerStats {
   int64_t steps = 0;
   int64_t graph_replays = 0;    // decode steps replayed from a captured graph
   int64_t tokens_computed = 0;  // new tokens through the model, all steps
+  int64_t micro_batches = 0;    // pipeline micro-batches run (steps split into several)
 };
 
 class StepRunner {
@@ -121,6 +122,11 @@ struct RunnerOptions {
   // size: a sequence's caches stay on one rank for its life) and meets the others at each
   // MoE layer; the logits rows are gathered for rank 0 to sample in the step's order.
   int dp_attention_size = 1;
+  // Pipeline stages (Model::pipeline_stages() > 1): a step of several sequences runs as up to
+  // this many micro-batches (0: as many as the stages; 1: none), so that while a later stage
+  // works on one the earlier stages go on with the next. Eager steps only (a captured decode
+  // graph is one batch), and not for steps that verify drafts or bring image rows.
+  int pipeline_micro_batches = 0;
 };
 
 class ModelRunner final : public StepRunner {
@@ -137,7 +143,7 @@ class ModelRunner final : public StepRunner {
   Ops& ops() { return *ops_; }
   Model& model() { return *model_; }
   const CachePools& pools() const { return pools_; }
-  RunnerStats stats() const override { return {steps_, graph_replays_, tokens_computed_}; }
+  RunnerStats stats() const override { return {steps_, graph_replays_, tokens_computed_, micro_batches_}; }
   int64_t free_bytes() const override { return ops_->free_bytes(); }
   Result<std::vector<float>> encode_images(std::span<const vision::ImagePatches* const> images) override;
   bool set_op_profile(OpProfile* profile) override {
@@ -156,6 +162,14 @@ class ModelRunner final : public StepRunner {
   ModelRunner() = default;
   Status check(const StepInput& input) const;
   Status step_dp(const StepInput& input, StepOutput& output);  // RunnerOptions::dp_attention_size > 1
+  // The step's sequences cut into micro-batches for pipeline stages: each group's first
+  // sequence (empty or one group: the step runs whole).
+  std::vector<int> micro_batch_starts(const StepInput& input, bool graph) const;
+  // The positions batch_ reaches against the model's (and a DSpark draft's) tables.
+  Status check_positions() const;
+  // Runs the step's forward as micro-batches (Model::forward_body each, forward_head once),
+  // writing logits [all rows, vocab]. Returns a position error like the whole step's.
+  Status forward_micro_batches(Ops& ops, const StepInput& input, const std::vector<int>& starts, Tensor logits);
   // Samples each sampling sequence's rows of logits; order maps the step's logits rows (in
   // its sequences' order) to rows of logits (nullptr: the same rows).
   void sample_rows(Ops& ops, const StepInput& input, const Tensor& logits, const std::vector<int32_t>* order,
@@ -182,6 +196,7 @@ class ModelRunner final : public StepRunner {
   int last_saved_rows_ = 0;            // rows the last forward saved there
   int64_t steps_ = 0;
   int64_t graph_replays_ = 0;
+  int64_t micro_batches_ = 0;
   int64_t tokens_computed_ = 0;
   OpProfile* profile_ = nullptr;
   std::unique_ptr<DSparkDraft> draft_;

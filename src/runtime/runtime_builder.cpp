@@ -446,6 +446,7 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
   ro.max_tokens_per_step = o.max_tokens_per_step;
   ro.cuda_graphs = o.cuda_graphs && !o.dp_attention;  // RuntimeOptions::dp_attention
   ro.dp_attention_size = o.dp_attention ? o.tp_size : 1;
+  ro.pipeline_micro_batches = o.pp_micro_batches;
   ro.fail_after_steps = o.fail_after_steps;
   ro.num_speculative_tokens = o.num_speculative_tokens;
   ro.max_positions = o.context_length > 0 ? o.context_length : std::max<int64_t>(lr.config.max_position_embeddings, 0);

@@ -44,6 +44,7 @@ struct RuntimeOptions {
   // prefix cache (a cached prefix lives on the rank that computed it) and CUDA graphs (a
   // step's shape is every rank's) for now.
   bool dp_attention = false;
+  int pp_micro_batches = 0;  // RunnerOptions::pipeline_micro_batches (0: one per stage, 1: none)
   // The ranks this process runs: [first_rank, first_rank + local_ranks) (0: all of them).
   // Ranks in other processes are reached through make_comm: group s < pp_size is stage s's
   // tensor-parallel group, group pp_size + s * tp_size + t the ring link from stage s's rank

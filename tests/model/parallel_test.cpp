@@ -181,6 +181,47 @@ TEST(Parallel, MixedBatchesMatchOneRank) {
   }
 }
 
+// Pipeline micro-batches (issue 41, item 1): a step of several sequences runs as up to one
+// micro-batch a stage (ModelRunner::forward_micro_batches: each stage's forward once a
+// micro-batch, the rows round the ring once at the end), so an earlier stage goes on with the
+// next micro-batch while a later one works. The same mixed prefill/decode steps as above at
+// PP 2 x TP 2 x EP 2 and PP 3 (k2-tiny and k3-tiny-b: 3 stages of their layers), micro-batches
+// on (one a stage) and off: the greedy tokens of one rank, logits within fp32 rounding, and
+// the runner really split its steps.
+TEST(Parallel, PipelineMicroBatchesMatchOneRank) {
+  struct Case {
+    const char* fixture;
+    int tp, ep, pp;
+  };
+  for (const Case c : {Case{"k3-tiny-b", 2, 2, 2}, Case{"k3-tiny-b", 1, 1, 3}, Case{"k2-tiny", 1, 1, 3}}) {
+    SCOPED_TRACE(std::string(c.fixture) + " pp" + std::to_string(c.pp) + " tp" + std::to_string(c.tp));
+    const std::string dir = fixtures_dir() + "/" + c.fixture;
+    RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+    const int vocab = config.contains("text_config") ? config["text_config"].value("vocab_size", 0)
+                                                     : config.value("vocab_size", 0);
+    ASSERT_GT(vocab, 0);
+    const int n = 10, max_tokens = 5;
+    const auto one = testing::run_batched(dir, n, max_tokens, 7, vocab, ro);
+    ro.tp_size = c.tp;
+    ro.ep_size = c.ep;
+    ro.pp_size = c.pp;
+    for (const int micro : {0, 1}) {
+      ro.pp_micro_batches = micro;
+      int64_t micro_batches = -1;
+      const auto par = testing::run_batched(dir, n, max_tokens, 7, vocab, ro, nullptr, &micro_batches);
+      ASSERT_EQ(one.size(), par.size());
+      if (micro == 0) EXPECT_GT(micro_batches, 0) << "no step was split";
+      else EXPECT_EQ(micro_batches, 0);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(one[i].tokens, par[i].tokens) << "micro " << micro << ", sequence " << i;
+        EXPECT_LE(max_abs_diff(one[i].logits, par[i].logits), kRelTol * max_abs(one[i].logits))
+            << "micro " << micro << ", sequence " << i;
+      }
+    }
+  }
+}
+
 // The router split by expert and the LatentMoE projections split over the TP ranks (issue
 // 41, item 2): the logits and the latent rows gathered, the up projection's partial sums
 // reduced with the shared experts'. K2 has no LatentMoE: its router alone splits.

@@ -54,7 +54,8 @@ inline std::vector<SeqResult> run_alone(const std::string& dir, int n_seqs, int 
 // two newcomers join per step, so prefills and decodes share steps; a finished sequence's
 // slot and pages go to the next one.
 inline std::vector<SeqResult> run_batched(const std::string& dir, int n_seqs, int max_tokens, int batch, int vocab,
-                                          RuntimeOptions ro, int64_t* graph_replays = nullptr) {
+                                          RuntimeOptions ro, int64_t* graph_replays = nullptr,
+                                          int64_t* micro_batches = nullptr) {
   constexpr int kPageSize = 16, kPagesPerSeq = 5;  // 80 >= 70 + 8 tokens
   ro.max_running_requests = batch;
   ro.max_total_tokens = static_cast<int64_t>(batch) * kPagesPerSeq * kPageSize;
@@ -117,6 +118,7 @@ inline std::vector<SeqResult> run_batched(const std::string& dir, int n_seqs, in
     }
   }
   if (graph_replays) *graph_replays = rt.runner->stats().graph_replays;
+  if (micro_batches) *micro_batches = rt.runner->stats().micro_batches;
   return out;
 }
 
