@@ -770,6 +770,24 @@ TEST_P(BackendOps, MlaDecodeOverManyHeadsTma) {
 
 // ---- MoE --------------------------------------------------------------------------------
 
+// Sets an environment variable for a scope, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, old_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
 TEST_P(BackendOps, RouterAndExperts) {
   Backends& B = b();
   const int T = 21, E = 16, K = 4, Dm = 64, I = 96;
@@ -811,14 +829,19 @@ TEST_P(BackendOps, RouterAndExperts) {
   // Hopper, the warpgroup-MMA kernel (600x256x384: ~185 slots an expert, one pass of three
   // n64 tiles; 1100x128x256: ~340, two passes, the second partial). Edge scales: E8M0 0, 1,
   // 127, 128 and 129, 130 past the one-multiply range, in the decode kernel's both parts and
-  // the wgmma kernel's two-step path.
+  // the wgmma kernel's two-step path. 4x7168x256: w1 / w3's 7168 inputs (K2's hidden width)
+  // are past two tiles' shared memory, so the decode kernel runs with one m16 tile a block
+  // (MOONRUN_EXPERT_ONE_TILE=1, set for this test; the gated launch takes 8 rows of each
+  // matrix), edge scales included.
+  ScopedEnv one_tile("MOONRUN_EXPERT_ONE_TILE", "1");
   struct Shape {
     int T, Dm, I;
     bool edge_scales = false;
   };
   for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}, Shape{5, 1344, 192},
                          Shape{1, 512, 768}, Shape{7, 768, 512}, Shape{7, 512, 256, true}, Shape{3, 1024, 1024},
-                         Shape{8, 1024, 576, true}, Shape{600, 256, 384}, Shape{1100, 128, 256, true}}) {
+                         Shape{8, 1024, 576, true}, Shape{600, 256, 384}, Shape{1100, 128, 256, true},
+                         Shape{4, 7168, 256, true}}) {
     const int Tn = sh.T, Dn = sh.Dm, In = sh.I;
     std::vector<int32_t> ids;
     for (int t = 0; t < Tn; ++t)
@@ -1051,23 +1074,6 @@ struct Int4Shape {
   int T, K, Dm, I, first, count;
 };
 
-// Sets an environment variable for a scope, restoring what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 void int4_experts_match_the_cpu(Backends& B, const std::vector<Int4Shape>& shapes, bool fast) {
   const int E = 16;
@@ -1173,11 +1179,13 @@ TEST_P(BackendOps, Int4ExpertsMatchTheCpu) {
 // stream kernel where in % 64 == 0, out % 32 == 0 and the tile fits (moe_ops.h): 1 token x
 // top 8 (one token an expert); 8 x top 2 and 8 x top 8 (up to 8 an expert); gate/up in 1024
 // (16 slices: 8 copied, 8 read as the tail) and down in 576 (9: 1 copied); down in 256 (4
-// slices, all tail); K2's hidden width 7168 (gate/up's tile is past the stream kernel's
-// shared memory: the tensor-core kernel at one n8 fragment; down in 256 streams); a shard;
+// slices, all tail); K2's hidden width 7168 (gate/up past two tiles' shared memory: the
+// stream kernel with one m16 tile a block, MOONRUN_EXPERT_ONE_TILE=1 set for this test, 8 rows
+// of gate and of up; down in 256); a shard;
 // and 1056 x 96, neither a whole number of 64-wide slices: not re-laid, the reference kernel.
 TEST_P(BackendOps, Int4FastDecodeExpertsMatchTheCpu) {
   const int E = 16;
+  ScopedEnv one_tile("MOONRUN_EXPERT_ONE_TILE", "1");
   int4_experts_match_the_cpu(b(),
                              {{1, 8, 1024, 576, 0, E}, {8, 2, 1024, 576, 0, E}, {8, 8, 512, 256, 0, E},
                               {4, 8, 7168, 256, 0, E}, {8, 8, 1024, 576, 4, 8}, {1, 2, 1056, 96, 0, E}},
@@ -1194,6 +1202,21 @@ TEST_P(BackendOps, Int4FastPrefillExpertsMatchTheCpu) {
   int4_experts_match_the_cpu(b(),
                              {{150, 8, 256, 192, 0, E}, {250, 8, 512, 256, 0, E}, {300, 8, 128, 320, 0, E},
                               {21, 4, 64, 96, 0, E}, {150, 8, 7168, 128, 0, E}, {250, 8, 256, 192, 4, 8}},
+                             /*fast=*/true);
+}
+
+// MOONRUN_INT4_WGMMA=1 on top of MOONRUN_INT4_FAST=1, prefill-sized steps (>= kWgmmaMinTokens
+// tokens, moe_ops.h; sm_90a): the warpgroup-MMA kernel of expert_linear_wgmma.cu takes the
+// re-laid words where out % 128 == 0, feeding q * scale rounded to bf16 (its contract: the
+// header) - K2's hidden width 7168 (224 scale groups: gate/up's shared-memory scales at their
+// largest), 600 tokens x top 8 at width 256 (~370 tokens an expert: two 256-token passes),
+// and a shard. A permuted k, a wrong scale group or a lost pass is an O(1) error; the bf16
+// rounding of the weights is 2^-9 relative, inside the bf16 check's allowance. On the f32
+// backend x is fp32 and the reference kernel runs.
+TEST_P(BackendOps, Int4WgmmaPrefillExpertsMatchTheCpu) {
+  const int E = 16;
+  ScopedEnv wgmma("MOONRUN_INT4_WGMMA", "1");
+  int4_experts_match_the_cpu(b(), {{600, 8, 256, 256, 0, E}, {520, 8, 7168, 256, 0, E}, {600, 8, 256, 128, 4, 8}},
                              /*fast=*/true);
 }
 

@@ -40,6 +40,12 @@
 // persistent kernel with two 16-row stages a block (x read once per 16 rows instead of 32:
 // 0.148 ms).
 //
+// Wide inputs (K2's gate/up: 7168 at hidden 7168, a 32-row tile of 114 KB with its scales)
+// take tiles of one m16 (16 rows, 57 KB): x is then shared by 16 rows instead of 32, and a
+// gated block takes 8 rows of gate and 8 of up (tile rows g and g + 8), so each output's two
+// sums still meet in one thread. Before, such shapes went to expert_linear_mma.cu's kernel,
+// which reads each row's slices per warp without the whole-tile copies.
+//
 // The eight warps split the reduction: warp w takes the 64-wide slices w, w + 8, ... and the
 // partial tiles are added in warp order, so the result is the same on every run. (Warp w's
 // slices are its copied ones w, w + 8, ... and then its tail slice, copied slices + w: the
@@ -59,6 +65,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/common/bulk_copy.cuh"
@@ -75,8 +82,9 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTiles = 2;               // m16 tiles per block, each warp works on both
-constexpr int kRows = 16 * kTiles;      // per block
+// m16 tiles per block (each warp works on all): two, or one where two tiles' rows would not
+// fit in shared memory (inputs past ~6k: K2's gate/up at hidden 7168).
+constexpr int kMaxTiles = 2;
 constexpr int kMaxTokens = 8;    // per expert: one n8 fragment
 constexpr int kSlice = 64;       // k per warp per round: four k16 MMA steps
 // Bytes after each code row in shared memory. 16 leaves the 64-bit reads two-way bank
@@ -98,13 +106,24 @@ __host__ __device__ constexpr int copied_code_bytes(int in) { return copied_slic
 // Scale bytes of one row: E8M0 one byte a group of 32, INT4's bf16 two.
 __host__ __device__ constexpr int row_scale_bytes(int in, bool int4) { return int4 ? in / 16 : in / 32; }
 
-// Shared memory of one block: [mbarrier][32 code rows: the copied slices, each row padded by
-// kRowPad][32 x in / 32 scales], and afterwards, over the rows, warps 1..7's partial tiles.
-constexpr size_t kPartialBytes = (kWarps - 1) * kTiles * 4 * 32 * sizeof(float);
-size_t tile_smem_bytes(int in, bool int4) {
-  const size_t tile = static_cast<size_t>(kRows) * (copied_code_bytes(in) + kRowPad) +
-                      static_cast<size_t>(kRows) * row_scale_bytes(in, int4);
-  return kBarrierBytes + (tile > kPartialBytes ? tile : kPartialBytes);
+// Shared memory of one block: [mbarrier][16 x tiles code rows: the copied slices, each row
+// padded by kRowPad][16 x tiles x in / 32 scales], and afterwards, over the rows, warps 1..7's
+// partial tiles.
+constexpr size_t partial_bytes(int tiles) { return (kWarps - 1) * tiles * 4 * 32 * sizeof(float); }
+size_t tile_smem_bytes(int in, bool int4, int tiles) {
+  const size_t rows = 16 * static_cast<size_t>(tiles);
+  const size_t tile = rows * (copied_code_bytes(in) + kRowPad) + rows * row_scale_bytes(in, int4);
+  return kBarrierBytes + (tile > partial_bytes(tiles) ? tile : partial_bytes(tiles));
+}
+constexpr size_t kMaxTileSmemBytes = 100 * 1024;
+// Tiles a block of this shape takes: 2 where they fit, else 1 (else 0: not this kernel).
+// One-tile blocks only with MOONRUN_EXPERT_ONE_TILE=1 until measured on a GPU; without it
+// such shapes go to expert_linear_mma.cu, as before.
+int tiles_for(int in, bool int4) {
+  if (tile_smem_bytes(in, int4, kMaxTiles) <= kMaxTileSmemBytes) return kMaxTiles;
+  const char* v = std::getenv("MOONRUN_EXPERT_ONE_TILE");  // read at each call: the op tests set it
+  if (v == nullptr || v[0] != '1') return 0;
+  return tile_smem_bytes(in, int4, 1) <= kMaxTileSmemBytes ? 1 : 0;
 }
 
 // x[16t .. 16t + 15] of slice sl of token row xr (MXFP4); INT4: x[8t .. 8t + 7] and
@@ -147,7 +166,7 @@ __device__ __forceinline__ void slice_mma(uint2 ca, uint2 cb, const uint8_t* sca
 // acc[m16 tile]. x_next holds the first one's x; each slice asks for the next one's, and the
 // last for slice `then`'s (the warp's tail slice; -1: none). (Two slices ahead was measured
 // too: no faster at 1-8 tokens.)
-template <Mode kMode>
+template <Mode kMode, int kTiles>
 __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, const uint8_t* scales, int scale_bytes,
                                             const bf16* xr, int n_copied, int then, int warp, int gid, int t,
                                             uint4 x_next[2], float acc[kTiles][4]) {
@@ -170,8 +189,9 @@ __device__ __forceinline__ void tile_slices(const uint8_t* codes, int stride, co
 // One matrix (y), or the gate and up projections of one shape over the same x and groups,
 // stored as h = act(gate, up) in bf16 (kGated): the SiTU between the up and down projections
 // applied as the sums are stored, so neither fp32 product goes through memory and the
-// elementwise kernel goes. A gated block takes 16 rows of each (tile 0 the gate's, tile 1
-// the up's rows of the same indices), so both sums of an output are in the same thread.
+// elementwise kernel goes. A gated block of two tiles takes 16 rows of each (tile 0 the
+// gate's, tile 1 the up's rows of the same indices); of one tile, 8 of each (the tile's rows
+// g the gate's, g + 8 the up's): either way both sums of an output are in the same thread.
 struct Jobs {
   StackedExperts gate, up;  // up: kGated only
   float* y = nullptr;       // !kGated: [slots, out] fp32
@@ -179,9 +199,11 @@ struct Jobs {
   ActivationParams act;
 };
 
-template <bool kGated, bool kInt4>
+template <bool kGated, bool kInt4, int kTiles>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     grouped_mxfp4_tile_kernel(const bf16* __restrict__ x, int x_row_div, Jobs jobs, ExpertGroups g) {
+  constexpr int kRows = 16 * kTiles;                   // tile rows a block
+  constexpr int kHalf = kRows / 2;                     // kGated: rows of each matrix
   extern __shared__ uint4 smem[];
   __shared__ const bf16* x_rows[kMaxTokens];
   // Launched overlapping the kernel before it (common/overlap_launch.cuh). The gate/up launch
@@ -203,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int in = m.in, out = m.out, code_bytes = in / 2, scale_bytes = row_scale_bytes(in, kInt4), n_slices = in / kSlice;
   const int n_copied = copied_slices(n_slices), copied = copied_code_bytes(in), stride = copied + kRowPad;
   const int tail = n_copied + warp;  // this warp's tail slice, when warp < tail_slices(n_slices)
-  constexpr int kBlockRows = kGated ? 16 : kRows;  // output rows of each matrix
+  constexpr int kBlockRows = kGated ? kHalf : kRows;  // output rows of each matrix
   const int row0 = static_cast<int>(blockIdx.y) * kBlockRows;
   const int64_t row = static_cast<int64_t>(e) * out + row0;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
@@ -212,14 +234,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   if (tid == 0) mbar_init(bar, 1);
   if (tid < n_slots) x_rows[tid] = x + static_cast<int64_t>(__ldcg(g.perm + begin + tid) / x_row_div) * in;
   __syncthreads();
-  // Row r (0..31) of the block's tile: the gate's rows and then the up's (kGated), or 32 rows
-  // of one matrix. (Pointers selected one by one: a parameter struct selected by lane is
+  // Row r (0 .. kRows - 1) of the block's tile: the gate's rows and then the up's (kGated), or
+  // kRows rows of one matrix. (Pointers selected one by one: a parameter struct selected by lane is
   // copied to local memory.)
   auto tile_row = [&](int r, const uint8_t*& w, const uint8_t*& sc, int64_t& at) {
     if constexpr (kGated) {
-      w = static_cast<const uint8_t*>(r < 16 ? jobs.gate.w : jobs.up.w);
-      sc = r < 16 ? jobs.gate.scales : jobs.up.scales;
-      at = row + r % 16;
+      w = static_cast<const uint8_t*>(r < kHalf ? jobs.gate.w : jobs.up.w);
+      sc = r < kHalf ? jobs.gate.scales : jobs.up.scales;
+      at = row + r % kHalf;
     } else {
       w = static_cast<const uint8_t*>(m.w);
       sc = m.scales;
@@ -229,12 +251,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   if (warp == 0) {
     if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(kRows * (copied + scale_bytes)));
     __syncwarp();
-    static_assert(kRows == 32, "a lane a row");
-    const uint8_t *w, *sc;
-    int64_t at;
-    tile_row(lane, w, sc, at);
-    if (copied > 0) bulk_copy(codes + lane * stride, w + at * code_bytes, copied, bar);
-    if (lane % 16 == 0) bulk_copy(scales + lane * scale_bytes, sc + at * scale_bytes, 16 * scale_bytes, bar);
+    static_assert(kRows <= 32, "a lane a row");
+    // Scales in pieces of rows contiguous in memory: 16 (8 for a gated tile's halves).
+    constexpr int kScalePiece = kGated ? kHalf : 16;
+    if (lane < kRows) {
+      const uint8_t *w, *sc;
+      int64_t at;
+      tile_row(lane, w, sc, at);
+      if (copied > 0) bulk_copy(codes + lane * stride, w + at * code_bytes, copied, bar);
+      if (lane % kScalePiece == 0)
+        bulk_copy(scales + lane * scale_bytes, sc + at * scale_bytes, kScalePiece * scale_bytes, bar);
+    }
   }
   if constexpr (!kGated) wait_for_previous_grid();  // x is the previous kernel's h
   // A lane without a token reads token 0's x: its MMA column is never stored.
@@ -259,12 +286,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const bool two_step = __syncthreads_or(big_scale);
   const int then = has_tail ? tail : -1;
   if constexpr (kInt4)
-    tile_slices<Mode::int4>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
+    tile_slices<Mode::int4, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
   else if (two_step)
-    tile_slices<Mode::mxfp4_two_step>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next,
+    tile_slices<Mode::mxfp4_two_step, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next,
                                       acc);
   else
-    tile_slices<Mode::mxfp4>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
+    tile_slices<Mode::mxfp4, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
   // The tail: slice `tail`'s codes from global memory (its scales came with the tile).
   if (has_tail) {
     const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
@@ -316,10 +343,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int n = 2 * t + j;
     if (n >= n_slots) continue;
     const int64_t s = g.perm[begin + n];
-    if constexpr (kGated) {
+    if constexpr (kGated && kTiles == 2) {
       const int r = row0 + gid;
       jobs.h[s * out + r] = __float2bfloat16_rn(gated_act(acc[0][j], acc[1][j], jobs.act));
       jobs.h[s * out + r + 8] = __float2bfloat16_rn(gated_act(acc[0][2 + j], acc[1][2 + j], jobs.act));
+    } else if constexpr (kGated) {  // one tile: row g the gate's, g + 8 the up's, of output row0 + g
+      jobs.h[s * out + row0 + gid] = __float2bfloat16_rn(gated_act(acc[0][j], acc[0][2 + j], jobs.act));
     } else {
 #pragma unroll
       for (int tt = 0; tt < kTiles; ++tt) {
@@ -335,10 +364,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 
 bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_tokens, const void* x) {
   // Alignment: bulk copies need 16-byte ends (rows of in / 2 bytes, tiles of 32 x in / 32
-  // scales), x rows 16-byte loads. The tile has to fit in shared memory (in <= ~12k).
+  // scales), x rows 16-byte loads. The tile has to fit in shared memory (one m16 tile: in <= ~24k).
   const bool int4 = m.kind == StackedExperts::Kind::int4_pairs;
+  const int tiles = tiles_for(m.in, int4);
   return x_bf16 && (m.kind == StackedExperts::Kind::mxfp4 || int4) && n_tokens >= 1 && n_tokens <= kMaxTokens &&
-         m.in % kSlice == 0 && m.out % kRows == 0 && tile_smem_bytes(m.in, int4) <= 100 * 1024 &&
+         m.in % kSlice == 0 && tiles > 0 && m.out % (16 * tiles) == 0 &&
          reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && reinterpret_cast<uintptr_t>(m.scales) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
@@ -349,10 +379,12 @@ void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m,
   jobs.gate = m;
   jobs.y = y;
   const bool int4 = m.kind == StackedExperts::Kind::int4_pairs;
-  const size_t smem = tile_smem_bytes(m.in, int4);
-  auto* kernel = int4 ? grouped_mxfp4_tile_kernel<false, true> : grouped_mxfp4_tile_kernel<false, false>;
+  const int tiles = tiles_for(m.in, int4);
+  const size_t smem = tile_smem_bytes(m.in, int4, tiles);
+  auto* kernel = tiles == 2 ? (int4 ? grouped_mxfp4_tile_kernel<false, true, 2> : grouped_mxfp4_tile_kernel<false, false, 2>)
+                            : (int4 ? grouped_mxfp4_tile_kernel<false, true, 1> : grouped_mxfp4_tile_kernel<false, false, 1>);
   allow_dynamic_smem(kernel, smem, /*all_shared=*/true);  // kBlocksPerSm
-  const dim3 grid(max_active, m.out / kRows);
+  const dim3 grid(max_active, m.out / (16 * tiles));
   if (overlap_previous) {
     launch_overlapping(kernel, grid, kThreads, smem, stream, x, x_row_div, jobs, groups);
     return;
@@ -380,10 +412,14 @@ void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExper
   jobs.h = h;
   jobs.act = act;
   const bool int4 = gate.kind == StackedExperts::Kind::int4_pairs;
-  const size_t smem = tile_smem_bytes(gate.in, int4);
-  auto* kernel = int4 ? grouped_mxfp4_tile_kernel<true, true> : grouped_mxfp4_tile_kernel<true, false>;
+  const int tiles = tiles_for(gate.in, int4);
+  const size_t smem = tile_smem_bytes(gate.in, int4, tiles);
+  auto* kernel = tiles == 2 ? (int4 ? grouped_mxfp4_tile_kernel<true, true, 2> : grouped_mxfp4_tile_kernel<true, false, 2>)
+                            : (int4 ? grouped_mxfp4_tile_kernel<true, true, 1> : grouped_mxfp4_tile_kernel<true, false, 1>);
   allow_dynamic_smem(kernel, smem, /*all_shared=*/true);  // kBlocksPerSm
-  launch_overlapping(kernel, dim3(max_active, gate.out / 16), kThreads, smem, stream, x, x_row_div, jobs, groups);
+  // Output rows a block: 16 of each matrix with two tiles, 8 with one.
+  launch_overlapping(kernel, dim3(max_active, gate.out / (8 * tiles)), kThreads, smem, stream, x, x_row_div, jobs,
+                     groups);
 }
 
 }  // namespace moonrun::cuda

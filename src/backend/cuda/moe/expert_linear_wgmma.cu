@@ -16,6 +16,19 @@
 // and multiplies it by its group's E8M0 scale as a bf16 power of two (mxfp4_rows.cuh:
 // exact), so the MMA accumulates the CPU's code * scale * x products in fp32. One wgmma group
 // stays in flight while the next step's fragments are made.
+//
+// INT4 (Kind::int4_pairs, words re-laid at load: int4_pairs.h), behind MOONRUN_INT4_WGMMA=1:
+// the same bytes a row (eight u32 words a 64-wide step, as MXFP4's 32 code bytes), the same
+// copies and MMAs; only the A fragments differ. Thread t takes elements 2t, 2t + 1 of the
+// step's standard words 2s and 2s + 1 (re-laid positions 2w or 2(w - 4) + 1), q exact in
+// bf16 (128 + u - 136), times the group's bf16 scale in one bf16x2 multiply: the weight
+// q * scale ROUNDED to bf16 (round to nearest even), which is what vLLM's Marlin W4A16 feeds
+// its bf16 MMAs and what a bf16 copy of the checkpoint would hold. It is not the CPU's exact
+// fp32 q * scale (8 + 4 significant bits; expert_linear_mma.cu keeps that by scaling each
+// group's fp32 partial sums, which needs the accumulators per group: at wgmma's n64 x four
+// chunks that is twice the registers a thread has). The contract, measured by the op test
+// Int4WgmmaPrefillExpertsMatchTheCpu: weights within 2^-9 relative, the sums within bf16's
+// own rounding of x.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,6 +40,8 @@
 #include "backend/cuda/common/wgmma.cuh"
 #include "backend/cuda/moe/moe_ops.h"
 #include "backend/cuda/moe/mxfp4_rows.cuh"
+
+#include <cstdlib>
 
 namespace moonrun::cuda {
 
@@ -43,8 +58,16 @@ constexpr uint32_t kXStageBytes = kChunks * kChunk * 128;  // [256 tokens][64 k]
 constexpr uint32_t kCodeStageBytes = kRows * kCodeStride;
 constexpr int kMaxScaleGroups = 256;   // in / 32: up to 8,192 inputs
 
-__host__ __device__ constexpr size_t smem_bytes(int in) {
-  return 1024 + kStages * (kXStageBytes + kCodeStageBytes) + static_cast<size_t>(kRows) * (in / 32);
+// The scales live in shared memory whole: one byte (E8M0) or two (INT4's bf16) a group.
+__host__ __device__ constexpr size_t smem_bytes(int in, bool int4) {
+  return 1024 + kStages * (kXStageBytes + kCodeStageBytes) + static_cast<size_t>(kRows) * (in / 32) * (int4 ? 2 : 1);
+}
+
+// INT4: elements 2t, 2t + 1 of a re-laid word as the bf16 pair of their weights, q * scale
+// rounded to bf16 (scale2: the group's bf16 scale in both halves).
+__device__ __forceinline__ uint32_t int4_weight_pair(uint32_t w, int t, uint32_t scale2) {
+  const uint32_t biased = ((w >> (4 * t)) & int4_pairs::kPairMask) | int4_pairs::kPairBias;
+  return mxfp4::bf16x2_mul(int4::bf16x2_sub(biased, int4_pairs::kPairOffset), scale2);
 }
 
 // Pair t (0..3) of a re-laid code word: k 2t, 2t + 1 of its 8 (mxfp4_pairs::pair, with t at
@@ -58,8 +81,10 @@ __device__ __forceinline__ uint32_t pair_of(uint32_t q, int t) {
 struct Block {
   unsigned char* x_s;       // [kStages][kXStageBytes]
   unsigned char* codes_s;   // [kStages][kRows][kCodeStride]
-  const uint8_t* sc_a;      // this thread's rows' scales in shared memory
+  const uint8_t* sc_a;      // this thread's rows' scales in shared memory (MXFP4: E8M0)
   const uint8_t* sc_b;
+  const uint16_t* sc16_a;   // (INT4: bf16)
+  const uint16_t* sc16_b;
   const uint8_t* codes;     // the block's 128 code rows in memory
   const bf16* x;
   const int* perm;          // the expert's slots
@@ -71,6 +96,7 @@ struct Block {
 // n64 MMAs a k16 step (a run-time bound, uniform over the block: ptxas fences the registers
 // around the branch, which costs less than four copies of the loop, whose registers made it
 // serialise every MMA).
+template <bool kInt4>
 __device__ __forceinline__ void run_pass(const Block& b, int pass, int n_pass, float* __restrict__ y) {
   constexpr int NC = kChunks;
   const int n_chunks = (n_pass + kChunk - 1) / kChunk;
@@ -107,6 +133,21 @@ __device__ __forceinline__ void run_pass(const Block& b, int pass, int n_pass, f
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     const int stage = k % kStages;
     const unsigned char* cs = b.codes_s + stage * kCodeStageBytes;
+    if constexpr (kInt4) {
+      const uint32_t* wa = reinterpret_cast<const uint32_t*>(cs + b.ra * kCodeStride);
+      const uint32_t* wb = reinterpret_cast<const uint32_t*>(cs + b.rb * kCodeStride);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        // k16 step s: standard words 2s, 2s + 1 of the step, at their re-laid positions.
+        constexpr int kPos[4][2] = {{0, 2}, {4, 6}, {1, 3}, {5, 7}};
+        const uint32_t sa = b.sc16_a[2 * k + s / 2], sb = b.sc16_b[2 * k + s / 2];
+        const uint32_t fa = sa | (sa << 16), fb = sb | (sb << 16);
+        frag[s][0] = int4_weight_pair(wa[kPos[s][0]], b.t, fa);
+        frag[s][1] = int4_weight_pair(wb[kPos[s][0]], b.t, fb);
+        frag[s][2] = int4_weight_pair(wa[kPos[s][1]], b.t, fa);
+        frag[s][3] = int4_weight_pair(wb[kPos[s][1]], b.t, fb);
+      }
+    } else {
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       // k16 step s: k 16s .. 16s + 15 of the step (words 2s, 2s + 1), scale group 2k + s / 2.
@@ -126,6 +167,7 @@ __device__ __forceinline__ void run_pass(const Block& b, int pass, int n_pass, f
         frag[s][2] = mxfp4::scaled<false>(pair_of(wa.y, b.t), fa);
         frag[s][3] = mxfp4::scaled<false>(pair_of(wb.y, b.t), fb);
       }
+    }
     }
     const uint32_t xb = smem_address(b.x_s + stage * kXStageBytes);
     wgmma::fence();
@@ -164,6 +206,7 @@ __device__ __forceinline__ void run_pass(const Block& b, int pass, int n_pass, f
   __syncthreads();  // the stages are free for the next pass
 }
 
+template <bool kInt4>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_mxfp4_wgmma_kernel(const bf16* __restrict__ x, int x_row_div, StackedExperts m, ExpertGroups g,
                                float* __restrict__ y) {
@@ -191,19 +234,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   b.rb = b.ra + 8;
   b.t = lane % 4;
   b.tid = tid;
-  b.sc_a = scales_s + b.ra * groups;
-  b.sc_b = scales_s + b.rb * groups;
-  // The block's scales, whole; a scale past 128 sends every pair through the two-multiply path.
-  bool big = false;
-  for (int i = tid; i < kRows * groups; i += kThreads) {
-    const uint8_t s = m.scales[(static_cast<int64_t>(e) * m.out + b.row0) * groups + i];
-    scales_s[i] = s;
-    big |= s > 128;
+  if constexpr (kInt4) {
+    // The block's bf16 scales, whole (the rows' scales are contiguous: [E * out, in / 32]).
+    uint16_t* s16 = reinterpret_cast<uint16_t*>(scales_s);
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(m.scales) + (static_cast<int64_t>(e) * m.out + b.row0) * groups;
+    for (int i = tid; i < kRows * groups; i += kThreads) s16[i] = src[i];
+    b.sc16_a = s16 + b.ra * groups;
+    b.sc16_b = s16 + b.rb * groups;
+    b.sc_a = b.sc_b = nullptr;
+    b.two_step = false;
+    __syncthreads();
+  } else {
+    b.sc_a = scales_s + b.ra * groups;
+    b.sc_b = scales_s + b.rb * groups;
+    b.sc16_a = b.sc16_b = nullptr;
+    // The block's scales, whole; a scale past 128 sends every pair through the two-multiply path.
+    bool big = false;
+    for (int i = tid; i < kRows * groups; i += kThreads) {
+      const uint8_t s = m.scales[(static_cast<int64_t>(e) * m.out + b.row0) * groups + i];
+      scales_s[i] = s;
+      big |= s > 128;
+    }
+    b.two_step = __syncthreads_or(big);
   }
-  b.two_step = __syncthreads_or(big);
   for (int pass = 0; pass < n_slots; pass += kChunks * kChunk) {
     const int n_pass = min(kChunks * kChunk, n_slots - pass);
-    run_pass(b, pass, n_pass, y);
+    run_pass<kInt4>(b, pass, n_pass, y);
   }
 #else
   __trap();
@@ -212,17 +268,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
+bool int4_wgmma_enabled() {
+  const char* v = std::getenv("MOONRUN_INT4_WGMMA");  // read at each call: the op tests flip it
+  return v != nullptr && v[0] == '1';
+}
+
 bool grouped_mxfp4_wgmma_supported(const StackedExperts& m, bool x_bf16) {
-  return x_bf16 && m.kind == StackedExperts::Kind::mxfp4 && m.in % kStep == 0 && m.out % kRows == 0 &&
-         m.in / 32 <= kMaxScaleGroups;
+  const bool kind_ok = m.kind == StackedExperts::Kind::mxfp4 ||
+                       (m.kind == StackedExperts::Kind::int4_pairs && int4_wgmma_enabled());
+  return x_bf16 && kind_ok && m.in % kStep == 0 && m.out % kRows == 0 && m.in / 32 <= kMaxScaleGroups;
 }
 
 void grouped_mxfp4_wgmma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
                          int max_active, float* y, cudaStream_t stream) {
   if (max_active <= 0) return;
-  const size_t smem = smem_bytes(m.in);
-  allow_dynamic_smem(grouped_mxfp4_wgmma_kernel, smem);
-  grouped_mxfp4_wgmma_kernel<<<dim3(max_active, m.out / kRows), kThreads, smem, stream>>>(x, x_row_div, m, groups, y);
+  const bool int4 = m.kind == StackedExperts::Kind::int4_pairs;
+  const size_t smem = smem_bytes(m.in, int4);
+  const dim3 grid(max_active, m.out / kRows);
+  if (int4) {
+    allow_dynamic_smem(grouped_mxfp4_wgmma_kernel<true>, smem);
+    grouped_mxfp4_wgmma_kernel<true><<<grid, kThreads, smem, stream>>>(x, x_row_div, m, groups, y);
+  } else {
+    allow_dynamic_smem(grouped_mxfp4_wgmma_kernel<false>, smem);
+    grouped_mxfp4_wgmma_kernel<false><<<grid, kThreads, smem, stream>>>(x, x_row_div, m, groups, y);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
