@@ -499,11 +499,7 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   phases.start();
   MR_RETURN_IF_ERROR(propose_drafts());
   phases.mark(0);
-  if (paced && pacer_.ready()) {
-    const auto [fixed_s, per_token_s, per_pair_s] = pacer_.fit();
-    scheduler_.set_prefill_budget({config_.max_prefill_step_ms / 1e3 - std::max(fixed_s, 0.0),
-                                   std::max(per_token_s, 0.0), per_pair_s});
-  }
+  if (paced && pacer_.ready()) scheduler_.set_prefill_budget(pacer_.budget(config_.max_prefill_step_ms / 1e3));
   const SchedulerOutput scheduled = schedule();
   if (scheduled.empty()) {
     // Work is waiting but nothing could be scheduled: with max_model_len <= pool size and an

@@ -42,4 +42,10 @@ std::array<double, 3> PrefillPacer::fit() const {
   return {m[0][3] / m[0][0], m[1][3] / m[1][1] / kTokenUnit, m[2][3] / m[2][2] / kPairUnit};
 }
 
+Scheduler::PrefillBudget PrefillPacer::budget(double target_s) const {
+  const auto [fixed_s, per_token_s, per_pair_s] = fit();
+  const double fixed = std::max(fixed_s, 0.0);
+  return {std::max(target_s - fixed, fixed), std::max(per_token_s, 0.0), per_pair_s};
+}
+
 }  // namespace moonrun

@@ -12,8 +12,18 @@
 // target - t0 as the step's budget at a and c (Scheduler::PrefillBudget), and the scheduler
 // cuts each chunk to what fits beside the decodes. Until a pair's cost has been seen (a few
 // prefill steps with attention), there is no bound.
+//
+// A target at or below the fixed part cannot be met by cutting chunks: every step re-reads
+// the weights the prompt's tokens route to (~13 ms on an H100 for the K3-width slice) and
+// runs the streams' decodes. The prompt then gets as much of a step as its fixed part
+// (budget(): max(target - t0, t0)), so a step takes at most about twice its fixed part and
+// the prompt's time to first token at most about twice its unpaced one, where a budget of
+// zero (32-token chunks, each re-reading the weights) made a 1M-token prompt take over
+// seven minutes beside 8 streams on an H100 (2026-12-07).
 #include <array>
 #include <cstdint>
+
+#include "engine/scheduler.h"
 
 namespace moonrun {
 
@@ -28,6 +38,8 @@ class PrefillPacer {
   std::array<double, 3> fit() const;
   // Enough prefill steps seen, and a pair's cost positive: the fit can bound a step.
   bool ready() const { return prefill_steps_ >= kMinObservations && fit()[2] > 0; }
+  // The scheduler's budget for steps of target_s seconds, from the fit (ready() first).
+  Scheduler::PrefillBudget budget(double target_s) const;
 
  private:
   std::array<std::array<double, 3>, 3> xtx_{};  // decayed sums of x x^T, x = (1, tokens, pairs) scaled
