@@ -117,12 +117,13 @@ size_t tile_smem_bytes(int in, bool int4, int tiles) {
 }
 constexpr size_t kMaxTileSmemBytes = 100 * 1024;
 // Tiles a block of this shape takes: 2 where they fit, else 1 (else 0: not this kernel).
-// One-tile blocks only with MOONRUN_EXPERT_ONE_TILE=1 until measured on a GPU; without it
-// such shapes go to expert_linear_mma.cu, as before.
+// MOONRUN_EXPERT_ONE_TILE=0 sends such shapes to expert_linear_mma.cu, as before 2026-12-07
+// (one-tile blocks measured on an H100: K2's INT4 experts at 8 x 1 token 0.141 -> 0.103 ms,
+// the K2.7 slice's b = 8 step 3.345 -> 3.158 ms; docs/performance.md).
 int tiles_for(int in, bool int4) {
   if (tile_smem_bytes(in, int4, kMaxTiles) <= kMaxTileSmemBytes) return kMaxTiles;
   const char* v = std::getenv("MOONRUN_EXPERT_ONE_TILE");  // read at each call: the op tests set it
-  if (v == nullptr || v[0] != '1') return 0;
+  if (v != nullptr && v[0] == '0') return 0;
   return tile_smem_bytes(in, int4, 1) <= kMaxTileSmemBytes ? 1 : 0;
 }
 

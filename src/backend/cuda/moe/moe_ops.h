@@ -57,7 +57,7 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
 // The tensor-core paths of grouped_expert_linear, which takes the first that applies.
 // Decode batches (expert_linear_stream.cu): bf16 x, MXFP4 weights, at most 8 tokens, in % 64
 // == 0, out % 32 == 0, each block's 32-row tile bulk-copied into shared memory (16-row tiles,
-// out % 16 == 0, where 32 rows of in would not fit: in past ~6k; MOONRUN_EXPERT_ONE_TILE=1). Otherwise
+// out % 16 == 0, where 32 rows of in would not fit: in past ~6k). Otherwise
 // (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Both take
 // re-laid INT4 (Kind::int4_pairs) where they take MXFP4, with the same shapes. Exposed so the
 // op tests can hold the kernels against each other.
@@ -77,8 +77,8 @@ void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExper
                                 const ActivationParams& act, const ExpertGroups& groups, int max_active, bf16* h,
                                 cudaStream_t stream);
 // Prefill-sized steps on Hopper (expert_linear_wgmma.cu; sm_90a, wgmma_available()): bf16 x,
-// MXFP4 weights (and, with MOONRUN_INT4_WGMMA=1, re-laid INT4 whose weights it rounds to bf16:
-// the kernel's header), in % 64 == 0, out % 128 == 0; taken from kWgmmaMinTokens tokens a step.
+// MXFP4 weights (and re-laid INT4, whose weights it rounds to bf16: the kernel's header;
+// MOONRUN_INT4_WGMMA=0 not), in % 64 == 0, out % 128 == 0; taken from kWgmmaMinTokens tokens a step.
 constexpr int kWgmmaMinTokens = 512;
 bool grouped_mxfp4_wgmma_supported(const StackedExperts& m, bool x_bf16);
 void grouped_mxfp4_wgmma(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
