@@ -834,14 +834,21 @@ TEST_P(BackendOps, RouterAndExperts) {
   // (MOONRUN_EXPERT_ONE_TILE=1, set for this test; the gated launch takes 8 rows of each
   // matrix), edge scales included.
   ScopedEnv one_tile("MOONRUN_EXPERT_ONE_TILE", "1");
+  // multi_pass: MOONRUN_EXPERT_MULTI_PASS=1, so steps of 9 .. 256 tokens take the whole-tile
+  // kernel too, each block running its expert's slots in passes of 8 over its tile (32 and
+  // 128 tokens: ~20 and ~80 slots an expert, 3 to 10 passes; 24 x 7168: one-tile blocks).
   struct Shape {
     int T, Dm, I;
     bool edge_scales = false;
+    bool multi_pass = false;
   };
   for (const Shape sh : {Shape{T, Dm, I}, Shape{6, 128, 192}, Shape{150, 128, 192}, Shape{5, 1344, 192},
                          Shape{1, 512, 768}, Shape{7, 768, 512}, Shape{7, 512, 256, true}, Shape{3, 1024, 1024},
                          Shape{8, 1024, 576, true}, Shape{600, 256, 384}, Shape{1100, 128, 256, true},
-                         Shape{4, 7168, 256, true}}) {
+                         Shape{4, 7168, 256, true}, Shape{32, 1024, 576, false, true},
+                         Shape{128, 512, 256, true, true}, Shape{24, 7168, 256, false, true}}) {
+    std::optional<ScopedEnv> multi;
+    if (sh.multi_pass) multi.emplace("MOONRUN_EXPERT_MULTI_PASS", "1");
     const int Tn = sh.T, Dn = sh.Dm, In = sh.I;
     std::vector<int32_t> ids;
     for (int t = 0; t < Tn; ++t)
@@ -1217,6 +1224,20 @@ TEST_P(BackendOps, Int4WgmmaPrefillExpertsMatchTheCpu) {
   const int E = 16;
   ScopedEnv wgmma("MOONRUN_INT4_WGMMA", "1");
   int4_experts_match_the_cpu(b(), {{600, 8, 256, 256, 0, E}, {520, 8, 7168, 256, 0, E}, {600, 8, 256, 128, 4, 8}},
+                             /*fast=*/true);
+}
+
+// MOONRUN_EXPERT_MULTI_PASS=1: decode batches past 8 tokens (32 .. 128: K2 at batch 32 .. 128
+// gives an expert one to three tokens, but the step has more than one n8 fragment's worth)
+// in the whole-tile kernel, each block's slots in passes of 8 over its copied tile: 32 and 128
+// tokens x top 8 over 13 experts (~20 and ~80 slots an expert), K2's hidden width (one-tile
+// blocks) at 24 tokens, and a shard.
+TEST_P(BackendOps, Int4MultiPassDecodeExpertsMatchTheCpu) {
+  const int E = 16;
+  ScopedEnv multi("MOONRUN_EXPERT_MULTI_PASS", "1");
+  int4_experts_match_the_cpu(b(),
+                             {{32, 8, 1024, 576, 0, E}, {128, 8, 512, 256, 0, E}, {24, 8, 7168, 256, 0, E},
+                              {64, 8, 1024, 576, 4, 8}},
                              /*fast=*/true);
 }
 

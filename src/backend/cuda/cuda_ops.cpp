@@ -564,7 +564,7 @@ class CudaOps final : public Ops {
         grouped_mxfp4_stream_supported(s2, x_bf16, T, h.data)) {
       // Decode: gate and up in one launch that stores h = act(gate, up) itself; the down
       // launch copies its weight tiles while that one finishes (the groups are older).
-      grouped_mxfp4_stream_gated(x.as<bf16>(), K, s1, s3, act, groups, max_active, h.as<bf16>(), stream_);
+      grouped_mxfp4_stream_gated(x.as<bf16>(), K, s1, s3, act, groups, max_active, T, h.as<bf16>(), stream_);
       grouped_mxfp4_stream(h.as<bf16>(), 1, s2, groups, max_active, T, out.as<float>(), stream_,
                            /*overlap_previous=*/true);
     } else {

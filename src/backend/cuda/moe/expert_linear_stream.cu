@@ -85,7 +85,10 @@ constexpr int kThreads = kWarps * 32;
 // m16 tiles per block (each warp works on all): two, or one where two tiles' rows would not
 // fit in shared memory (inputs past ~6k: K2's gate/up at hidden 7168).
 constexpr int kMaxTiles = 2;
-constexpr int kMaxTokens = 8;    // per expert: one n8 fragment
+constexpr int kMaxTokens = 8;    // per expert a pass: one n8 fragment
+// Multi-pass blocks (MOONRUN_EXPERT_MULTI_PASS=1): a step of up to this many tokens, each
+// block running its expert's slots in passes of kMaxTokens over the one copied tile.
+constexpr int kMaxMultiTokens = 256;
 constexpr int kSlice = 64;       // k per warp per round: four k16 MMA steps
 // Bytes after each code row in shared memory. 16 leaves the 64-bit reads two-way bank
 // conflicted (ncu: 1.4 M of 3.7 M wavefronts); 32 and 48, conflict-free, measured slower or
@@ -110,9 +113,11 @@ __host__ __device__ constexpr int row_scale_bytes(int in, bool int4) { return in
 // padded by kRowPad][16 x tiles x in / 32 scales], and afterwards, over the rows, warps 1..7's
 // partial tiles.
 constexpr size_t partial_bytes(int tiles) { return (kWarps - 1) * tiles * 4 * 32 * sizeof(float); }
-size_t tile_smem_bytes(int in, bool int4, int tiles) {
+// multi: the partial tiles after the tile, not over it (the tile serves every pass).
+size_t tile_smem_bytes(int in, bool int4, int tiles, bool multi = false) {
   const size_t rows = 16 * static_cast<size_t>(tiles);
   const size_t tile = rows * (copied_code_bytes(in) + kRowPad) + rows * row_scale_bytes(in, int4);
+  if (multi) return kBarrierBytes + tile + partial_bytes(tiles);
   return kBarrierBytes + (tile > partial_bytes(tiles) ? tile : partial_bytes(tiles));
 }
 constexpr size_t kMaxTileSmemBytes = 100 * 1024;
@@ -120,12 +125,20 @@ constexpr size_t kMaxTileSmemBytes = 100 * 1024;
 // MOONRUN_EXPERT_ONE_TILE=0 sends such shapes to expert_linear_mma.cu, as before 2026-12-07
 // (one-tile blocks measured on an H100: K2's INT4 experts at 8 x 1 token 0.141 -> 0.103 ms,
 // the K2.7 slice's b = 8 step 3.345 -> 3.158 ms; docs/performance.md).
-int tiles_for(int in, bool int4) {
-  if (tile_smem_bytes(in, int4, kMaxTiles) <= kMaxTileSmemBytes) return kMaxTiles;
+int tiles_for(int in, bool int4, bool multi = false) {
+  if (tile_smem_bytes(in, int4, kMaxTiles, multi) <= kMaxTileSmemBytes) return kMaxTiles;
   const char* v = std::getenv("MOONRUN_EXPERT_ONE_TILE");  // read at each call: the op tests set it
   if (v != nullptr && v[0] == '0') return 0;
-  return tile_smem_bytes(in, int4, 1) <= kMaxTileSmemBytes ? 1 : 0;
+  return tile_smem_bytes(in, int4, 1, multi) <= kMaxTileSmemBytes ? 1 : 0;
 }
+
+// Steps of 9 .. kMaxMultiTokens tokens in multi-pass blocks: off unless
+// MOONRUN_EXPERT_MULTI_PASS=1 until measured on a GPU (those steps take expert_linear_mma.cu).
+bool multi_pass_enabled() {
+  const char* v = std::getenv("MOONRUN_EXPERT_MULTI_PASS");  // read at each call: the op tests set it
+  return v != nullptr && v[0] == '1';
+}
+bool multi_for(int n_tokens) { return n_tokens > kMaxTokens; }
 
 // x[16t .. 16t + 15] of slice sl of token row xr (MXFP4); INT4: x[8t .. 8t + 7] and
 // x[32 + 8t .. 32 + 8t + 7], the k of thread t's re-laid words (int4_pairs.h).
@@ -200,8 +213,10 @@ struct Jobs {
   ActivationParams act;
 };
 
-template <bool kGated, bool kInt4, int kTiles>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+// Multi-pass blocks keep the partial tiles beside the tile (~60 KB a block at K3's and K2's
+// widths): three a multiprocessor, so the registers of three (at four's 64 they spilled).
+template <bool kGated, bool kInt4, int kTiles, bool kMulti>
+__global__ void __launch_bounds__(kThreads, kMulti ? 3 : kBlocksPerSm)
     grouped_mxfp4_tile_kernel(const bf16* __restrict__ x, int x_row_div, Jobs jobs, ExpertGroups g) {
   constexpr int kRows = 16 * kTiles;                   // tile rows a block
   constexpr int kHalf = kRows / 2;                     // kGated: rows of each matrix
@@ -222,7 +237,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, t = lane % 4;
   const StackedExperts& m = jobs.gate;
   const int e = __ldcg(g.active + blockIdx.x);
-  const int begin = __ldcg(g.offsets + e), n_slots = __ldcg(g.offsets + e + 1) - begin;  // <= kMaxTokens
+  // Single pass: n_all <= kMaxTokens; kMulti: any number, in passes of kMaxTokens.
+  const int begin = __ldcg(g.offsets + e), n_all = __ldcg(g.offsets + e + 1) - begin;
   const int in = m.in, out = m.out, code_bytes = in / 2, scale_bytes = row_scale_bytes(in, kInt4), n_slices = in / kSlice;
   const int n_copied = copied_slices(n_slices), copied = copied_code_bytes(in), stride = copied + kRowPad;
   const int tail = n_copied + warp;  // this warp's tail slice, when warp < tail_slices(n_slices)
@@ -233,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   uint8_t* codes = reinterpret_cast<uint8_t*>(smem) + kBarrierBytes;
   uint8_t* scales = codes + kRows * stride;
   if (tid == 0) mbar_init(bar, 1);
-  if (tid < n_slots) x_rows[tid] = x + static_cast<int64_t>(__ldcg(g.perm + begin + tid) / x_row_div) * in;
+  if (tid < min(n_all, kMaxTokens)) x_rows[tid] = x + static_cast<int64_t>(__ldcg(g.perm + begin + tid) / x_row_div) * in;
   __syncthreads();
   // Row r (0 .. kRows - 1) of the block's tile: the gate's rows and then the up's (kGated), or
   // kRows rows of one matrix. (Pointers selected one by one: a parameter struct selected by lane is
@@ -265,100 +281,127 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
   }
   if constexpr (!kGated) wait_for_previous_grid();  // x is the previous kernel's h
-  // A lane without a token reads token 0's x: its MMA column is never stored.
-  const bf16* xr = x_rows[gid < n_slots ? gid : 0];
-  float acc[kTiles][4] = {};
-  uint4 x_next[2];
   const bool has_tail = warp < tail_slices(n_slices);
-  if (warp < n_copied) load_x<kInt4>(xr, warp, t, x_next);
-  else if (has_tail) load_x<kInt4>(xr, tail, t, x_next);
-  mbar_wait(bar, 0);
-  // Scales past 128 (values beyond 12) take the two-multiply path, decided once for the tile.
-  // Four scales a word: a byte is > 128 when its top bit is set and its low seven are not 0.
-  // (INT4's bf16 scales are applied in fp32: no such case.)
-  int big_scale = 0;
-  if constexpr (!kInt4) {
-    const uint32_t* scale_words = reinterpret_cast<const uint32_t*>(scales);
-    for (int i = tid; i < kRows * scale_bytes / 4; i += kThreads) {
-      const uint32_t w = scale_words[i];
-      big_scale |= (w & ((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u) != 0;
-    }
-  }
-  const bool two_step = __syncthreads_or(big_scale);
   const int then = has_tail ? tail : -1;
-  if constexpr (kInt4)
-    tile_slices<Mode::int4, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
-  else if (two_step)
-    tile_slices<Mode::mxfp4_two_step, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next,
-                                      acc);
-  else
-    tile_slices<Mode::mxfp4, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
-  // The tail: slice `tail`'s codes from global memory (its scales came with the tile).
-  if (has_tail) {
-    const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
-                            x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
-    uint2 c[kTiles][2];
-    uint32_t sc[kTiles][2];
-#pragma unroll
-    for (int tt = 0; tt < kTiles; ++tt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * tt + gid + 8 * hh;
-        const uint8_t *w, *unused;
-        int64_t at;
-        tile_row(r, w, unused, at);
-        c[tt][hh] = __ldg(reinterpret_cast<const uint2*>(w + at * code_bytes + tail * (kSlice / 2) + 8 * t));
-        if constexpr (kInt4) sc[tt][hh] = *reinterpret_cast<const uint32_t*>(scales + r * scale_bytes + 4 * tail);
-        else sc[tt][hh] = scales[r * scale_bytes + 2 * tail + t / 2];
+  // kMulti: the partial tiles after the tile (the next pass reads the tile again).
+  float* partial = reinterpret_cast<float*>(kMulti ? scales + kRows * scale_bytes : codes);  // [kWarps - 1][kTiles][4][32]
+  bool two_step = false;
+  for (int pass = 0; pass < n_all; pass += kMaxTokens) {
+    const int n_slots = min(n_all - pass, kMaxTokens);
+    if (pass > 0) {  // kMulti only: the pass's token rows (every thread is past the last pass)
+      if (tid < n_slots) x_rows[tid] = x + static_cast<int64_t>(__ldcg(g.perm + begin + pass + tid) / x_row_div) * in;
+      __syncthreads();
+    }
+    // A lane without a token reads token 0's x: its MMA column is never stored.
+    const bf16* xr = x_rows[gid < n_slots ? gid : 0];
+    float acc[kTiles][4] = {};
+    uint4 x_next[2];
+    if (warp < n_copied) load_x<kInt4>(xr, warp, t, x_next);
+    else if (has_tail) load_x<kInt4>(xr, tail, t, x_next);
+    if (pass == 0) {
+      mbar_wait(bar, 0);
+      // Scales past 128 (values beyond 12) take the two-multiply path, decided once for the tile.
+      // Four scales a word: a byte is > 128 when its top bit is set and its low seven are not 0.
+      // (INT4's bf16 scales are applied in fp32: no such case.)
+      int big_scale = 0;
+      if constexpr (!kInt4) {
+        const uint32_t* scale_words = reinterpret_cast<const uint32_t*>(scales);
+        for (int i = tid; i < kRows * scale_bytes / 4; i += kThreads) {
+          const uint32_t w = scale_words[i];
+          big_scale |= (w & ((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u) != 0;
+        }
       }
-    if constexpr (kInt4) {
-#pragma unroll
-      for (int tt = 0; tt < kTiles; ++tt) int4::mma_int4_words(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
-    } else if (two_step) {
+      two_step = __syncthreads_or(big_scale);
+    }
+    if constexpr (kInt4)
+      tile_slices<Mode::int4, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
+    else if (two_step)
+      tile_slices<Mode::mxfp4_two_step, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t,
+                                                x_next, acc);
+    else
+      tile_slices<Mode::mxfp4, kTiles>(codes, stride, scales, scale_bytes, xr, n_copied, then, warp, gid, t, x_next, acc);
+    // The tail: slice `tail`'s codes from global memory (its scales came with the tile).
+    if (has_tail) {
+      const uint32_t xw[8] = {x_next[0].x, x_next[0].y, x_next[0].z, x_next[0].w,
+                              x_next[1].x, x_next[1].y, x_next[1].z, x_next[1].w};
+      uint2 c[kTiles][2];
+      uint32_t sc[kTiles][2];
 #pragma unroll
       for (int tt = 0; tt < kTiles; ++tt)
-        mxfp4::mma_mxfp4_codes<true>(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
-    } else {
 #pragma unroll
-      for (int tt = 0; tt < kTiles; ++tt)
-        mxfp4::mma_mxfp4_codes<false>(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
-    }
-  }
-  __syncthreads();  // the tile is read: its rows take the partial sums
-  float* partial = reinterpret_cast<float*>(codes);  // [kWarps - 1][kTiles][4][32]
-  if (warp > 0)
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * tt + gid + 8 * hh;
+          const uint8_t *w, *unused;
+          int64_t at;
+          tile_row(r, w, unused, at);
+          c[tt][hh] = __ldg(reinterpret_cast<const uint2*>(w + at * code_bytes + tail * (kSlice / 2) + 8 * t));
+          if constexpr (kInt4) sc[tt][hh] = *reinterpret_cast<const uint32_t*>(scales + r * scale_bytes + 4 * tail);
+          else sc[tt][hh] = scales[r * scale_bytes + 2 * tail + t / 2];
+        }
+      if constexpr (kInt4) {
 #pragma unroll
-    for (int tt = 0; tt < kTiles; ++tt)
+        for (int tt = 0; tt < kTiles; ++tt) int4::mma_int4_words(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
+      } else if (two_step) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) partial[(((warp - 1) * kTiles + tt) * 4 + i) * 32 + lane] = acc[tt][i];
-  __syncthreads();
-  if (warp > 0) return;
+        for (int tt = 0; tt < kTiles; ++tt)
+          mxfp4::mma_mxfp4_codes<true>(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
+      } else {
 #pragma unroll
-  for (int tt = 0; tt < kTiles; ++tt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      for (int w = 0; w < kWarps - 1; ++w) acc[tt][i] += partial[((w * kTiles + tt) * 4 + i) * 32 + lane];
-  // C fragment: rows gid / gid + 8 of a tile, tokens 2t / 2t + 1.
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int n = 2 * t + j;
-    if (n >= n_slots) continue;
-    const int64_t s = g.perm[begin + n];
-    if constexpr (kGated && kTiles == 2) {
-      const int r = row0 + gid;
-      jobs.h[s * out + r] = __float2bfloat16_rn(gated_act(acc[0][j], acc[1][j], jobs.act));
-      jobs.h[s * out + r + 8] = __float2bfloat16_rn(gated_act(acc[0][2 + j], acc[1][2 + j], jobs.act));
-    } else if constexpr (kGated) {  // one tile: row g the gate's, g + 8 the up's, of output row0 + g
-      jobs.h[s * out + row0 + gid] = __float2bfloat16_rn(gated_act(acc[0][j], acc[0][2 + j], jobs.act));
-    } else {
-#pragma unroll
-      for (int tt = 0; tt < kTiles; ++tt) {
-        const int r = row0 + 16 * tt + gid;
-        jobs.y[s * out + r] = acc[tt][j];
-        jobs.y[s * out + r + 8] = acc[tt][2 + j];
+        for (int tt = 0; tt < kTiles; ++tt)
+          mxfp4::mma_mxfp4_codes<false>(c[tt][0], c[tt][1], sc[tt][0], sc[tt][1], xw, acc[tt]);
       }
     }
+    if constexpr (!kMulti) __syncthreads();  // the tile is read: its rows take the partial sums
+    if (warp > 0)
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[(((warp - 1) * kTiles + tt) * 4 + i) * 32 + lane] = acc[tt][i];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          for (int w = 0; w < kWarps - 1; ++w) acc[tt][i] += partial[((w * kTiles + tt) * 4 + i) * 32 + lane];
+      // C fragment: rows gid / gid + 8 of a tile, tokens 2t / 2t + 1.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int n = 2 * t + j;
+        if (n >= n_slots) continue;
+        const int64_t s = g.perm[begin + pass + n];
+        if constexpr (kGated && kTiles == 2) {
+          const int r = row0 + gid;
+          jobs.h[s * out + r] = __float2bfloat16_rn(gated_act(acc[0][j], acc[1][j], jobs.act));
+          jobs.h[s * out + r + 8] = __float2bfloat16_rn(gated_act(acc[0][2 + j], acc[1][2 + j], jobs.act));
+        } else if constexpr (kGated) {  // one tile: row g the gate's, g + 8 the up's, of output row0 + g
+          jobs.h[s * out + row0 + gid] = __float2bfloat16_rn(gated_act(acc[0][j], acc[0][2 + j], jobs.act));
+        } else {
+#pragma unroll
+          for (int tt = 0; tt < kTiles; ++tt) {
+            const int r = row0 + 16 * tt + gid;
+            jobs.y[s * out + r] = acc[tt][j];
+            jobs.y[s * out + r + 8] = acc[tt][2 + j];
+          }
+        }
+      }
+    }
+    if constexpr (!kMulti) break;  // one pass (n_all <= kMaxTokens)
+    __syncthreads();  // warp 0 has read the partials and every thread x_rows: the next pass may write them
   }
+}
+
+using TileKernel = void (*)(const bf16*, int, Jobs, ExpertGroups);
+
+// The kernel of a launch: gated or not, INT4 or MXFP4, one or two tiles, one pass or several.
+template <bool kGated>
+TileKernel tile_kernel(bool int4, int tiles, bool multi) {
+  if (tiles == 2) {
+    if (int4) return multi ? grouped_mxfp4_tile_kernel<kGated, true, 2, true> : grouped_mxfp4_tile_kernel<kGated, true, 2, false>;
+    return multi ? grouped_mxfp4_tile_kernel<kGated, false, 2, true> : grouped_mxfp4_tile_kernel<kGated, false, 2, false>;
+  }
+  if (int4) return multi ? grouped_mxfp4_tile_kernel<kGated, true, 1, true> : grouped_mxfp4_tile_kernel<kGated, true, 1, false>;
+  return multi ? grouped_mxfp4_tile_kernel<kGated, false, 1, true> : grouped_mxfp4_tile_kernel<kGated, false, 1, false>;
 }
 
 }  // namespace
@@ -367,23 +410,25 @@ bool grouped_mxfp4_stream_supported(const StackedExperts& m, bool x_bf16, int n_
   // Alignment: bulk copies need 16-byte ends (rows of in / 2 bytes, tiles of 32 x in / 32
   // scales), x rows 16-byte loads. The tile has to fit in shared memory (one m16 tile: in <= ~24k).
   const bool int4 = m.kind == StackedExperts::Kind::int4_pairs;
-  const int tiles = tiles_for(m.in, int4);
-  return x_bf16 && (m.kind == StackedExperts::Kind::mxfp4 || int4) && n_tokens >= 1 && n_tokens <= kMaxTokens &&
+  const bool multi = multi_for(n_tokens);
+  const int tiles = tiles_for(m.in, int4, multi);
+  const bool tokens_ok = n_tokens >= 1 && (n_tokens <= kMaxTokens || (multi_pass_enabled() && n_tokens <= kMaxMultiTokens));
+  return x_bf16 && (m.kind == StackedExperts::Kind::mxfp4 || int4) && tokens_ok &&
          m.in % kSlice == 0 && tiles > 0 && m.out % (16 * tiles) == 0 &&
          reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && reinterpret_cast<uintptr_t>(m.scales) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 
 void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m, const ExpertGroups& groups,
-                          int max_active, int /*n_tokens*/, float* y, cudaStream_t stream, bool overlap_previous) {
+                          int max_active, int n_tokens, float* y, cudaStream_t stream, bool overlap_previous) {
   Jobs jobs;
   jobs.gate = m;
   jobs.y = y;
   const bool int4 = m.kind == StackedExperts::Kind::int4_pairs;
-  const int tiles = tiles_for(m.in, int4);
-  const size_t smem = tile_smem_bytes(m.in, int4, tiles);
-  auto* kernel = tiles == 2 ? (int4 ? grouped_mxfp4_tile_kernel<false, true, 2> : grouped_mxfp4_tile_kernel<false, false, 2>)
-                            : (int4 ? grouped_mxfp4_tile_kernel<false, true, 1> : grouped_mxfp4_tile_kernel<false, false, 1>);
+  const bool multi = multi_for(n_tokens);
+  const int tiles = tiles_for(m.in, int4, multi);
+  const size_t smem = tile_smem_bytes(m.in, int4, tiles, multi);
+  const TileKernel kernel = tile_kernel<false>(int4, tiles, multi);
   allow_dynamic_smem(kernel, smem, /*all_shared=*/true);  // kBlocksPerSm
   const dim3 grid(max_active, m.out / (16 * tiles));
   if (overlap_previous) {
@@ -402,8 +447,8 @@ bool grouped_mxfp4_stream_gated_supported(const StackedExperts& gate, const Stac
 }
 
 void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExperts& gate, const StackedExperts& up,
-                                const ActivationParams& act, const ExpertGroups& groups, int max_active, bf16* h,
-                                cudaStream_t stream) {
+                                const ActivationParams& act, const ExpertGroups& groups, int max_active, int n_tokens,
+                                bf16* h, cudaStream_t stream) {
   if (up.out != gate.out || up.in != gate.in || up.kind != gate.kind)
     throw CudaError("grouped_mxfp4_stream_gated: two shapes, [" + std::to_string(gate.out) + ", " +
                     std::to_string(gate.in) + "] and [" + std::to_string(up.out) + ", " + std::to_string(up.in) + "]");
@@ -413,10 +458,10 @@ void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExper
   jobs.h = h;
   jobs.act = act;
   const bool int4 = gate.kind == StackedExperts::Kind::int4_pairs;
-  const int tiles = tiles_for(gate.in, int4);
-  const size_t smem = tile_smem_bytes(gate.in, int4, tiles);
-  auto* kernel = tiles == 2 ? (int4 ? grouped_mxfp4_tile_kernel<true, true, 2> : grouped_mxfp4_tile_kernel<true, false, 2>)
-                            : (int4 ? grouped_mxfp4_tile_kernel<true, true, 1> : grouped_mxfp4_tile_kernel<true, false, 1>);
+  const bool multi = multi_for(n_tokens);
+  const int tiles = tiles_for(gate.in, int4, multi);
+  const size_t smem = tile_smem_bytes(gate.in, int4, tiles, multi);
+  const TileKernel kernel = tile_kernel<true>(int4, tiles, multi);
   allow_dynamic_smem(kernel, smem, /*all_shared=*/true);  // kBlocksPerSm
   // Output rows a block: 16 of each matrix with two tiles, 8 with one.
   launch_overlapping(kernel, dim3(max_active, gate.out / (8 * tiles)), kThreads, smem, stream, x, x_row_div, jobs,

@@ -57,7 +57,10 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
 // The tensor-core paths of grouped_expert_linear, which takes the first that applies.
 // Decode batches (expert_linear_stream.cu): bf16 x, MXFP4 weights, at most 8 tokens, in % 64
 // == 0, out % 32 == 0, each block's 32-row tile bulk-copied into shared memory (16-row tiles,
-// out % 16 == 0, where 32 rows of in would not fit: in past ~6k). Otherwise
+// out % 16 == 0, where 32 rows of in would not fit: in past ~6k); with
+// MOONRUN_EXPERT_MULTI_PASS=1 also steps of up to 256 tokens, each block running its expert's
+// slots in passes of 8 over its one copied tile (an expert gets one to three tokens at decode
+// batches of 32 .. 128). Otherwise
 // (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Both take
 // re-laid INT4 (Kind::int4_pairs) where they take MXFP4, with the same shapes. Exposed so the
 // op tests can hold the kernels against each other.
@@ -74,8 +77,8 @@ void grouped_mxfp4_stream(const bf16* x, int x_row_div, const StackedExperts& m,
 bool grouped_mxfp4_stream_gated_supported(const StackedExperts& gate, const StackedExperts& up, bool x_bf16,
                                           int n_tokens, const void* x);
 void grouped_mxfp4_stream_gated(const bf16* x, int x_row_div, const StackedExperts& gate, const StackedExperts& up,
-                                const ActivationParams& act, const ExpertGroups& groups, int max_active, bf16* h,
-                                cudaStream_t stream);
+                                const ActivationParams& act, const ExpertGroups& groups, int max_active, int n_tokens,
+                                bf16* h, cudaStream_t stream);
 // Prefill-sized steps on Hopper (expert_linear_wgmma.cu; sm_90a, wgmma_available()): bf16 x,
 // MXFP4 weights (and re-laid INT4, whose weights it rounds to bf16: the kernel's header;
 // MOONRUN_INT4_WGMMA=0 not), in % 64 == 0, out % 128 == 0; taken from kWgmmaMinTokens tokens a step.
