@@ -115,6 +115,7 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.tp_size = opt.tp_size;
   ro.ep_size = opt.ep_size;
   ro.pp_size = opt.pp_size;
+  ro.pp_micro_batches = opt.pp_micro_batches;
   ro.split_router = opt.split_router;
   ro.split_latent_moe = opt.split_latent_moe;
   ro.dp_attention = opt.dp_attention;

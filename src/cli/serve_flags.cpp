@@ -288,6 +288,10 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                 "replicating them");
   cmd->add_option("--pipeline-parallel-size,--pp-size", flags->pipeline_parallel_size,
                   "Pipeline stages of contiguous layers, each a --tp-size group (tp x pp ranks in all)");
+  cmd->add_option("--pp-micro-batches", o.pp_micro_batches,
+                  "Pipeline stages: a step of several sequences runs as up to this many micro-batches, so earlier "
+                  "stages go on while later ones work (0: one a stage, 1: none)")
+      ->capture_default_str();
   cmd->add_option("--data-parallel-size,--dp-size", flags->data_parallel_size,
                   "1 (run one server per replica), or with --enable-dp-attention the --tp-size");
   cmd->add_flag("--enable-dp-attention", flags->enable_dp_attention,
@@ -401,6 +405,9 @@ Status finish_serve_flags(ServeFlags& flags, const std::vector<std::string>& arg
   if (flags.pipeline_parallel_size < 1)
     return invalid_argument("--pipeline-parallel-size must be >= 1, got " + std::to_string(flags.pipeline_parallel_size));
   o.pp_size = flags.pipeline_parallel_size;
+  if (o.pp_micro_batches < 0)
+    return invalid_argument("--pp-micro-batches must be >= 0 (0: one a stage, 1: none), got " +
+                            std::to_string(o.pp_micro_batches));
 
   o.dp_attention = flags.enable_dp_attention;
   if (o.dp_attention && flags.data_parallel_size != 1 && flags.data_parallel_size != o.tp_size)
@@ -483,6 +490,7 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("tp_size", std::to_string(o.tp_size));
   add("ep_size", std::to_string(o.ep_size));
   add("pp_size", std::to_string(o.pp_size));
+  if (o.pp_size > 1) add("pp_micro_batches", o.pp_micro_batches == 0 ? "one a stage" : std::to_string(o.pp_micro_batches));
   if (o.split_latent_moe) add("split_latent_moe", "true");
   if (o.split_router) add("split_router", "true");
   if (o.dp_attention) add("enable_dp_attention", "true (dp_size " + std::to_string(o.tp_size) + ")");

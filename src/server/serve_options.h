@@ -72,6 +72,7 @@ struct ServeOptions {
   int tp_size = 1;                  // --tp-size / --tensor-parallel-size / --tp
   int ep_size = 1;                  // --ep-size / --expert-parallel-size / --ep
   int pp_size = 1;                  // --pp-size / --pipeline-parallel-size: stages of tp_size ranks
+  int pp_micro_batches = 0;         // --pp-micro-batches: a step's micro-batches under stages (0: one a stage, 1: none)
   bool split_router = false;        // --split-router: the MoE router split over the TP group
   bool split_latent_moe = false;    // --split-latent-moe: the LatentMoE projections split
   bool dp_attention = false;        // --enable-dp-attention: attention per rank, experts shared
