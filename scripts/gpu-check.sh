@@ -26,6 +26,8 @@
 #     --part long  (issue #35: long prompts and long contexts on the slice; LONG_PARTS picks some)
 #     --part spec  (issue #37: speculative decoding through serve on the demo model, 1 and 32
 #                  streams, with MOONRUN_DEBUG_STEP_PHASES logs; the slice's verify steps)
+#     --part experts (the routed-expert kernels by batch: the K2.7 and K3 slices at b = 1..128
+#                  with and without MOONRUN_EXPERT_MULTI_PASS, side by side)
 #     --part sanitize
 #     --part e2e  with E2E_FILES="api errors load lifecycle disconnect structured sampling_params"
 #     --part e2e  with E2E_FILES="responses messages vision attacks shutdown operator multinode"
@@ -41,8 +43,8 @@ while [[ $# -gt 0 ]]; do
     --prebuilt) PREBUILT=$(cd "$2" && pwd); shift 2 ;;
     --part)
       case ${2:-} in
-        ops|demo|slice|long|spec|sanitize|e2e|parallel) PARTS+=" $2 " ;;
-        *) echo "gpu-check: --part takes ops, demo, slice, long, spec, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
+        ops|demo|slice|long|spec|experts|sanitize|e2e|parallel) PARTS+=" $2 " ;;
+        *) echo "gpu-check: --part takes ops, demo, slice, long, spec, experts, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
       esac
       shift 2 ;;
     *) BUILD=$1; shift ;;
@@ -224,6 +226,27 @@ if want spec && [[ ${SPEC_SLICE:-1} != 0 ]]; then
   rc=$?
   row "slice verify steps k=1..8 ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" "$OUT/k3-slice-verify.log"
   grep -A12 "speculative verify" "$OUT/k3-slice-verify.log"
+fi
+
+# 3d. The routed-expert kernels by batch (issues #40, #47): decode steps of 9..256 tokens run the
+#     whole-tile kernel in passes (MOONRUN_EXPERT_MULTI_PASS=1) or the mma kernel (0), on the
+#     K2.7 slice (INT4) and the K3 slice (MXFP4). Figures: $OUT/experts-{k2,k3}-multi{0,1}.json.
+if [[ $PARTS == *" experts "* ]]; then
+  declare -A SLICE_LAYERS=([k2]="models/kimi-k2.7-code.config.json mla-dense,mla-moe,mla-moe" [k3]="kimi-k3 kda-dense,kda-moe,mla-moe")
+  for m in k2 k3; do
+    dir=/tmp/$m-slice
+    read -r cfg layers <<<"${SLICE_LAYERS[$m]}"
+    [[ -f $dir/config.json ]] || "$EXE" make-slice --config "$cfg" --layers "$layers" --out "$dir" >"$OUT/make-$m-slice.log" 2>&1
+    for f in 0 1; do
+      t0=$(date +%s)
+      MOONRUN_EXPERT_MULTI_PASS=$f "$EXE" bench-model --model "$dir" --device cuda --batch 1,8,16,32,64,128 --context 4096 \
+        --steps 16 --no-profile --json-out "$OUT/experts-$m-multi$f.json" >"$OUT/experts-$m-multi$f.log" 2>&1
+      rc=$?
+      row "$m slice, multi-pass $f ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
+        "$(grep -E '^\| (1|8|32|128) \|' "$OUT/experts-$m-multi$f.log" | awk -F'|' '{printf "b=%s %s ms; ", $2, $3}')"
+      grep -E '^\| [0-9]+ \|' "$OUT/experts-$m-multi$f.log"
+    done
+  done
 fi
 
 for tool in $(want sanitize && echo memcheck racecheck); do
