@@ -391,7 +391,9 @@ void attend_mla(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvL
     float* os = f32(o) + seq.token_start * o_width;
     const int32_t* sel = selected ? selected->as<int32_t>() + static_cast<int64_t>(seq.token_start) * k : nullptr;
     const bool absorbed = mode == MlaMode::kAbsorbed || (mode == MlaMode::kAuto && seq.n_new == 1);
-    if (absorbed) mla_attend_absorbed(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os, sel, k);
+    // A decode token over a long context: its keys split over the threads (mla.h).
+    const int splits = !sel && seq.n_new == 1 ? mla_cpu_kv_splits(seq.n_past + 1) : 1;
+    if (absorbed) mla_attend_absorbed(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os, sel, k, splits);
     else mla_attend_plain(qs, f32(kv_b.w), shape, seq.n_new, seq.n_past, rows.data(), os, sel, k);
   }
 }

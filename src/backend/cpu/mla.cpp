@@ -27,6 +27,91 @@ void softmax_inplace(float* s, int n) {
   for (int i = 0; i < n; ++i) s[i] *= inv;
 }
 
+// q_lat = W_uk_h^T q_nope: the query of head h folded into the latent space.
+void fold_query(const float* qt, const float* W_uk, int N, int L, float* q_lat) {
+  std::fill(q_lat, q_lat + L, 0.0f);
+  for (int n = 0; n < N; ++n) {
+    const float qn = qt[n];
+    const float* wr = W_uk + static_cast<int64_t>(n) * L;
+    for (int l = 0; l < L; ++l) q_lat[l] += qn * wr[l];
+  }
+}
+
+// mla_attend_absorbed over S key ranges a query (mla.h): partials in parallel over (head,
+// range), then each (token, head) combined in range order.
+void attend_absorbed_split(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
+                           const float* const* rows, float* o, int S) {
+  const int H = shape.num_heads, L = shape.kv_lora, R = shape.rope;
+  const int N = shape.nope, V = shape.v_dim, QD = N + R, KV = N + V;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(QD));
+  // Per (token, head, range): [m, l, acc[L]].
+  const int64_t part = L + 2;
+  std::vector<float> parts(static_cast<size_t>(n_tokens) * H * S * part);
+  std::vector<float> q_lats(static_cast<size_t>(n_tokens) * H * L);
+  parallel_heads(H, static_cast<int64_t>(n_tokens) * N * L, [&](int h) {
+    const float* W_uk = kv_b + static_cast<int64_t>(h) * KV * L;
+    for (int t = 0; t < n_tokens; ++t)
+      fold_query(q + (static_cast<int64_t>(t) * H + h) * QD, W_uk, N, L, q_lats.data() + (static_cast<int64_t>(t) * H + h) * L);
+  });
+  const int64_t P = n_past + n_tokens;
+  parallel_heads(H * S, static_cast<int64_t>(n_tokens) * (P / S + 1) * (L + R), [&](int item) {
+    const int h = item / S, r = item % S;
+    std::vector<float> scores;
+    for (int t = 0; t < n_tokens; ++t) {
+      const int n_keys = n_past + t + 1;
+      const int begin = static_cast<int>(static_cast<int64_t>(n_keys) * r / S);
+      const int end = static_cast<int>(static_cast<int64_t>(n_keys) * (r + 1) / S);
+      float* pr = parts.data() + ((static_cast<int64_t>(t) * H + h) * S + r) * part;
+      float* acc = pr + 2;
+      std::fill(acc, acc + L, 0.0f);
+      if (begin == end) {  // fewer keys than ranges: an empty range weighs nothing
+        pr[0] = -std::numeric_limits<float>::infinity();
+        pr[1] = 0.0f;
+        continue;
+      }
+      const float* qt = q + (static_cast<int64_t>(t) * H + h) * QD;
+      const float* q_lat = q_lats.data() + (static_cast<int64_t>(t) * H + h) * L;
+      scores.resize(static_cast<size_t>(end - begin));
+      float m = -std::numeric_limits<float>::infinity();
+      for (int i = begin; i < end; ++i) {
+        scores[i - begin] = (dot(q_lat, rows[i], L) + dot(qt + N, rows[i] + L, R)) * scale;
+        m = std::max(m, scores[i - begin]);
+      }
+      float l = 0.0f;
+      for (int i = begin; i < end; ++i) {
+        const float p = std::exp(scores[i - begin] - m);
+        l += p;
+        const float* row = rows[i];
+        for (int j = 0; j < L; ++j) acc[j] += p * row[j];
+      }
+      pr[0] = m;
+      pr[1] = l;
+    }
+  });
+  parallel_heads(H, static_cast<int64_t>(n_tokens) * S * L, [&](int h) {
+    const float* W_uv = kv_b + static_cast<int64_t>(h) * KV * L + static_cast<int64_t>(N) * L;
+    std::vector<float> o_lat(L);
+    for (int t = 0; t < n_tokens; ++t) {
+      const float* pt = parts.data() + (static_cast<int64_t>(t) * H + h) * S * part;
+      float M = -std::numeric_limits<float>::infinity();
+      for (int r = 0; r < S; ++r) M = std::max(M, pt[r * part]);
+      std::fill(o_lat.begin(), o_lat.end(), 0.0f);
+      float denom = 0.0f;
+      for (int r = 0; r < S; ++r) {
+        const float* pr = pt + r * part;
+        if (pr[1] == 0.0f) continue;
+        const float w = std::exp(pr[0] - M);
+        denom += w * pr[1];
+        for (int j = 0; j < L; ++j) o_lat[j] += w * pr[2 + j];
+      }
+      const float inv = 1.0f / denom;
+      for (int j = 0; j < L; ++j) o_lat[j] *= inv;
+      float* ot = o + (static_cast<int64_t>(t) * H + h) * V;
+      for (int j = 0; j < V; ++j) ot[j] = dot(W_uv + static_cast<int64_t>(j) * L, o_lat.data(), L);
+    }
+  });
+}
+
 }  // namespace
 
 // Attention with per-head keys and values expanded from the latent rows.
@@ -112,12 +197,14 @@ void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, 
 
 // The same attention with kv_b absorbed: multi-query attention over the latent rows.
 void mla_attend_absorbed(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
-                         const float* const* rows, float* o, const int32_t* selected, int selected_cols) {
+                         const float* const* rows, float* o, const int32_t* selected, int selected_cols,
+                         int kv_splits) {
   const int H = shape.num_heads, L = shape.kv_lora, R = shape.rope;
   const int N = shape.nope, V = shape.v_dim, QD = N + R;
   const int P = n_past + n_tokens;
   const int KV = N + V;
   const float scale = 1.0f / std::sqrt(static_cast<float>(QD));
+  if (kv_splits > 1 && !selected) return attend_absorbed_split(q, kv_b, shape, n_tokens, n_past, rows, o, kv_splits);
   parallel_heads(H, static_cast<int64_t>(n_tokens) * (P * (L + R) + (N + V) * L), [&](int h) {
     const float* W_uk = kv_b + static_cast<int64_t>(h) * KV * L;  // [nope, kv_lora]
     const float* W_uv = W_uk + static_cast<int64_t>(N) * L;       // [v, kv_lora]

@@ -11,6 +11,8 @@
 //              the output, so each head attends directly over the [kv_lora | pe] rows:
 //              q_h . key_h(p) = (W_uk_h^T q_nope_h) . c(p) + q_pe_h . k_pe(p)
 //              o_h            = W_uv_h (sum_p a_p c(p))
+#include <algorithm>
+
 #include "backend/cpu/linear.h"
 #include "backend/ops.h"
 
@@ -26,8 +28,18 @@ namespace moonrun::cpu {
 // order visits only those rows. One code path for dense and sparse keeps them the same math.
 void mla_attend_plain(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
                       const float* const* rows, float* o, const int32_t* selected = nullptr, int selected_cols = 0);
+//
+// kv_splits (absorbed order; split-KV, issue 47): each query's keys in that many contiguous
+// ranges, each range's softmax partial (its max m_r, its sum l_r and its weighted sum of rows)
+// computed apart, in parallel over (head, range), and combined in range order:
+// o_lat = sum_r e^(m_r - M) acc_r / sum_r e^(m_r - M) l_r, M the largest m_r. The CUDA decode
+// kernel's split-KV and combine pass; equal to one range within fp32 rounding (its test).
 void mla_attend_absorbed(const float* q, const float* kv_b, const MlaShape& shape, int n_tokens, int n_past,
                          const float* const* rows, float* o, const int32_t* selected = nullptr,
-                         int selected_cols = 0);
+                         int selected_cols = 0, int kv_splits = 1);
+
+// The ranges the CPU backend splits a decode token's keys into: one a 4,096 keys, at most 16,
+// from the key count alone (so the result does not depend on the machine's thread count).
+inline int mla_cpu_kv_splits(int n_keys) { return std::clamp(n_keys / 4096, 1, 16); }
 
 }  // namespace moonrun::cpu

@@ -1,6 +1,7 @@
 // The CPU reference kernels against hand-derivable values and independent double-precision
 // formulas: MXFP4 codes from the OCP MX spec's E2M1 definition, SiTU, the router's grouped
-// top-k, Attention Residuals. (The LatentMoE block is tested in tests/unit/model.)
+// top-k, Attention Residuals, MLA's split-KV decode. (The LatentMoE block is tested in
+// tests/unit/model.)
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "backend/cpu/activations.h"
 #include "backend/cpu/attn_res.h"
+#include "backend/cpu/mla.h"
 #include "backend/cpu/mxfp4.h"
 #include "backend/cpu/router.h"
 
@@ -101,6 +103,92 @@ TEST(Router, GroupedTopKByHand) {
   EXPECT_EQ(ids[1], 4);
   EXPECT_NEAR(w[0], 0.95, 1e-6);  // no renormalisation
   EXPECT_NEAR(w[1], 0.7, 1e-6);
+}
+
+// Split-KV (issue 47): the absorbed attention with a query's keys in S ranges, partials
+// combined by their maxima, against the same attention in double precision written from the
+// plain form (per-head keys k = W_uk c and values v = W_uv c expanded, softmax, sum) and
+// against one range: a decode token over 9,000 cached positions, two tokens at once, S = 1,
+// 3, 7 and 16 (uneven ranges), and 5 keys over 8 ranges (empty ones weigh nothing).
+TEST(MlaSplitKv, MatchesTheDoubleFormulaAndOneRange) {
+  MlaShape shape;
+  shape.num_heads = 3;
+  shape.kv_lora = 32;
+  shape.rope = 8;
+  shape.nope = 16;
+  shape.v_dim = 16;
+  const int H = shape.num_heads, L = shape.kv_lora, R = shape.rope, N = shape.nope, V = shape.v_dim;
+  const int QD = N + R, KV = N + V;
+  std::mt19937 rng(47);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Case {
+    int n_tokens, n_past;
+  };
+  for (const Case c : {Case{1, 9000}, Case{2, 5000}, Case{1, 4}}) {
+    const int P = c.n_past + c.n_tokens;
+    std::vector<float> q(static_cast<size_t>(c.n_tokens) * H * QD), kv_b(static_cast<size_t>(H) * KV * L),
+        cache(static_cast<size_t>(P) * (L + R));
+    for (auto& v : q) v = nd(rng);
+    for (auto& v : kv_b) v = 0.3f * nd(rng);
+    for (auto& v : cache) v = nd(rng);
+    std::vector<const float*> rows(P);
+    for (int p = 0; p < P; ++p) rows[p] = cache.data() + static_cast<size_t>(p) * (L + R);
+    // The double reference, from the plain form.
+    std::vector<double> want(static_cast<size_t>(c.n_tokens) * H * V);
+    for (int t = 0; t < c.n_tokens; ++t)
+      for (int h = 0; h < H; ++h) {
+        const float* qt = q.data() + (static_cast<size_t>(t) * H + h) * QD;
+        const float* Wk = kv_b.data() + static_cast<size_t>(h) * KV * L;
+        const float* Wv = Wk + static_cast<size_t>(N) * L;
+        const int n_keys = c.n_past + t + 1;
+        std::vector<double> score(n_keys);
+        double m = -1e300;
+        for (int p = 0; p < n_keys; ++p) {
+          double sc = 0;
+          for (int n = 0; n < N; ++n) {
+            double k = 0;
+            for (int l = 0; l < L; ++l) k += static_cast<double>(Wk[n * L + l]) * rows[p][l];
+            sc += qt[n] * k;
+          }
+          for (int r = 0; r < R; ++r) sc += static_cast<double>(qt[N + r]) * rows[p][L + r];
+          score[p] = sc / std::sqrt(static_cast<double>(QD));
+          m = std::max(m, score[p]);
+        }
+        double sum = 0;
+        for (double& sc : score) sum += (sc = std::exp(sc - m));
+        for (int j = 0; j < V; ++j) {
+          double o = 0;
+          for (int p = 0; p < n_keys; ++p) {
+            double v = 0;
+            for (int l = 0; l < L; ++l) v += static_cast<double>(Wv[j * L + l]) * rows[p][l];
+            o += score[p] / sum * v;
+          }
+          want[(static_cast<size_t>(t) * H + h) * V + j] = o;
+        }
+      }
+    double scale = 0;
+    for (double v : want) scale = std::max(scale, std::abs(v));
+    std::vector<float> one(want.size());
+    mla_attend_absorbed(q.data(), kv_b.data(), shape, c.n_tokens, c.n_past, rows.data(), one.data(), nullptr, 0, 1);
+    for (const int S : {1, 3, 7, 16, 8}) {
+      std::vector<float> got(want.size());
+      mla_attend_absorbed(q.data(), kv_b.data(), shape, c.n_tokens, c.n_past, rows.data(), got.data(), nullptr, 0, S);
+      double vs_ref = 0, vs_one = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        vs_ref = std::max(vs_ref, std::abs(got[i] - want[i]));
+        vs_one = std::max(vs_one, static_cast<double>(std::abs(got[i] - one[i])));
+      }
+      EXPECT_LE(vs_ref, 2e-5 * scale) << c.n_past << " past, " << S << " ranges";
+      EXPECT_LE(vs_one, 2e-5 * scale) << c.n_past << " past, " << S << " ranges vs one";
+      if (S == 1) {
+        EXPECT_EQ(got, one);
+      }
+    }
+  }
+  EXPECT_EQ(mla_cpu_kv_splits(1), 1);
+  EXPECT_EQ(mla_cpu_kv_splits(8191), 1);
+  EXPECT_EQ(mla_cpu_kv_splits(8192), 2);
+  EXPECT_EQ(mla_cpu_kv_splits(1 << 20), 16);
 }
 
 TEST(AttnRes, MatchesTheDoubleFormula) {
