@@ -285,9 +285,7 @@ void KimiK3::forward(Ops& ops, const BatchView& batch, const CachePools& pools, 
   ScratchScope scope(ops);
   if (tp_.dp_attention && batch.n_tokens() == 0)
     return dp_attention_idle_step(ops, cfg_, stage_, w_.layers, moe_dims_, *batch.host);
-  Tensor rows = ops.scratch(batch.n_logit_rows(), cfg_.hidden_size, DType::F32);  // [R, hidden]
-  forward_body(ops, batch, pools, rows);
-  forward_head(ops, rows, logits);
+  forward_in_parts(ops, batch, pools, logits);
 }
 
 void KimiK3::forward_body(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor rows) {

@@ -114,6 +114,16 @@ class Model {
   virtual void forward_head(Ops& ops, Tensor rows, Tensor logits) {
     throw BackendError("this model has no pipeline stages");
   }
+
+ protected:
+  // forward() of a model with stages: its two parts over one batch (in the caller's scratch scope).
+  void forward_in_parts(Ops& ops, const BatchView& batch, const CachePools& pools, Tensor logits) {
+    const Tensor rows = ops.scratch(batch.n_logit_rows(), config().hidden_size, DType::F32);  // [R, hidden]
+    forward_body(ops, batch, pools, rows);
+    forward_head(ops, rows, logits);
+  }
+
+ public:
   // The vision tower (kimi_k3 with vision_tower.* weights): the rows that replace the
   // prompt's media placeholder run for `images`, in prompt order, [sum of num_tokens,
   // hidden] F32 on the host. A forward takes them through ForwardBatch::embed_rows.
