@@ -18,6 +18,7 @@ Standard library only (runs on the GPU machine as it is).
 """
 import argparse
 import http.client
+import socket
 import json
 import random
 import subprocess
@@ -77,19 +78,24 @@ def gaps(times, t0, t1):
     return [b - a for a, b in zip(ts, ts[1:])]
 
 
-def long_prompt(port, prompt):
-    """Sends one long prompt (two tokens out, streamed): (HTTP status, TTFT s, done time)."""
+def long_prompt(port, prompt, timeout=3600):
+    """Sends one long prompt (two tokens out, streamed): (HTTP status, TTFT s, done time).
+    Waits at most `timeout` seconds for a byte of the answer: past that the status is
+    "timeout" and the TTFT None (a stalled prefill still leaves the streams' gaps measured)."""
     t_send = time.monotonic()
-    conn, resp = post(port, "/v1/completions",
-                      {"prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True}, timeout=3600)
     ttft = None
-    while True:
-        line = resp.readline()
-        if not line:
-            break
-        if ttft is None and line.startswith(b"data: ") and b'"text"' in line:
-            ttft = time.monotonic() - t_send
-    conn.close()
+    try:
+        conn, resp = post(port, "/v1/completions",
+                          {"prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True}, timeout=timeout)
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            if ttft is None and line.startswith(b"data: ") and b'"text"' in line:
+                ttft = time.monotonic() - t_send
+        conn.close()
+    except (socket.timeout, TimeoutError):
+        return "timeout", None, time.monotonic()
     return resp.status, ttft, time.monotonic()
 
 
@@ -109,6 +115,9 @@ def main():
     ap.add_argument("--server-arg", action="append", default=[],
                     help="one more argument for `moonrun serve` (repeat; use --server-arg=--flag)")
     ap.add_argument("--no-ttft-alone", action="store_true", help="skip the long prompt alone first")
+    ap.add_argument("--ttft-timeout", type=float, default=3600,
+                    help="seconds to wait for the long prompt's first byte beside the streams; past it the run "
+                         "reports a stall (ttft_s null) with the streams' gaps over the wait")
     a = ap.parse_args()
 
     log = open(a.log, "w")
@@ -143,6 +152,7 @@ def main():
             # Its own random ids: the prompt below shares no prefix with it (no cache hit).
             status, ttft_alone, _ = long_prompt(a.port, [rng.randrange(a.vocab) for _ in range(a.prompt_tokens)])
             result.update({"ttft_alone_s": ttft_alone, "status_alone": status})
+            print("long prompt alone: TTFT %s s (status %s)" % (ttft_alone, status), flush=True)
         stop = threading.Event()
         streams = [Stream(a.port, [rng.randrange(a.vocab) for _ in range(64)], 100000, stop)
                    for _ in range(a.streams)]
@@ -151,14 +161,17 @@ def main():
         time.sleep(a.alone_s)
         prompt = [rng.randrange(a.vocab) for _ in range(a.prompt_tokens)]
         t_send = time.monotonic()
-        status, ttft, t_done = long_prompt(a.port, prompt)
+        print("streams running; long prompt sent beside them", flush=True)
+        status, ttft, t_done = long_prompt(a.port, prompt, a.ttft_timeout)
+        print("long prompt beside the streams: TTFT %s s (status %s)" % (ttft, status), flush=True)
         stop.set()
         # The server still answers a short request.
         c2, r2 = post(a.port, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4}, timeout=120)
         alive = r2.status == 200 and len(json.loads(r2.read())["choices"][0]["text"]) >= 0
         c2.close()
         alone = [g for s in streams for g in gaps(s.times, t_send - a.alone_s + 1.0, t_send)]
-        during = [g for s in streams for g in gaps(s.times, t_send, t_send + (ttft or 0))]
+        # During the prefill: until its first token, or over the whole wait of a stalled one.
+        during = [g for s in streams for g in gaps(s.times, t_send, t_send + (ttft or (t_done - t_send)))]
         result.update({
             "status": status, "ttft_s": ttft, "long_request_s": t_done - t_send, "server_alive_after": alive,
             "stream_errors": [s.error for s in streams if s.error],
@@ -181,6 +194,8 @@ def main():
     print("|---:|---:|---:|---:|---:|---:|---|---|---|")
     ia, idp = result.get("itl_alone_ms", {}), result.get("itl_during_prefill_ms", {})
     ttft = result.get("ttft_s") or float("nan")
+    if result.get("status") == "timeout":
+        print("the long prompt had no first token within --ttft-timeout %g s beside the streams" % a.ttft_timeout)
     print("| %d | %.1f | %.1f | %.2f | %.0f | %d | %.1f / %.1f | %.1f / %.1f / %.1f | %s |" % (
         a.prompt_tokens, ttft, result.get("ttft_alone_s") or float("nan"), result.get("ttft_vs_alone") or float("nan"),
         a.prompt_tokens / ttft, a.streams, ia.get("p50", float("nan")),

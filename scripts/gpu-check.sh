@@ -150,7 +150,9 @@ fi
 #     131,072 and 1,048,576 tokens of context at batch 1 and 8 against the floor, and a
 #     1,048,576-token prompt through `serve` while 8 streams decode (bench/long_prompt_serve.py).
 #     LONG_PARTS (default "prefill262k decode131k decode1m prefill1m serve1m") picks some;
-#     LONG_SERVE_ARGS adds serve flags to serve1m (e.g. "--max-prefill-step-ms 30");
+#     LONG_SERVE_ARGS adds serve flags to serve1m (e.g. "--max-prefill-step-ms 30"), and
+#     LONG_TTFT_TIMEOUT (360 s) bounds its wait for the prompt beside the streams (a stall is
+#     then reported with the streams' gaps, inside one 10-minute device call);
 #     the figures go to $OUT/k3-slice-long.json (bench/results/k3-slice-long-h200.json).
 if want long; then
   SLICE=${SLICE_DIR:-/tmp/k3-slice}
@@ -173,7 +175,8 @@ if want long; then
   if [[ $LP == *" serve1m "* ]]; then
     t0=$(date +%s)
     python3 bench/long_prompt_serve.py --exe "$EXE" --model "$SLICE" --prompt-tokens "${LONG_SERVE_TOKENS:-1048576}" \
-      --streams 8 $(for x in ${LONG_SERVE_ARGS:-}; do printf -- '--server-arg=%s ' "$x"; done) --json-out "$OUT/long-serve1m.json" --log "$OUT/long-serve1m-server.log" >"$OUT/long-serve1m.log" 2>&1
+      --streams 8 --ttft-timeout "${LONG_TTFT_TIMEOUT:-360}" \
+      $(for x in ${LONG_SERVE_ARGS:-}; do printf -- '--server-arg=%s ' "$x"; done) --json-out "$OUT/long-serve1m.json" --log "$OUT/long-serve1m-server.log" >"$OUT/long-serve1m.log" 2>&1
     rc=$?
     row "serve: long prompt + 8 streams ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
       "$(grep -E '^\| [0-9]' "$OUT/long-serve1m.log" | tr '\n' ' ')"
