@@ -211,13 +211,7 @@ void mla_attend_absorbed(const float* q, const float* kv_b, const MlaShape& shap
     std::vector<float> q_lat(L), o_lat(L), scores(P);
     for (int t = 0; t < n_tokens; ++t) {
       const float* qt = q + (static_cast<int64_t>(t) * H + h) * QD;
-      // q_lat = W_uk^T q_nope
-      std::fill(q_lat.begin(), q_lat.end(), 0.0f);
-      for (int n = 0; n < N; ++n) {
-        const float qn = qt[n];
-        const float* wr = W_uk + static_cast<int64_t>(n) * L;
-        for (int l = 0; l < L; ++l) q_lat[l] += qn * wr[l];
-      }
+      fold_query(qt, W_uk, N, L, q_lat.data());
       // The keys this query reads: its causal range, or its selection (positions, then -1s).
       const int32_t* sel = selected ? selected + static_cast<int64_t>(t) * selected_cols : nullptr;
       int n_keys = n_past + t + 1;
