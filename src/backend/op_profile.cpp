@@ -98,6 +98,11 @@ void ProfiledOps::attn_res_mix(const Tensor& prefix, const Tensor& blocks, int n
   timed("attn_res_mix", bytes_of(prefix) + bytes_of(blocks) + bytes_of(out), 0,
         [&] { in_.attn_res_mix(prefix, blocks, n_blocks, w_norm, w_proj, eps, out); });
 }
+void ProfiledOps::copy_many(std::span<const Tensor> src, std::span<const Tensor> dst) {
+  double bytes = 0;
+  for (size_t i = 0; i < src.size(); ++i) bytes += bytes_of(src[i]) + bytes_of(dst[i]);
+  timed("copy_many", bytes, 0, [&] { in_.copy_many(src, dst); });
+}
 void ProfiledOps::gather_rows(const Tensor& x, const int32_t* rows, Tensor y) {
   timed("gather_rows", 2 * bytes_of(y), 0, [&] { in_.gather_rows(x, rows, y); });
 }
@@ -121,6 +126,12 @@ void ProfiledOps::short_conv(const Tensor& x, const Tensor& weight, const BatchV
   const double window_bytes = 2.0 * batch.n_seqs() * (weight.cols - 1) * weight.rows * sizeof(float);
   timed(std::string("short_conv (") + phase(batch) + ")", bytes_of(x) + bytes_of(y) + bytes_of(weight) + window_bytes,
         0, [&] { in_.short_conv(x, weight, batch, window, silu, y); });
+}
+void ProfiledOps::kda_replay_inputs(const KdaReplayInputs& r, const BatchView& batch) {
+  double bytes = 0;  // the gathered rows read, the outputs written, the windows read and written
+  for (int i = 0; i < 5; ++i) bytes += 2 * bytes_of(r.out[i]);
+  for (int i = 0; i < 3; ++i) bytes += bytes_of(r.conv[i]) + 2.0 * batch.n_seqs() * (r.conv[i].cols - 1) * r.conv[i].rows * 4;
+  timed("kda_replay_inputs", bytes, 0, [&] { in_.kda_replay_inputs(r, batch); });
 }
 void ProfiledOps::l2norm_rows(Tensor x, float scale) {
   timed("l2norm_rows", 2 * bytes_of(x), 0, [&] { in_.l2norm_rows(x, scale); });

@@ -53,6 +53,7 @@ class ProfiledOps final : public Ops {
   void download(const Tensor& t, void* host) override { in_.download(t, host); }
   void zero(const Tensor& t) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  void copy_many(std::span<const Tensor> src, std::span<const Tensor> dst) override;
   void copy_cols(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t n_cols) override {
     in_.copy_cols(src, src_col, dst, dst_col, n_cols);
   }
@@ -78,6 +79,7 @@ class ProfiledOps final : public Ops {
                         int head_dim, Tensor out) override;
   void short_conv(const Tensor& x, const Tensor& weight, const BatchView& batch, StateLayer window, bool silu,
                   Tensor y) override;
+  void kda_replay_inputs(const KdaReplayInputs& r, const BatchView& batch) override;
   void l2norm_rows(Tensor x, float scale) override;
   void kda_gate(Tensor g, const Tensor& A_log, const Tensor& dt_bias, int head_dim, float lower_bound) override;
   void sigmoid(Tensor x) override;

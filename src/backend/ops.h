@@ -156,6 +156,12 @@ class Ops {
                             const Tensor& w_proj, float eps, Tensor out) = 0;
   // y[i] = x[rows[i]]; rows in backend memory (e.g. BatchView::logit_rows).
   virtual void gather_rows(const Tensor& x, const int32_t* rows, Tensor y) = 0;
+  // dst[i] = src[i] for every pair (same shape and dtype each): a verify step saving a KDA
+  // layer's five recurrent inputs. The default is copy() each; CUDA copies them all in one
+  // launch (five graph nodes a KDA layer become one).
+  virtual void copy_many(std::span<const Tensor> src, std::span<const Tensor> dst) {
+    for (size_t i = 0; i < src.size(); ++i) copy(src[i], dst[i]);
+  }
 
   // ---- the vision tower (MoonViT-V2; model/vision/) ------------------------------------
   // Not every backend runs the tower: the defaults throw, so a backend (or a wrapper such
@@ -208,6 +214,34 @@ class Ops {
   // FusedRMSNormGated(sigmoid) over head rows: y = w * o / sqrt(mean(o^2) + eps) * sigmoid(gate).
   // o, gate [T*H, d] F32; w [1, d]; y act dtype.
   virtual void gated_rmsnorm(const Tensor& o, const Tensor& gate, const Tensor& w, float eps, Tensor y) = 0;
+  // Speculative decoding's rollback (model/layers/kda.h, kda_replay): the recurrence inputs of
+  // a batch of replayed tokens, from the rows a verify step saved. Token t reads saved row
+  // r.rows[t] of each saved block; q, k, v are the short conv (+ SiLU) of the saved
+  // projections continuing each sequence's windows (which advance), then q, k l2-normed
+  // (q times q_scale); g and beta are the saved rows as they are. Exactly the ops the default
+  // runs (gather_rows, short_conv, l2norm_rows), so the state ends bit for bit where
+  // kda_forward over those tokens would leave it; CUDA does it all in one launch.
+  struct KdaReplayInputs {
+    Tensor saved[5];  // q, k, v projections, g [capacity, H*d]; beta [capacity, H] (F32)
+    Tensor rows;      // [T, 1] I32 in backend memory
+    Tensor conv[3];   // the q, k, v conv weights [H*d, K]
+    StateLayer window[3];
+    int head_dim = 0;
+    float q_scale = 1.0f;
+    Tensor out[5];  // q, k, v, g [T, H*d]; beta [T, H] (F32)
+  };
+  virtual void kda_replay_inputs(const KdaReplayInputs& r, const BatchView& batch) {
+    const int64_t T = r.out[0].rows;
+    Tensor in = scratch(T, r.saved[0].cols, DType::F32);  // one conv's gathered input (caller's scope)
+    for (int i = 0; i < 3; ++i) {
+      gather_rows(r.saved[i], r.rows.as<int32_t>(), in);
+      short_conv(in, r.conv[i], batch, r.window[i], /*silu=*/true, r.out[i]);
+    }
+    l2norm_rows(r.out[0].reshaped(r.head_dim), r.q_scale);
+    l2norm_rows(r.out[1].reshaped(r.head_dim), 1.0f);
+    gather_rows(r.saved[3], r.rows.as<int32_t>(), r.out[3]);
+    gather_rows(r.saved[4], r.rows.as<int32_t>(), r.out[4]);
+  }
 
   // ---- MLA (full attention over the paged latent cache) ------------------------------
   // Writes each new token's cache row [rmsnorm(latent) * w | k_pe] at its position.

@@ -434,6 +434,102 @@ void kda_ops_on_a_mixed_batch(Backends& B, int d) {
   }
 }
 
+// CudaOps reads MOONRUN_FUSED_ROLLBACK at each call: on for one test.
+struct FusedRollbackOn {
+  FusedRollbackOn() { setenv("MOONRUN_FUSED_ROLLBACK", "1", 1); }
+  ~FusedRollbackOn() { unsetenv("MOONRUN_FUSED_ROLLBACK"); }
+};
+
+// Speculative decoding's rollback inputs (Ops::kda_replay_inputs): CUDA's one-launch kernel
+// against the unfused CUDA ops it replaces (gather_rows, short_conv, l2norm_rows: bit for
+// bit, or the replayed state would drift from a forward's) and against the CPU. Three
+// sequences replay 1, 3 and 6 tokens from saved rows out of order, in slots out of order,
+// from non-zero windows; head widths 32 (one channel a lane), 48 (a partial second) and 128 (K3).
+void kda_replay_inputs_match(Backends& B, int d) {
+  const int H = 3, D = H * d, K = 4, capacity = 16, slots = 3;
+  KdaShape shape;
+  shape.num_heads = H;
+  shape.head_dim = d;
+  shape.conv_kernel = K;
+  const int64_t slot_floats = kda_state_floats(shape), window = kda_conv_window_floats(shape);
+  ForwardBatch fb;
+  const int32_t page = 0;
+  const std::vector<int32_t> ids(6, 1);
+  fb.add_seq(ids.data(), 3, 40, 2, &page, 1);
+  fb.add_seq(ids.data(), 1, 17, 0, &page, 1);
+  fb.add_seq(ids.data(), 6, 9, 1, &page, 1);
+  const int T = fb.n_tokens();
+  const std::vector<int32_t> rows = {11, 0, 5, 14, 2, 9, 8, 3, 15, 6};  // replayed token t reads saved row rows[t]
+  ASSERT_EQ(static_cast<int>(rows.size()), T);
+  const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
+  const std::vector<float> state = normal(slots * slot_floats, 60, 0.3f);
+  Pair saved[5], conv[3];
+  for (int i = 0; i < 5; ++i) saved[i] = put(B, normal(capacity * (i == 4 ? H : D), 61 + i), capacity, i == 4 ? H : D);
+  for (int i = 0; i < 3; ++i) conv[i] = put(B, normal(D * K, 66 + i, 0.5f), D, K);
+  Pair index = put_i32(B, rows, T, 1);
+  auto run = [&](Ops& ops, bool cpu, bool fused, std::vector<std::vector<float>>& got) {
+    const Tensor st = testing::upload(ops, state, slots, slot_floats);
+    Ops::KdaReplayInputs r;
+    for (int i = 0; i < 5; ++i) r.saved[i] = cpu ? saved[i].c : saved[i].g;
+    for (int i = 0; i < 3; ++i) {
+      r.conv[i] = cpu ? conv[i].c : conv[i].g;
+      r.window[i] = StateLayer{st.as<float>() + i * window, slot_floats};
+    }
+    r.rows = cpu ? index.c : index.g;
+    r.head_dim = d;
+    r.q_scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (int i = 0; i < 5; ++i) r.out[i] = ops.alloc(T, i == 4 ? H : D, DType::F32, "o");
+    const BatchView& v = cpu ? vc : vg;
+    if (fused) ops.kda_replay_inputs(r, v);
+    else ops.Ops::kda_replay_inputs(r, v);
+    got.clear();
+    for (int i = 0; i < 5; ++i) got.push_back(testing::download(ops, r.out[i]));
+    got.push_back(testing::download(ops, st));
+  };
+  std::vector<std::vector<float>> fused, unfused, cpu;
+  run(*B.gpu, false, true, fused);
+  run(*B.gpu, false, false, unfused);
+  run(B.cpu, true, false, cpu);
+  const char* names[] = {"q", "k", "v", "g", "beta", "windows"};
+  const std::string shape_name = "3seqs_" + std::to_string(T) + "tok_d" + std::to_string(d);
+  for (int i = 0; i < 6; ++i) {
+    expect_exact(std::string("kda_replay_inputs_") + names[i] + "_vs_unfused_" + B.mode(), shape_name, fused[i],
+                 unfused[i]);
+    expect_close(std::string("kda_replay_inputs_") + names[i] + "_vs_cpu_" + B.mode(), shape_name,
+                 optest::normalised_error(fused[i], cpu[i]), i == 3 || i == 4 ? 0.0 : 1e-6);
+  }
+}
+
+TEST_P(BackendOps, KdaReplayInputsInOneLaunch) {
+  const FusedRollbackOn on;
+  for (int d : {32, 48, 128}) kda_replay_inputs_match(b(), d);
+}
+
+// copy_many: five copies of a verify step's saves in one launch, against copy() one by one;
+// and a pair that is not 16-byte words (the one-by-one fallback).
+TEST_P(BackendOps, CopyManyEqualsCopies) {
+  const FusedRollbackOn on;
+  Backends& B = b();
+  std::vector<Tensor> src, dst;
+  std::vector<std::vector<float>> want;
+  const int64_t cols[] = {64, 256, 12, 96, 3};
+  for (int i = 0; i < 5; ++i) {
+    want.push_back(normal(7 * cols[i], 80 + i));
+    src.push_back(testing::upload(*B.gpu, want.back(), 7, cols[i]));
+    dst.push_back(B.gpu->alloc(7, cols[i], DType::F32, "o"));
+  }
+  B.gpu->copy_many(src, dst);
+  for (int i = 0; i < 5; ++i)
+    expect_exact("copy_many_" + std::to_string(i) + "_" + B.mode(), "7x" + std::to_string(cols[i]),
+                 testing::download(*B.gpu, dst[i]), want[i]);
+  std::vector<Tensor> aligned_src(src.begin(), src.begin() + 4), aligned_dst(dst.begin(), dst.begin() + 4);
+  for (auto& t : aligned_dst) B.gpu->zero(t);
+  B.gpu->copy_many(aligned_src, aligned_dst);  // all words: the one-launch kernel
+  for (int i = 0; i < 4; ++i)
+    expect_exact("copy_many_words_" + std::to_string(i) + "_" + B.mode(), "7x" + std::to_string(cols[i]),
+                 testing::download(*B.gpu, aligned_dst[i]), want[i]);
+}
+
 TEST_P(BackendOps, KdaOpsOnAMixedBatch) {
   kda_ops_on_a_mixed_batch(b(), 32);
   kda_ops_on_a_mixed_batch(b(), 48);

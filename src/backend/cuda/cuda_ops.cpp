@@ -77,6 +77,15 @@ bool int4_fast() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// Speculative decoding's rollback in few launches: a verify step's five saves of a KDA layer
+// in one copy_many launch, and the replay's gathers, convs and norms in one
+// kda_replay_inputs launch (13 -> 1 a layer). MOONRUN_FUSED_ROLLBACK=1 turns them on; off
+// (the unfused ops, bit for bit the same results) until measured on a GPU.
+bool fused_rollback() {
+  const char* v = std::getenv("MOONRUN_FUSED_ROLLBACK");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 BatchTables tables(const BatchView& b) { return BatchTables{b.positions, b.token_seq, b.seqs, b.page_table}; }
 
 }  // namespace
@@ -152,6 +161,22 @@ class CudaOps final : public Ops {
     } else {
       throw CudaError("copy from " + shape(src) + " to " + shape(dst));
     }
+  }
+  void copy_many(std::span<const Tensor> src, std::span<const Tensor> dst) override {
+    check(src.size() == dst.size(), "copy_many: as many sources as destinations");
+    if (!fused_rollback()) return Ops::copy_many(src, dst);
+    cuda::CopyManyArgs args;
+    for (size_t i = 0; i < src.size(); ++i) {
+      same_shape(src[i], dst[i], "copy_many");
+      if (src[i].dtype != dst[i].dtype || args.n == cuda::kCopyManyMax) {  // a conversion, or too many: one by one
+        copy(src[i], dst[i]);
+        continue;
+      }
+      args.src[args.n] = src[i].data;
+      args.dst[args.n] = dst[i].data;
+      args.bytes[args.n++] = src[i].nbytes();
+    }
+    cuda::copy_many(args, stream_);
   }
   void copy_cols(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t n_cols) override {
     check(src.dtype == dst.dtype && src.rows == dst.rows && src_col >= 0 && dst_col >= 0 && n_cols >= 0 &&
@@ -321,6 +346,29 @@ class CudaOps final : public Ops {
     cuda::short_conv(x.as<float>(), static_cast<int>(x.rows), static_cast<int>(x.cols), weight.as<float>(),
                      static_cast<int>(weight.cols), batch.token_seq, batch.seqs, batch.n_seqs(), one_token_each,
                      window.base, window.slot_stride_floats, silu, y.as<float>(), stream_);
+  }
+  void kda_replay_inputs(const KdaReplayInputs& r, const BatchView& batch) override {
+    if (!fused_rollback()) return Ops::kda_replay_inputs(r, batch);
+    const int64_t T = r.out[0].rows, D = r.saved[0].cols, H = r.out[4].cols;
+    bool ok = r.rows.rows == T && r.rows.dtype == DType::I32 && H > 0 && D == H * r.head_dim &&
+              r.saved[4].cols == H && r.window[0].slot_stride_floats == r.window[1].slot_stride_floats &&
+              r.window[0].slot_stride_floats == r.window[2].slot_stride_floats && batch.n_tokens() == T;
+    for (int i = 0; i < 5; ++i)
+      ok = ok && r.saved[i].dtype == DType::F32 && r.out[i].dtype == DType::F32 && r.out[i].rows == T &&
+           r.out[i].cols == (i == 4 ? H : D) && r.saved[i].rows == r.saved[0].rows;
+    for (int i = 0; i < 3; ++i) ok = ok && r.conv[i].rows == D && r.conv[i].cols == r.conv[0].cols;
+    check(ok, "kda_replay_inputs: saved " + shape(r.saved[0]) + ", out " + shape(r.out[0]) + " / " + shape(r.out[4]) +
+                  ", rows " + shape(r.rows));
+    cuda::KdaReplayInputsArgs a;
+    for (int i = 0; i < 5; ++i) a.saved[i] = r.saved[i].as<float>(), a.out[i] = r.out[i].as<float>();
+    for (int i = 0; i < 3; ++i) a.conv[i] = r.conv[i].as<float>(), a.window[i] = r.window[i].base;
+    a.rows = r.rows.as<int32_t>();
+    a.slot_stride = r.window[0].slot_stride_floats;
+    a.seqs = batch.seqs;
+    a.dim = static_cast<int>(D), a.num_heads = static_cast<int>(H), a.head_dim = r.head_dim;
+    a.kernel = static_cast<int>(r.conv[0].cols);
+    a.q_scale = r.q_scale;
+    cuda::kda_replay_inputs(a, batch.n_seqs(), stream_);
   }
   void l2norm_rows(Tensor x, float scale) override {
     cuda::l2norm_rows(x.as<float>(), x.rows, static_cast<int>(x.cols), scale, stream_);

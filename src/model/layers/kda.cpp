@@ -35,8 +35,12 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   const int64_t T = x.rows, D = shape.proj_dim(), H = shape.num_heads, d = shape.head_dim;
   const int64_t window = kda_conv_window_floats(shape);
   auto part = [&](int64_t offset) { return StateLayer{state.base + offset, state.slot_stride_floats}; };
+  // A verify step saving every row in order, with the projections in one buffer, keeps the
+  // five inputs in one copy_many after beta (one launch a layer on CUDA); otherwise each is
+  // kept as soon as it exists (a prompt-size step reuses one projection buffer).
+  const bool save_at_end = save && save->rows.empty() && T <= kSharedProjectionMaxTokens && !w.g_proj.empty();
   auto keep = [&](const Tensor& src, int block) {
-    if (!save) return;
+    if (!save || save_at_end) return;
     if (save->rows.empty()) ops.copy(src, saved_block(*save, shape, block, src.rows));  // every row, in order
     else ops.gather_rows(src, save->rows.as<int32_t>(), saved_block(*save, shape, block, save->rows.rows));
   };
@@ -88,6 +92,13 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   ops.linear(x, w.b_proj, beta);
   ops.sigmoid(beta);
   keep(beta, 4);
+  if (save_at_end) {
+    const Tensor src[] = {proj(0), proj(1), proj(2), g, beta};
+    const Tensor dst[] = {saved_block(*save, shape, 0, T), saved_block(*save, shape, 1, T),
+                          saved_block(*save, shape, 2, T), saved_block(*save, shape, 3, T),
+                          saved_block(*save, shape, 4, T)};
+    ops.copy_many(src, dst);
+  }
 
   Tensor o = ops.scratch(T, D, DType::F32);  // [T, H*d]
   ops.kda_recurrence(q, k, v, g, beta, batch, part(kda_s_offset(shape)), static_cast<int>(H), static_cast<int>(d),
@@ -115,21 +126,19 @@ void kda_replay(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Batc
   const int64_t T = batch.n_tokens(), D = shape.proj_dim(), H = shape.num_heads, d = shape.head_dim;
   const int64_t window = kda_conv_window_floats(shape);
   auto part = [&](int64_t offset) { return StateLayer{state.base + offset, state.slot_stride_floats}; };
-  auto load = [&](int block) {  // the saved rows of the replayed tokens, [T, cols]
-    const Tensor all = saved_block(from, shape, block, from.capacity);
-    Tensor t = ops.scratch(T, all.cols, DType::F32);
-    ops.gather_rows(all, from.rows.as<int32_t>(), t);
-    return t;
-  };
-  // The same ops on the same rows as kda_forward: the windows and S end bit for bit where a
-  // forward over these tokens alone would leave them.
-  Tensor q = ops.scratch(T, D, DType::F32), k = ops.scratch(T, D, DType::F32), v = ops.scratch(T, D, DType::F32);
-  ops.short_conv(load(0), w.q_conv, batch, part(0), true, q);
-  ops.short_conv(load(1), w.k_conv, batch, part(window), true, k);
-  ops.short_conv(load(2), w.v_conv, batch, part(2 * window), true, v);
-  ops.l2norm_rows(q.reshaped(d), 1.0f / std::sqrt(static_cast<float>(d)));
-  ops.l2norm_rows(k.reshaped(d), 1.0f);
-  const Tensor g = load(3), beta = load(4);
+  // The same ops on the same rows as kda_forward (Ops::kda_replay_inputs): the windows and
+  // S end bit for bit where a forward over these tokens alone would leave them.
+  Ops::KdaReplayInputs r;
+  for (int b = 0; b < 5; ++b) r.saved[b] = saved_block(from, shape, b, from.capacity);
+  r.rows = from.rows;
+  r.conv[0] = w.q_conv, r.conv[1] = w.k_conv, r.conv[2] = w.v_conv;
+  for (int i = 0; i < 3; ++i) r.window[i] = part(i * window);
+  r.head_dim = static_cast<int>(d);
+  r.q_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int b = 0; b < 4; ++b) r.out[b] = ops.scratch(T, D, DType::F32);
+  r.out[4] = ops.scratch(T, H, DType::F32);
+  ops.kda_replay_inputs(r, batch);
+  const Tensor &q = r.out[0], &k = r.out[1], &v = r.out[2], &g = r.out[3], &beta = r.out[4];
   Tensor o = ops.scratch(T, D, DType::F32);  // not needed: the step's outputs were the verify's
   ops.kda_recurrence(q, k, v, g, beta, batch, part(kda_s_offset(shape)), static_cast<int>(H), static_cast<int>(d),
                      mode, o);

@@ -48,6 +48,16 @@ void to_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream);
 void to_f32(const bf16* x, int64_t n, float* y, cudaStream_t stream);
 
 // y[i] = x[rows[i]] for rows of row_bytes bytes; rows (device) [n_rows].
+// Up to kCopyManyMax device copies in one launch (Ops::copy_many); pairs that are not all
+// 16-byte words fall back to one cudaMemcpyAsync each.
+constexpr int kCopyManyMax = 8;
+struct CopyManyArgs {
+  const void* src[kCopyManyMax] = {};
+  void* dst[kCopyManyMax] = {};
+  size_t bytes[kCopyManyMax] = {};
+  int n = 0;
+};
+void copy_many(const CopyManyArgs& args, cudaStream_t stream);
 void gather_rows(const void* x, size_t row_bytes, const int32_t* rows, int n_rows, void* y, cudaStream_t stream);
 
 }  // namespace moonrun::cuda

@@ -152,6 +152,39 @@ void to_f32(const bf16* x, int64_t n, float* y, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+// grid (blocks a pair, pairs): pair blockIdx.y copied by its blocks, 16-byte words.
+__global__ void copy_many_kernel(CopyManyArgs a) {
+  const int p = blockIdx.y;
+  const uint4* src = static_cast<const uint4*>(a.src[p]);
+  uint4* dst = static_cast<uint4*>(a.dst[p]);
+  const size_t words = a.bytes[p] / 16;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+}  // namespace
+
+void copy_many(const CopyManyArgs& args, cudaStream_t stream) {
+  if (args.n <= 0) return;
+  bool words = true;
+  size_t most = 0;
+  for (int i = 0; i < args.n; ++i) {
+    words = words && args.bytes[i] % 16 == 0 && reinterpret_cast<uintptr_t>(args.src[i]) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(args.dst[i]) % 16 == 0;
+    most = std::max(most, args.bytes[i]);
+  }
+  if (!words) {  // not 16-byte words: one copy each
+    for (int i = 0; i < args.n; ++i)
+      if (args.bytes[i]) CUDA_CHECK(cudaMemcpyAsync(args.dst[i], args.src[i], args.bytes[i], cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  if (most == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((most / 16 + kThreads - 1) / kThreads, 256));
+  copy_many_kernel<<<dim3(blocks, args.n), kThreads, 0, stream>>>(args);
+  CUDA_CHECK_LAUNCH();
+}
+
 void gather_rows(const void* x, size_t row_bytes, const int32_t* rows, int n_rows, void* y, cudaStream_t stream) {
   if (n_rows <= 0 || row_bytes == 0) return;
   if (row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0)

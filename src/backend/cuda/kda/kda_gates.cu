@@ -32,7 +32,8 @@ __global__ void l2norm_rows_kernel(float* x, int64_t n_rows, int d, float scale)
   if (row >= n_rows) return;  // whole warps leave together
   float* xr = x + row * d;
   float ss = 0.0f;
-  for (int i = lane; i < d; i += 32) ss += xr[i] * xr[i];
+  // An explicit fma (what nvcc contracts this to anyway): replay_inputs.cu sums the same way.
+  for (int i = lane; i < d; i += 32) ss = __fmaf_rn(xr[i], xr[i], ss);
   ss = warp_allreduce_sum(ss);
   const float inv = scale / sqrtf(ss + 1e-6f);
   for (int i = lane; i < d; i += 32) xr[i] *= inv;

@@ -21,6 +21,23 @@ void short_conv(const float* x, int n_tokens, int dim, const float* weight, int 
                 const BatchSeq* seqs, int n_seqs, bool one_token_each, float* window_base, int64_t slot_stride,
                 bool apply_silu, float* y, cudaStream_t stream);
 
+// Ops::kda_replay_inputs in one launch (replay_inputs.cu). saved: the verify step's q, k, v
+// projections and g [capacity, dim], beta [capacity, num_heads]; rows: replayed token t's
+// saved row; conv: q, k, v weights [dim, kernel]; window: the three windows' layer bases
+// (slot_stride apart per slot); out: q, k, v, g [n_tokens, dim], beta [n_tokens, num_heads].
+struct KdaReplayInputsArgs {
+  const float* saved[5] = {};
+  const int32_t* rows = nullptr;
+  const float* conv[3] = {};
+  float* window[3] = {};
+  int64_t slot_stride = 0;
+  const BatchSeq* seqs = nullptr;
+  int dim = 0, num_heads = 0, head_dim = 0, kernel = 0;
+  float q_scale = 1.0f;
+  float* out[5] = {};
+};
+void kda_replay_inputs(const KdaReplayInputsArgs& args, int n_seqs, cudaStream_t stream);
+
 // FLA's l2norm per row of d: x * scale / sqrt(sum(x^2) + 1e-6), in place.
 void l2norm_rows(float* x, int64_t n_rows, int d, float scale, cudaStream_t stream);
 // The decay gate in place over g [n_tokens, H*d] (cpu::kda_gate).
