@@ -262,6 +262,8 @@ class Ops {
   //
   // Writes each new token's indexer key LayerNorm(k) * w + b (torch LayerNorm, eps given:
   // K3.1 uses rms_norm_eps) at its position. k [T, head_dim] F32 (the wk output); w, b [1, head_dim].
+  // The pool is F32 rows of head_dim, or F8_E4M3 rows of head_dim codes + an fp32 scale
+  // (backend/dsa_index_row.h), which dsa_index_scores reads dequantised.
   virtual void dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps,
                                const BatchView& batch, KvLayer cache) {
     throw BackendError("dsa_index_store: not implemented by this backend");

@@ -42,6 +42,9 @@ void add_bench_model_command(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", c->runtime.kv_cache_dtype, "auto (the compute dtype) | fp8 | fp8_e4m3")
       ->check(CLI::IsMember({"auto", "bf16", "bfloat16", "float32", "fp8", "fp8_e4m3"}))
       ->capture_default_str();
+  cmd->add_option("--index-cache-dtype", c->runtime.index_cache_dtype, "K3.1's indexer keys: auto | fp8 | float32")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3", "float32", "fp32"}))
+      ->capture_default_str();
   cmd->add_option("--mem-fraction-static", c->runtime.mem_fraction_static, "GPU memory fraction (0: default)");
   cmd->add_option("--tp-size,--tensor-parallel-size,--tp", c->runtime.tp_size,
                   "ranks in this process, one GPU each (CPU: threads); > 1 also times the group's collectives")

@@ -104,6 +104,7 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.device = opt.device;
   ro.dtype = opt.dtype;
   ro.kv_cache_dtype = opt.kv_cache_dtype;
+  ro.index_cache_dtype = opt.index_cache_dtype;
   ro.mem_fraction_static = opt.mem_fraction_static;
   ro.max_running_requests = opt.max_running_requests > 0 ? opt.max_running_requests : defaults::kMaxRunningRequests;
   ro.max_tokens_per_step = std::max(opt.chunked_prefill_size, 1);

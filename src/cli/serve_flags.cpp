@@ -263,6 +263,10 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
   cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype,
                   "auto (the compute dtype) | bf16 | float32 | fp8 (= fp8_e4m3: half the cache bytes of bf16)")
       ->check(CLI::IsMember({"auto", "bf16", "bfloat16", "float32", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2"}));
+  cmd->add_option("--index-cache-dtype", o.index_cache_dtype,
+                  "K3.1's DSA indexer keys: auto (fp8 with a scale in bf16, as DeepSeek-V3.2; float32 with "
+                  "--dtype float32) | fp8 | float32")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3", "float32", "fp32"}))->capture_default_str();
   cmd->add_flag("--disable-radix-cache,--no-enable-prefix-caching", o.disable_radix_cache,
                 "Turn the prefix cache off (prompts sharing a prefix are then prefilled in full)");
   cmd->add_flag("--disable-cuda-graph,--enforce-eager", o.disable_cuda_graph,
@@ -465,6 +469,7 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("device", o.device);
   add("dtype", o.dtype);
   add("kv_cache_dtype", o.kv_cache_dtype);
+  add("index_cache_dtype", o.index_cache_dtype);
   add("host", o.host);
   add("port", std::to_string(o.port));
   add("api_keys", std::to_string(o.api_keys.size()) + (o.api_keys.empty() ? " (no auth)" : " (values hidden)"));

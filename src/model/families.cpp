@@ -61,9 +61,10 @@ Result<std::unique_ptr<Model>> build_k31(Ops& ops, const Checkpoint& ckpt, const
   describe_kimi_k31_weights(cfg, weights, loader, weight_layout(options));
   MR_RETURN_IF_ERROR(loader.finish());
   ops.synchronize();
-  return std::unique_ptr<Model>(new KimiK3(cfg, std::move(weights.k3), ops.allocated_bytes() - before,
-                                           tensor_parallel(options),
-                                           std::move(weights.indexers), options.stage));
+  auto model = std::make_unique<KimiK3>(cfg, std::move(weights.k3), ops.allocated_bytes() - before,
+                                        tensor_parallel(options), std::move(weights.indexers), options.stage);
+  model->set_index_cache_dtype(options.index_cache_dtype);
+  return std::unique_ptr<Model>(std::move(model));
 }
 
 // The K2 forward runs on the CPU backend and on CUDA, with bf16 experts or the released

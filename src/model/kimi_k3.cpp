@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/dsa_index_row.h"
 #include "model/layer_dims.h"
 
 namespace moonrun {
@@ -195,8 +196,10 @@ CacheSpec KimiK3::cache_spec_of_layers(int first_layer, int end_layer) const {
   spec.kv_row_width = cfg_.mla_cache_row();
   // K3.1: each DSA layer's indexer keys, a row kind on the latent rows' pages.
   spec.index_layers = dsa;
-  spec.index_row_width = dsa > 0 ? cfg_.dsa.index_head_dim : 0;
-  spec.index_dtype = DType::F32;  // the CPU's dsa_index_store; FP8 + scale comes with CUDA (issue 38)
+  spec.index_dtype = index_dtype_;  // F32 rows of head_dim, or FP8 codes + a scale (backend/dsa_index_row.h)
+  spec.index_row_width = dsa == 0                          ? 0
+                         : index_dtype_ == DType::F8_E4M3 ? dsa_fp8_row_width(cfg_.dsa.index_head_dim)
+                                                          : cfg_.dsa.index_head_dim;
   return spec;
 }
 

@@ -132,6 +132,9 @@ class KimiK3 final : public Model {
     kda_mode_ = kda;
     mla_mode_ = mla;
   }
+  // K3.1: the indexer-key cache's row format (LoadOptions::index_cache_dtype), before the
+  // runner sizes its pools from cache_spec().
+  void set_index_cache_dtype(DType dtype) { index_dtype_ = dtype; }
 
  private:
   ModelConfig cfg_;
@@ -155,6 +158,7 @@ class KimiK3 final : public Model {
   ActivationParams act_;
   KdaMode kda_mode_ = KdaMode::kAuto;
   MlaMode mla_mode_ = MlaMode::kAuto;
+  DType index_dtype_ = DType::F32;
   MoonVit vision_;
 };
 

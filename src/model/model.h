@@ -74,6 +74,9 @@ struct LoadOptions {
   // The longest context served (0: the config's max_position_embeddings): what a model that
   // keeps a table per position (RoPE rows) sizes it for.
   int64_t max_positions = 0;
+  // DSA (K3.1): the indexer-key cache's rows, F32 or F8_E4M3 with a scale
+  // (backend/dsa_index_row.h; RuntimeOptions::index_cache_dtype).
+  DType index_cache_dtype = DType::F32;
 };
 
 // What a draft model shares with its target (DSpark: model/dspark_draft.h): the embedding

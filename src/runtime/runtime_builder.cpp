@@ -54,6 +54,14 @@ Result<DType> kv_dtype_for(const std::string& asked, DType act) {
   return invalid_argument("--kv-cache-dtype must be auto, bfloat16, float32 or fp8_e4m3, got \"" + asked + "\"");
 }
 
+// The DSA indexer-key cache's rows (backend/dsa_index_row.h).
+Result<DType> index_dtype_for(const std::string& asked, DType act) {
+  if (asked == "auto") return act == DType::BF16 ? DType::F8_E4M3 : DType::F32;
+  if (asked == "fp8" || asked == "fp8_e4m3") return DType::F8_E4M3;
+  if (asked == "float32" || asked == "fp32") return DType::F32;
+  return invalid_argument("--index-cache-dtype must be auto, fp8 or float32, got \"" + asked + "\"");
+}
+
 // The KV cache dtype as SGLang's log line spells it.
 const char* kv_dtype_name(DType d) {
   return d == DType::BF16 ? "bfloat16" : d == DType::F8_E4M3 ? "float8_e4m3fn" : "float32";
@@ -302,6 +310,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   }
   Ops& ops0 = *lr.ops[0];
   lr.layout.kv_dtype = MR_TRY(kv_dtype_for(o.kv_cache_dtype, ops0.act_dtype()));
+  const DType index_dtype = MR_TRY(index_dtype_for(o.index_cache_dtype, ops0.act_dtype()));
   lr.dtype_name = ops0.act_dtype() == DType::BF16 ? "bfloat16" : "float32";
 
   // Weights: each local rank reads its byte ranges.
@@ -328,6 +337,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     load.dp_attention = o.dp_attention;
     load.log_progress = o.log && i == 0;
     load.max_positions = o.context_length;
+    load.index_cache_dtype = index_dtype;
     lr.ops[i]->bind_thread();
     lr.models.push_back(MR_TRY(load_model(*lr.ops[i], *ckpt, load)));
   }

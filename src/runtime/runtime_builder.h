@@ -23,6 +23,9 @@ struct RuntimeOptions {
   std::string device = "auto";          // cpu | cuda | auto (cuda when a GPU is visible)
   std::string dtype = "auto";           // auto | bfloat16 | float32 (CUDA: every op in fp32, to check kernels)
   std::string kv_cache_dtype = "auto";  // auto (the compute dtype) | bf16 | bfloat16 | float32 | fp8 | fp8_e4m3
+  // DSA (K3.1) indexer keys: auto (FP8 + a scale when computing in bf16, as DeepSeek-V3.2's
+  // indexer cache; F32 with --dtype float32, the reference's fp32 scores) | fp8 | float32.
+  std::string index_cache_dtype = "auto";
   int cuda_device = 0;
   // Tensor / expert parallelism (SGLang's --tp-size, --ep-size): tp_size ranks, each with
   // its shard of the weights; on the CPU backend the ranks are threads of this process.

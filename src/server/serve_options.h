@@ -55,6 +55,7 @@ struct ServeOptions {
   double shutdown_timeout_s = 30;   // --shutdown-timeout: SIGTERM lets requests run this long, then cuts
   int page_size_tokens = defaults::kPageSizeTokens;  // --page-size: tokens per MLA KV page
   std::string kv_cache_dtype = "auto";  // --kv-cache-dtype auto|bf16|bfloat16|float32|fp8|fp8_e4m3
+  std::string index_cache_dtype = "auto";  // --index-cache-dtype auto|fp8|float32 (K3.1's DSA indexer keys)
   bool disable_radix_cache = false;     // --disable-radix-cache / --no-enable-prefix-caching
   // Speculative decoding (--speculative-config, or SGLang's --speculative-algorithm NGRAM and
   // --speculative-num-draft-tokens): off unless asked.

@@ -17,6 +17,7 @@
 #include "backend/cpu/router.h"
 #include "backend/cpu/sample.h"
 #include "backend/cpu/vision.h"
+#include "backend/dsa_index_row.h"
 
 namespace moonrun::cpu {
 
@@ -352,6 +353,20 @@ void cache_rows_f32(const KvLayer& cache, const BatchView& batch, const BatchSeq
   }
 }
 
+// A sequence's FP8 indexer keys [0, n_positions) dequantised (backend/dsa_index_row.h) into
+// `widened`, as F32 row pointers.
+void index_rows_f32(const KvLayer& cache, const BatchView& batch, const BatchSeq& seq, int n_positions, int head_dim,
+                    std::vector<const float*>& rows, std::vector<float>& widened) {
+  rows.resize(n_positions);
+  widened.resize(static_cast<size_t>(n_positions) * head_dim);
+  for (int p = 0; p < n_positions; ++p) {
+    const uint8_t* src = static_cast<const uint8_t*>(cache.base) + cache_row_index(cache, batch, seq, p);
+    float* dst = widened.data() + static_cast<size_t>(p) * head_dim;
+    dsa_dequantize_index_row(src, head_dim, dst);
+    rows[p] = dst;
+  }
+}
+
 // Dense MLA (selected null) and sparse MLA (DSA: indices [T, k] I32) share this loop and the
 // kernels under it, so the two cannot drift apart.
 void attend_mla(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache, const MlaShape& shape,
@@ -417,12 +432,21 @@ void CpuOps::mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const Bat
 void CpuOps::dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps,
                              const BatchView& batch, KvLayer cache) {
   const int D = static_cast<int>(k.cols);
-  MR_CHECK(cache.dtype == DType::F32 && cache.row_width == D) << "dsa_index_store: an F32 pool of rows of " << D;
+  const bool fp8 = cache.dtype == DType::F8_E4M3;
+  MR_CHECK((cache.dtype == DType::F32 && cache.row_width == D) || (fp8 && cache.row_width == dsa_fp8_row_width(D)))
+      << "dsa_index_store: an F32 pool of rows of " << D << " or an FP8 one of " << dsa_fp8_row_width(D);
   MR_CHECK(norm_w.numel() == D && norm_b.numel() == D && k.rows == batch.n_tokens()) << "dsa_index_store shapes";
+  std::vector<float> key(fp8 ? D : 0);
   for (int t = 0; t < batch.n_tokens(); ++t) {
     const BatchSeq& seq = batch.seqs[batch.token_seq[t]];
-    float* dst = static_cast<float*>(cache.base) + cache_row_index(cache, batch, seq, batch.positions[t]);
-    layernorm_row(f32(k) + static_cast<int64_t>(t) * D, D, f32(norm_w), f32(norm_b), eps, dst);
+    const int64_t at = cache_row_index(cache, batch, seq, batch.positions[t]);
+    const float* x = f32(k) + static_cast<int64_t>(t) * D;
+    if (!fp8) {
+      layernorm_row(x, D, f32(norm_w), f32(norm_b), eps, static_cast<float*>(cache.base) + at);
+      continue;
+    }
+    layernorm_row(x, D, f32(norm_w), f32(norm_b), eps, key.data());
+    dsa_quantize_index_row(key.data(), D, static_cast<uint8_t*>(cache.base) + at);
   }
 }
 
@@ -433,7 +457,9 @@ void CpuOps::dsa_index_scores(const Tensor& q, const Tensor& weights, const Batc
   MR_CHECK(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && first >= 0 && last <= batch.n_tokens() &&
            weights.rows == q.rows && scores.rows == q.rows)
       << "dsa_index_scores shapes";
-  MR_CHECK(cache.dtype == DType::F32 && cache.row_width == D) << "dsa_index_scores: an F32 pool of rows of " << D;
+  const bool fp8 = cache.dtype == DType::F8_E4M3;
+  MR_CHECK((cache.dtype == DType::F32 && cache.row_width == D) || (fp8 && cache.row_width == dsa_fp8_row_width(D)))
+      << "dsa_index_scores: an F32 pool of rows of " << D << " or an FP8 one of " << dsa_fp8_row_width(D);
   std::vector<const float*> rows;
   std::vector<float> widened;
   for (int s = 0; s < batch.n_seqs(); ++s) {
@@ -442,7 +468,8 @@ void CpuOps::dsa_index_scores(const Tensor& q, const Tensor& weights, const Batc
     const int t0 = std::max(seq.token_start, first), t1 = std::min(seq.token_start + seq.n_new, last);
     if (t0 >= t1) continue;
     const int n_past = seq.n_past + (t0 - seq.token_start);
-    cache_rows_f32(cache, batch, seq, n_past + (t1 - t0), rows, widened);
+    if (fp8) index_rows_f32(cache, batch, seq, n_past + (t1 - t0), D, rows, widened);
+    else cache_rows_f32(cache, batch, seq, n_past + (t1 - t0), rows, widened);
     cpu::dsa_index_scores(f32(q) + static_cast<int64_t>(t0 - first) * H * D,
                           f32(weights) + static_cast<int64_t>(t0 - first) * H, shape, t1 - t0, n_past, rows.data(),
                           f32(scores) + (t0 - first) * scores.cols, scores.cols, static_cast<int>(scores.cols));

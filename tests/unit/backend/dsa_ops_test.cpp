@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -16,6 +18,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/dsa.h"
+#include "backend/dsa_index_row.h"
 
 namespace moonrun::cpu {
 namespace {
@@ -201,6 +204,85 @@ TEST(DsaOps, IndexScoresMatchTheReferenceOverEachCausalRange) {
     }
     for (int p = visible; p < C; ++p) EXPECT_EQ(st[p], -std::numeric_limits<float>::infinity()) << t << " " << p;
   }
+}
+
+// The FP8 indexer-key pool (backend/dsa_index_row.h, DeepSeek-V3.2's act_quant with the
+// "ue8m0" scale): each stored key is e4m3 codes of key / scale with scale a power of two and
+// amax / scale in (224, 448], every value within half an e4m3 step of the F32 pool's key.
+TEST(DsaOps, Fp8IndexKeysQuantiseEachKeyWithAPowerOfTwoScale) {
+  Fixture f;
+  const int D = f.idx.head_dim, W = dsa_fp8_row_width(D), P = kPages * kPageSize;
+  Tensor pool = f.ops.alloc(P, W, DType::F8_E4M3, "fp8 keys");
+  const KvLayer fp8{pool.data, DType::F8_E4M3, kPageSize, W};
+  const int T = f.db.n_tokens();
+  f.ops.dsa_index_store(put(f.ops, f.k_raw, T, D), put(f.ops, f.ln_w, 1, D), put(f.ops, f.ln_b, 1, D), f.eps, f.view,
+                        fp8);
+  for (int t = 0; t < T; ++t) {
+    const uint8_t* row = static_cast<const uint8_t*>(pool.data) + f.db.row_of(t, f.db.fb.positions[t]) * W;
+    float scale;
+    std::memcpy(&scale, row + D, 4);
+    int e = 0;
+    EXPECT_EQ(std::frexp(scale, &e), 0.5f) << "token " << t << ": scale " << scale << " is not a power of two";
+    const float* want = f.key(t, f.db.fb.positions[t]);
+    float amax = 0;
+    for (int i = 0; i < D; ++i) amax = std::max(amax, std::fabs(want[i]));
+    EXPECT_GT(amax / scale, 224.0f) << t;
+    EXPECT_LE(amax / scale, 448.0f) << t;
+    for (int i = 0; i < D; ++i) {
+      const float got = f8e4m3_to_f32(row[i]) * scale;
+      // Half a step: 2^-4 of the value among normals, 2^-10 of the scale among subnormals.
+      const float half_step = std::max(std::fabs(want[i]) / 16.0f, scale / 1024.0f);
+      EXPECT_LE(std::fabs(got - want[i]), half_step * 1.0001f) << "token " << t << " value " << i;
+    }
+  }
+}
+
+// Scores over an FP8 pool are the scores of its dequantised keys (the reference formula in
+// double over code * scale), and each is within the bound half an e4m3 step a key value
+// allows of the F32 pool's score: sum_h |w_h| n^-1/2 sum_i |q_hi| half_step_i (ReLU is
+// 1-Lipschitz). The spread itself is printed.
+TEST(DsaOps, Fp8IndexScoresAreTheScoresOfTheDequantisedKeys) {
+  Fixture f;
+  const int D = f.idx.head_dim, H = f.idx.num_heads, W = dsa_fp8_row_width(D), P = kPages * kPageSize;
+  const int T = f.db.n_tokens(), C = f.db.max_positions();
+  // The F32 pool's rows (past ones and the batch's own) quantised row by row.
+  Tensor pool = f.ops.alloc(P, W, DType::F8_E4M3, "fp8 keys");
+  for (int r = 0; r < P; ++r)
+    dsa_quantize_index_row(f.key_cache.as<float>() + static_cast<int64_t>(r) * D, D,
+                           static_cast<uint8_t*>(pool.data) + static_cast<int64_t>(r) * W);
+  const KvLayer fp8{pool.data, DType::F8_E4M3, kPageSize, W};
+  Tensor s8 = f.ops.alloc(T, C, DType::F32, "scores"), s32 = f.ops.alloc(T, C, DType::F32, "scores");
+  f.ops.dsa_index_scores(f.q_idx, f.w_idx, f.view, fp8, f.idx, s8);
+  f.ops.dsa_index_scores(f.q_idx, f.w_idx, f.view, f.index_kv(), f.idx, s32);
+  double worst = 0, largest = 0;
+  std::vector<float> key(D);
+  for (int t = 0; t < T; ++t) {
+    for (int p = 0; p <= f.db.fb.positions[t]; ++p) {
+      const uint8_t* row = static_cast<const uint8_t*>(pool.data) + f.db.row_of(t, p) * W;
+      dsa_dequantize_index_row(row, D, key.data());
+      float scale;
+      std::memcpy(&scale, row + D, 4);
+      double r = 0, bound = 0;
+      for (int h = 0; h < H; ++h) {
+        const float* qh = f.q_idx.as<float>() + (int64_t(t) * H + h) * D;
+        const double wh = double(f.w_idx.as<float>()[int64_t(t) * H + h]) / std::sqrt(double(H) * D);
+        double d = 0, slack = 0;
+        for (int i = 0; i < D; ++i) {
+          d += double(qh[i]) * key[i];
+          slack += std::fabs(double(qh[i])) * std::max(std::fabs(double(f.key(t, p)[i])) / 16.0, scale / 1024.0);
+        }
+        r += wh * std::max(0.0, d);
+        bound += std::fabs(wh) * slack;
+      }
+      const float got = s8.as<float>()[int64_t(t) * C + p], f32 = s32.as<float>()[int64_t(t) * C + p];
+      EXPECT_NEAR(got, r, 1e-5 * (1 + std::fabs(r))) << "token " << t << " pos " << p;
+      EXPECT_LE(std::fabs(double(got) - f32), bound * 1.001 + 1e-6) << "token " << t << " pos " << p;
+      worst = std::max(worst, std::fabs(double(got) - f32));
+      largest = std::max(largest, std::fabs(double(f32)));
+    }
+  }
+  std::printf("fp8 indexer keys: max |score - F32 pool's| = %.3g of max |score| %.3g (%.2f%%)\n", worst, largest,
+              100 * worst / largest);
 }
 
 TEST(DsaOps, TopKKeepsTheHighestScoresAndBreaksTiesByLowerPosition) {

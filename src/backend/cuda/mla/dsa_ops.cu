@@ -1,13 +1,15 @@
 // DeepSeek Sparse Attention's lightning indexer on the GPU (issue 38, build item 3): the twins
 // of CpuOps::dsa_index_store / dsa_index_scores / dsa_topk (backend/cpu/dsa.cpp), first as
-// reference kernels: fp32 on CUDA cores, the indexer-key pool F32 like the CPU's. What the
-// fast path adds later (FP8 keys with a scale, scores on the tensor cores, a top-k that
-// streams 1M scores by blocks) is measured against these.
+// reference kernels: fp32 on CUDA cores over an indexer-key pool of F32 rows or of FP8 rows
+// with a scale (backend/dsa_index_row.h: 132 bytes a key instead of 512). What the fast path
+// adds later (scores on the tensor cores, a top-k that streams 1M scores by blocks) is
+// measured against these.
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
 
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/dsa_index_row.h"
 #include "backend/cuda/mla/dsa_ops.h"
 #include "backend/cuda/mla/mla_device.cuh"
 
@@ -17,9 +19,12 @@ using namespace mla_detail;
 
 namespace {
 
-// grid n_tokens, kThreads: LayerNorm(k[t]) * w + b into the pool row of t's position.
+// grid n_tokens, kThreads: LayerNorm(k[t]) * w + b into the pool row of t's position: F32
+// values, or (kFp8) e4m3 codes of value / scale and the scale (backend/dsa_index_row.h).
+template <typename Row>
 __global__ void index_store_kernel(const float* __restrict__ k, int dim, const float* __restrict__ w,
-                                   const float* __restrict__ b, float eps, BatchTables batch, PagedRows<float> pool) {
+                                   const float* __restrict__ b, float eps, BatchTables batch, PagedRows<Row> pool) {
+  constexpr bool kFp8 = sizeof(Row) == 1;
   __shared__ float red[kWarps];
   const int t = blockIdx.x;
   const float* x = k + static_cast<int64_t>(t) * dim;
@@ -30,8 +35,32 @@ __global__ void index_store_kernel(const float* __restrict__ k, int dim, const f
   for (int i = threadIdx.x; i < dim; i += kThreads) v += (x[i] - mean) * (x[i] - mean);
   const float inv = 1.0f / sqrtf(block_sum(v, red) / static_cast<float>(dim) + eps);
   const int32_t* pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
-  float* dst = pool.at(pages, batch.positions[t]);
-  for (int i = threadIdx.x; i < dim; i += kThreads) dst[i] = (x[i] - mean) * inv * w[i] + b[i];
+  if constexpr (!kFp8) {
+    float* dst = pool.at(pages, batch.positions[t]);
+    for (int i = threadIdx.x; i < dim; i += kThreads) dst[i] = (x[i] - mean) * inv * w[i] + b[i];
+  } else {
+    uint8_t* dst = pool.at(pages, batch.positions[t]);
+    float amax = 0;
+    for (int i = threadIdx.x; i < dim; i += kThreads) amax = fmaxf(amax, fabsf((x[i] - mean) * inv * w[i] + b[i]));
+    const float scale = dsa_index_scale(block_max(amax, red)), to_code = 1.0f / scale;  // exact: a power of two
+    for (int i = threadIdx.x; i < dim; i += kThreads) {
+      dst[i] = __nv_cvt_float_to_fp8(((x[i] - mean) * inv * w[i] + b[i]) * to_code, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (threadIdx.x == 0) *reinterpret_cast<float*>(dst + dim) = scale;  // 4-byte aligned: rows of dim + 4, dim % 4 == 0
+  }
+}
+
+// One key row of the pool as floats, into a warp's shared row (lanes over the values).
+__device__ __forceinline__ void load_key(const float* kp, int dim, int lane, float* key) {
+  for (int d = lane; d < dim; d += 32) key[d] = kp[d];
+}
+__device__ __forceinline__ void load_key(const uint8_t* kp, int dim, int lane, float* key) {
+  const float scale = *reinterpret_cast<const float*>(kp + dim);
+  for (int d = lane; d < dim; d += 32) {
+    __nv_fp8_e4m3 c;
+    c.__x = kp[d];
+    key[d] = static_cast<float>(c) * scale;
+  }
 }
 
 constexpr int kScoreWarps = 8;                      // positions scored at once by a block
@@ -41,8 +70,9 @@ constexpr int kPositionsPerBlock = kScoreWarps * 32;
 // scores: column p <= pos_t is sum_h w[t, h] * scale * ReLU(q[t, h] . key[p]), the rest -inf.
 // Shared: q[t] with rows padded to dim + 1 (lane h reads row h: no bank conflicts), the
 // scaled weights, one key row per warp.
+template <typename Row>
 __global__ void index_scores_kernel(const float* __restrict__ q, const float* __restrict__ weights, int heads,
-                                    int dim, float scale, BatchTables batch, PagedRows<float> pool,
+                                    int dim, float scale, BatchTables batch, PagedRows<Row> pool,
                                     float* __restrict__ scores, int64_t cols, int first_token) {
   extern __shared__ float smem[];
   float* q_s = smem;                                      // [heads, dim + 1]
@@ -70,8 +100,7 @@ __global__ void index_scores_kernel(const float* __restrict__ q, const float* __
       if (lane == 0) row[p] = -INFINITY;
       continue;
     }
-    const float* kp = pool.at(pages, static_cast<int>(p));
-    for (int d = lane; d < dim; d += 32) key[d] = kp[d];
+    load_key(pool.at(pages, static_cast<int>(p)), dim, lane, key);
     __syncwarp();
     float s = 0;
     for (int h = lane; h < heads; h += 32) {
@@ -172,7 +201,10 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const float* __restr
 void dsa_index_store(const float* k, int n_tokens, int dim, const float* norm_w, const float* norm_b, float eps,
                      const BatchTables& batch, const KvLayer& pool, cudaStream_t stream) {
   if (n_tokens <= 0) return;
-  index_store_kernel<<<n_tokens, kThreads, 0, stream>>>(k, dim, norm_w, norm_b, eps, batch, paged_rows<float>(pool));
+  if (pool.dtype == DType::F8_E4M3)
+    index_store_kernel<<<n_tokens, kThreads, 0, stream>>>(k, dim, norm_w, norm_b, eps, batch, paged_rows<uint8_t>(pool));
+  else
+    index_store_kernel<<<n_tokens, kThreads, 0, stream>>>(k, dim, norm_w, norm_b, eps, batch, paged_rows<float>(pool));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -182,11 +214,15 @@ void dsa_index_scores(const float* q, const float* weights, int first_token, int
   if (n_tokens <= 0 || cols <= 0) return;
   const size_t smem = (static_cast<size_t>(heads) * (dim + 1) + heads + static_cast<size_t>(kScoreWarps) * dim) *
                       sizeof(float);
-  if (smem > 48u * 1024) CUDA_CHECK(cudaFuncSetAttribute(index_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(smem)));
   const dim3 grid(n_tokens, static_cast<unsigned>((cols + kPositionsPerBlock - 1) / kPositionsPerBlock));
-  index_scores_kernel<<<grid, kScoreWarps * 32, smem, stream>>>(q, weights, heads, dim, scale, batch,
-                                                                paged_rows<float>(pool), scores, cols, first_token);
+  auto launch = [&](auto kernel, auto rows) {
+    if (smem > 48u * 1024)
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, kScoreWarps * 32, smem, stream>>>(q, weights, heads, dim, scale, batch, rows, scores, cols,
+                                                     first_token);
+  };
+  if (pool.dtype == DType::F8_E4M3) launch(index_scores_kernel<uint8_t>, paged_rows<uint8_t>(pool));
+  else launch(index_scores_kernel<float>, paged_rows<float>(pool));
   CUDA_CHECK_LAUNCH();
 }
 
