@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "backend/cpu/int4.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/mla/mla_ops.h"
+#include "backend/dsa_index_row.h"
 #include "model/layers/kda.h"
 #include "model/layers/rope.h"
 #include "model/vision/moonvit.h"
@@ -630,6 +632,73 @@ TEST_P(BackendOps, MlaOpsOnAMixedBatch) {
 // scores, the top-k (on the CPU's scores, so both select from the same values; once more
 // over scores on a coarse grid, where equal scores must keep the lower position) and MLA
 // over the selection. Indexer shapes: a tiny one and K3.1-Pro's 32 heads x 128.
+// The FP8 indexer-key pool (backend/dsa_index_row.h): CUDA's store quantises as the CPU does
+// (the same scale and codes, a code one step apart at most where the LayerNorm rounds the
+// other way), and its scores over identical FP8 rows equal the CPU's to fp32 rounding.
+TEST_P(BackendOps, DsaFp8IndexKeysMatchTheCpu) {
+  Backends& B = b();
+  MixedBatch mb;
+  const int T = mb.n_tokens(), P = MixedBatch::kPages * MixedBatch::kPageSize, C = 70;
+  const BatchView vc = B.cpu.upload_batch(mb.fb), vg = B.gpu->upload_batch(mb.fb);
+  const DsaIndexerShape ish{32, 128};
+  const int H = ish.num_heads, D = ish.head_dim, W = dsa_fp8_row_width(D);
+  std::vector<uint8_t> bytes(static_cast<size_t>(P) * W);
+  const std::vector<float> past = normal(static_cast<size_t>(P) * D, 70);
+  for (int r = 0; r < P; ++r) dsa_quantize_index_row(past.data() + static_cast<size_t>(r) * D, D, bytes.data() + size_t(r) * W);
+  auto pool_pair = [&] {
+    Pair p{B.cpu.alloc(P, W, DType::F8_E4M3, "keys"), B.gpu->alloc(P, W, DType::F8_E4M3, "keys")};
+    B.cpu.upload(p.c, 0, bytes.data(), bytes.size());
+    B.gpu->upload(p.g, 0, bytes.data(), bytes.size());
+    return p;
+  };
+  auto kv = [&](const Tensor& t) { return KvLayer{t.data, DType::F8_E4M3, MixedBatch::kPageSize, W}; };
+  auto dequantised = [&](const std::vector<uint8_t>& raw) {
+    std::vector<float> v(static_cast<size_t>(P) * D);
+    for (int r = 0; r < P; ++r) dsa_dequantize_index_row(raw.data() + size_t(r) * W, D, v.data() + size_t(r) * D);
+    return v;
+  };
+  auto raw_of = [&](Ops& ops, const Tensor& t) {
+    std::vector<uint8_t> raw(static_cast<size_t>(P) * W);
+    ops.download(t, raw.data());
+    return raw;
+  };
+  // Scores over identical rows.
+  {
+    Pair pool = pool_pair();
+    Pair q = put(B, normal(T * H * D, 71), T, H * D), w = put(B, normal(T * H, 72), T, H);
+    Pair sc = out(B, T, C);
+    B.cpu.dsa_index_scores(q.c, w.c, vc, kv(pool.c), ish, sc.c);
+    B.gpu->dsa_index_scores(q.g, w.g, vg, kv(pool.g), ish, sc.g);
+    std::vector<float> got = testing::download(*B.gpu, sc.g), want = testing::download(B.cpu, sc.c);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(std::isinf(got[i]), std::isinf(want[i])) << i;
+      if (std::isinf(got[i]) || std::isinf(want[i])) got[i] = want[i] = 0;
+    }
+    expect_close(std::string("dsa_index_scores_fp8_") + B.mode(), "32x128", optest::normalised_error(got, want), 1e-5);
+  }
+  // The store.
+  {
+    Pair pool = pool_pair();
+    Pair k = put(B, normal(T * D, 73, 2.0f), T, D);
+    Pair nw = put(B, optest::random_uniform(D, 74, 0.7f, 1.3f), 1, D), nb = put(B, normal(D, 75, 0.1f), 1, D);
+    B.cpu.dsa_index_store(k.c, nw.c, nb.c, 1e-6f, vc, kv(pool.c));
+    B.gpu->dsa_index_store(k.g, nw.g, nb.g, 1e-6f, vg, kv(pool.g));
+    const std::vector<uint8_t> got = raw_of(*B.gpu, pool.g), want = raw_of(B.cpu, pool.c);
+    size_t scales_differ = 0, codes_differ = 0;
+    for (int r = 0; r < P; ++r) {
+      scales_differ += std::memcmp(got.data() + size_t(r) * W + D, want.data() + size_t(r) * W + D, 4) != 0;
+      for (int i = 0; i < D; ++i) codes_differ += got[size_t(r) * W + i] != want[size_t(r) * W + i];
+    }
+    std::printf("OPERR dsa_index_store_fp8_%s 32x128 scales_differ=%zu codes_differ=%zu of %d\n", B.mode(),
+                scales_differ, codes_differ, T * D);
+    EXPECT_EQ(scales_differ, 0u);
+    EXPECT_LE(codes_differ, static_cast<size_t>(T * D / 100));
+    // A code that differs is the neighbouring one: within one e4m3 step (2^-3 of the value).
+    expect_close(std::string("dsa_index_store_fp8_") + B.mode(), "32x128",
+                 optest::normalised_error(dequantised(got), dequantised(want)), 0.07);
+  }
+}
+
 TEST_P(BackendOps, DsaOpsOnAMixedBatch) {
   Backends& B = b();
   MixedBatch mb;
@@ -930,7 +999,7 @@ TEST_P(BackendOps, RouterAndExperts) {
   // (MOONRUN_EXPERT_ONE_TILE=1, set for this test; the gated launch takes 8 rows of each
   // matrix), edge scales included.
   ScopedEnv one_tile("MOONRUN_EXPERT_ONE_TILE", "1");
-  // multi_pass: MOONRUN_EXPERT_MULTI_PASS=1, so steps of 9 .. 256 tokens take the whole-tile
+  // multi_pass: MOONRUN_EXPERT_MULTI_PASS=1 (the default), so steps of 9 .. 256 tokens take the whole-tile
   // kernel too, each block running its expert's slots in passes of 8 over its tile (32 and
   // 128 tokens: ~20 and ~80 slots an expert, 3 to 10 passes; 24 x 7168: one-tile blocks).
   struct Shape {
@@ -943,8 +1012,8 @@ TEST_P(BackendOps, RouterAndExperts) {
                          Shape{8, 1024, 576, true}, Shape{600, 256, 384}, Shape{1100, 128, 256, true},
                          Shape{4, 7168, 256, true}, Shape{32, 1024, 576, false, true},
                          Shape{128, 512, 256, true, true}, Shape{24, 7168, 256, false, true}}) {
-    std::optional<ScopedEnv> multi;
-    if (sh.multi_pass) multi.emplace("MOONRUN_EXPERT_MULTI_PASS", "1");
+    // The others pin it off, so shapes of 9 .. 256 tokens keep testing the mma kernel.
+    ScopedEnv multi("MOONRUN_EXPERT_MULTI_PASS", sh.multi_pass ? "1" : "0");
     const int Tn = sh.T, Dn = sh.Dm, In = sh.I;
     std::vector<int32_t> ids;
     for (int t = 0; t < Tn; ++t)

@@ -26,6 +26,7 @@
 #include "backend/cuda/moe/moe_ops.h"
 #include "backend/cuda/sample/sample_ops.h"
 #include "backend/cuda/vision/vision_ops.h"
+#include "backend/dsa_index_row.h"
 
 namespace moonrun::cuda {
 
@@ -79,11 +80,18 @@ bool int4_fast() {
 
 // Speculative decoding's rollback in few launches: a verify step's five saves of a KDA layer
 // in one copy_many launch, and the replay's gathers, convs and norms in one
-// kda_replay_inputs launch (13 -> 1 a layer). MOONRUN_FUSED_ROLLBACK=1 turns them on; off
-// (the unfused ops, bit for bit the same results) until measured on a GPU.
+// kda_replay_inputs launch (13 -> 1 a layer). On by default since measured (H100,
+// 2026-12-07: a demo-model verify step 1.35 -> 1.20 decode steps); MOONRUN_FUSED_ROLLBACK=0
+// runs the unfused ops (bit for bit the same results).
 bool fused_rollback() {
   const char* v = std::getenv("MOONRUN_FUSED_ROLLBACK");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// The DSA indexer-key pool: F32 rows of D, or FP8 rows of D codes + a 4-byte-aligned scale.
+bool index_pool_ok(const KvLayer& c, int D) {
+  return (c.dtype == DType::F32 && c.row_width == D) ||
+         (c.dtype == DType::F8_E4M3 && c.row_width == dsa_fp8_row_width(D) && D % 4 == 0);
 }
 
 BatchTables tables(const BatchView& b) { return BatchTables{b.positions, b.token_seq, b.seqs, b.page_table}; }
@@ -526,7 +534,8 @@ class CudaOps final : public Ops {
   void dsa_index_store(const Tensor& k, const Tensor& norm_w, const Tensor& norm_b, float eps, const BatchView& batch,
                        KvLayer cache) override {
     const int D = static_cast<int>(k.cols);
-    check(cache.dtype == DType::F32 && cache.row_width == D, "dsa_index_store: an F32 pool of rows of " + std::to_string(D));
+    check(index_pool_ok(cache, D), "dsa_index_store: an F32 pool of rows of " + std::to_string(D) + " or an FP8 one of " +
+                                       std::to_string(dsa_fp8_row_width(D)) + " (D a multiple of 4)");
     check(norm_w.numel() == D && norm_b.numel() == D && k.rows == batch.n_tokens(), "dsa_index_store shapes");
     cuda::dsa_index_store(k.as<float>(), static_cast<int>(k.rows), D, norm_w.as<float>(), norm_b.as<float>(), eps,
                           tables(batch), cache, stream_);
@@ -537,7 +546,8 @@ class CudaOps final : public Ops {
     check(q.cols == static_cast<int64_t>(H) * D && weights.cols == H && first_token >= 0 &&
               first_token + q.rows <= batch.n_tokens() && weights.rows == q.rows && scores.rows == q.rows,
           "dsa_index_scores shapes");
-    check(cache.dtype == DType::F32 && cache.row_width == D, "dsa_index_scores: an F32 pool of rows of " + std::to_string(D));
+    check(index_pool_ok(cache, D), "dsa_index_scores: an F32 pool of rows of " + std::to_string(D) + " or an FP8 one of " +
+                                       std::to_string(dsa_fp8_row_width(D)) + " (D a multiple of 4)");
     for (const BatchSeq& s : batch.host->seqs)
       check(s.n_past + s.n_new <= scores.cols, "dsa_index_scores: scores narrower than a sequence's positions");
     cuda::dsa_index_scores(q.as<float>(), weights.as<float>(), first_token, static_cast<int>(q.rows), H, D,

@@ -86,7 +86,7 @@ constexpr int kThreads = kWarps * 32;
 // fit in shared memory (inputs past ~6k: K2's gate/up at hidden 7168).
 constexpr int kMaxTiles = 2;
 constexpr int kMaxTokens = 8;    // per expert a pass: one n8 fragment
-// Multi-pass blocks (MOONRUN_EXPERT_MULTI_PASS=1): a step of up to this many tokens, each
+// Multi-pass blocks (on unless MOONRUN_EXPERT_MULTI_PASS=0): a step of up to this many tokens, each
 // block running its expert's slots in passes of kMaxTokens over the one copied tile.
 constexpr int kMaxMultiTokens = 256;
 constexpr int kSlice = 64;       // k per warp per round: four k16 MMA steps
@@ -132,11 +132,12 @@ int tiles_for(int in, bool int4, bool multi = false) {
   return tile_smem_bytes(in, int4, 1, multi) <= kMaxTileSmemBytes ? 1 : 0;
 }
 
-// Steps of 9 .. kMaxMultiTokens tokens in multi-pass blocks: off unless
-// MOONRUN_EXPERT_MULTI_PASS=1 until measured on a GPU (those steps take expert_linear_mma.cu).
+// Steps of 9 .. kMaxMultiTokens tokens in multi-pass blocks: on by default since measured
+// (H100, 2026-12-07: K3 slice b = 32 / 128 0.56 / 0.52 -> 0.76 / 0.70 of the floor, K2.7
+// 0.53 / 0.48 -> 0.68 / 0.61); MOONRUN_EXPERT_MULTI_PASS=0 sends them to expert_linear_mma.cu.
 bool multi_pass_enabled() {
   const char* v = std::getenv("MOONRUN_EXPERT_MULTI_PASS");  // read at each call: the op tests set it
-  return v != nullptr && v[0] == '1';
+  return v == nullptr || v[0] != '0';
 }
 bool multi_for(int n_tokens) { return n_tokens > kMaxTokens; }
 

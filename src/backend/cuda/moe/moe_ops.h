@@ -57,8 +57,8 @@ void grouped_expert_linear(const void* x, bool x_bf16, int x_row_div, const Stac
 // The tensor-core paths of grouped_expert_linear, which takes the first that applies.
 // Decode batches (expert_linear_stream.cu): bf16 x, MXFP4 weights, at most 8 tokens, in % 64
 // == 0, out % 32 == 0, each block's 32-row tile bulk-copied into shared memory (16-row tiles,
-// out % 16 == 0, where 32 rows of in would not fit: in past ~6k); with
-// MOONRUN_EXPERT_MULTI_PASS=1 also steps of up to 256 tokens, each block running its expert's
+// out % 16 == 0, where 32 rows of in would not fit: in past ~6k); unless
+// MOONRUN_EXPERT_MULTI_PASS=0 also steps of up to 256 tokens, each block running its expert's
 // slots in passes of 8 over its one copied tile (an expert gets one to three tokens at decode
 // batches of 32 .. 128). Otherwise
 // (expert_linear_mma.cu): bf16 x, MXFP4 weights, in % 64 == 0, out % 16 == 0. Both take
