@@ -178,6 +178,7 @@ Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt
   ec.scheduler.max_tokens_per_step = opt.chunked_prefill_size;
   ec.scheduler.max_prefill_attention_pairs = opt.max_prefill_attention_pairs;
   ec.max_prefill_step_ms = opt.max_prefill_step_ms;
+  ec.prefill_context_pairs = cfg.prefill_context_pairs();
   ec.scheduler.max_queued_requests = opt.max_queued_requests;
   ec.max_model_len = static_cast<int>(std::min<int64_t>(opt.context_length, INT32_MAX));
   if (cfg.eos_token_id >= 0) ec.eos_token_ids.push_back(cfg.eos_token_id);

@@ -53,6 +53,7 @@ Engine::Engine(const EngineConfig& config, CacheManager& cache, StepRunner& runn
       seed_gen_(config.seed) {
   const Status st = check_engine_config(config, cache.config());
   MR_CHECK(st.is_ok()) << st.message();
+  pacer_.set_context_pairs(config.prefill_context_pairs);
 }
 
 Status Engine::validate(const std::vector<int32_t>& prompt_ids, const SamplingParams& params) const {
@@ -510,17 +511,19 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
     return Status::ok();
   }
   // The step's prefill attention (what the pacer learns a pair's cost from).
-  int64_t prefill_pairs = 0;
+  int64_t prefill_pairs = 0, prefill_context = 0;
   for (const ScheduledSeq& s : paced ? std::span<const ScheduledSeq>(scheduled.seqs) : std::span<const ScheduledSeq>())
-    if (s.n_draft == 0 && s.n_new_tokens > 1)
+    if (s.n_draft == 0 && s.n_new_tokens > 1) {
       prefill_pairs += Scheduler::attention_pairs(s.req->num_computed_tokens, s.n_new_tokens);
+      prefill_context += s.req->num_computed_tokens;
+    }
   StepInput input;
   prepare_inputs(scheduled, input);
   phases.mark(1);
   StepOutput result;
   MR_RETURN_IF_ERROR(forward(input, result));
   phases.mark(2);
-  if (paced) pacer_.record(scheduled.n_tokens, prefill_pairs, now_seconds() - t0);
+  if (paced) pacer_.record(scheduled.n_tokens, prefill_pairs, prefill_context, now_seconds() - t0);
   // The snapshots taken after this forward become cached prefixes of their prompts.
   cache_.commit_snapshots([this](int64_t seq) -> std::span<const int32_t> {
     auto it = requests_.find(seq);

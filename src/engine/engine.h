@@ -53,6 +53,9 @@ struct EngineConfig {
   // prefill chunk is cut to take about this long, from the step costs the engine measures.
   // 0: off (the scheduler's max_prefill_attention_pairs alone).
   double max_prefill_step_ms = 0;
+  // Query-key pairs of work a cached position costs a prefill chunk after it, whatever the
+  // chunk's length (engine/prefill_pacer.h; prefill_context_pairs_of(ModelConfig)).
+  double prefill_context_pairs = 0;
   // Seconds on a monotonic clock (tests substitute a model of step costs); empty: steady_clock.
   std::function<double()> clock;
 };

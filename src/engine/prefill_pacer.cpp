@@ -11,8 +11,9 @@ constexpr double kTokenUnit = 1e3, kPairUnit = 1e9;
 constexpr double kRidge = 1e-6;
 }  // namespace
 
-void PrefillPacer::record(int64_t tokens, int64_t pairs, double seconds) {
-  const double x[3] = {1.0, static_cast<double>(tokens) / kTokenUnit, static_cast<double>(pairs) / kPairUnit};
+void PrefillPacer::record(int64_t tokens, int64_t pairs, int64_t context, double seconds) {
+  const double all_pairs = static_cast<double>(pairs) + context_pairs_ * static_cast<double>(context);
+  const double x[3] = {1.0, static_cast<double>(tokens) / kTokenUnit, all_pairs / kPairUnit};
   for (int i = 0; i < 3; ++i) {
     for (int j = 0; j < 3; ++j) xtx_[i][j] = kDecay * xtx_[i][j] + x[i] * x[j];
     xty_[i] = kDecay * xty_[i] + x[i] * seconds;
@@ -45,7 +46,8 @@ std::array<double, 3> PrefillPacer::fit() const {
 Scheduler::PrefillBudget PrefillPacer::budget(double target_s) const {
   const auto [fixed_s, per_token_s, per_pair_s] = fit();
   const double fixed = std::max(fixed_s, 0.0);
-  return {std::max(target_s - fixed, fixed), std::max(per_token_s, 0.0), per_pair_s};
+  return {std::max(target_s - fixed, fixed), std::max(per_token_s, 0.0), per_pair_s,
+          std::max(per_pair_s, 0.0) * context_pairs_, fixed};
 }
 
 }  // namespace moonrun

@@ -65,7 +65,8 @@ SchedulerOutput Scheduler::schedule() {
   // chunk (~1.1 s late in a 1M prompt) past the growth bound: the streams' 1 % of ~1 s gaps.
   const PrefillBudget cost =
       !shared                ? PrefillBudget{}
-      : paced_.per_pair > 0  ? PrefillBudget{std::max(paced_.budget, 0.0), paced_.per_token, paced_.per_pair}
+      : paced_.per_pair > 0  ? PrefillBudget{std::max(paced_.budget, 0.0), paced_.per_token, paced_.per_pair,
+                                             paced_.per_context, paced_.fixed}
       : config_.max_prefill_attention_pairs > 0
           ? PrefillBudget{static_cast<double>(config_.max_prefill_attention_pairs), 0.0, 1.0}
           : PrefillBudget{};
@@ -177,6 +178,19 @@ int Scheduler::fair_chunk(int n_new, int from, const PrefillBudget& cost, double
   const auto spent = [&](int64_t n) {
     return cost.per_token * static_cast<double>(n) + cost.per_pair * static_cast<double>(attention_pairs(from, n));
   };
+  // The chunk's context part (per_context * from: plain MLA's expansion of the cached
+  // latents) comes out of the budget first; where that leaves less work than the step's
+  // fixed part plus itself, the chunk gets that much anyway (what budget() does for t0), so
+  // a chunk's overhead never exceeds its work and the prompt's TTFT stays within ~2x.
+  const double ctx = cost.per_context * static_cast<double>(from);
+  if (ctx > 0) {
+    const double room = std::max(left - ctx, cost.fixed + ctx);
+    left -= ctx;
+    double r = room;
+    const int cut = fair_chunk(n_new, from, PrefillBudget{cost.budget, cost.per_token, cost.per_pair}, r, INT_MAX);
+    left -= room - r;
+    return cut;
+  }
   // The largest n with spent(n) <= left: the positive root of
   // per_pair / 2 n^2 + (per_pair (from + 1/2) + per_token) n - left = 0, then nudged for
   // the rounding.

@@ -88,6 +88,10 @@ class Scheduler {
   // with a pair's cost: no room this step (the minimum chunk), never "no bound".
   struct PrefillBudget {
     double budget = 0, per_token = 0, per_pair = 0;
+    // The pacer's: a chunk's cost per cached position before it (paid whatever its length:
+    // per_pair x context pairs), and the step's fixed part; fair_chunk gives a chunk at least
+    // their sum of work.
+    double per_context = 0, fixed = 0;
   };
   void set_prefill_budget(const PrefillBudget& b) { paced_ = b; }
   // The attention pairs of n new tokens after `past` ones.

@@ -168,6 +168,16 @@ struct ModelConfig {
   int kda_proj_dim() const { return kda_num_heads * kda_head_dim; }
   int mla_q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int mla_cache_row() const { return kv_lora_rank + qk_rope_head_dim; }
+  // Query-key pairs of attention work a cached position costs a prefill chunk after it in
+  // plain-order MLA, whatever the chunk's length: kv_b's expansion of its latent (kv_lora x
+  // (nope + v) a head) over a pair's (nope + rope + v) a head. 409.6 for K3 and K2; 0 without
+  // MLA, and with DSA (its chunks read selected latents, not the whole prefix). The
+  // prefill pacer's (engine/prefill_pacer.h).
+  double prefill_context_pairs() const {
+    const int pair = qk_nope_head_dim + qk_rope_head_dim + v_head_dim;
+    if (kv_lora_rank <= 0 || pair <= 0 || dsa.index_topk > 0) return 0;
+    return static_cast<double>(kv_lora_rank) * (qk_nope_head_dim + v_head_dim) / pair;
+  }
   // Width the routed experts work in (LatentMoE) and the shared MLP's intermediate width.
   int expert_io_dim() const { return routed_expert_hidden_size > 0 ? routed_expert_hidden_size : hidden_size; }
   int shared_intermediate_size() const { return moe_intermediate_size * num_shared_experts; }
