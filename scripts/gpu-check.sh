@@ -152,7 +152,8 @@ fi
 #     LONG_PARTS (default "prefill262k decode131k decode1m prefill1m serve1m") picks some;
 #     LONG_SERVE_ARGS adds serve flags to serve1m (e.g. "--max-prefill-step-ms 30"), and
 #     LONG_TTFT_TIMEOUT (360 s) bounds its wait for the prompt beside the streams (a stall is
-#     then reported with the streams' gaps, inside one 10-minute device call);
+#     then reported with the streams' gaps, inside one 10-minute device call); LONG_NO_ALONE=1
+#     skips the prompt alone (~100 s on an H100) when its TTFT is known from the same binaries;
 #     the figures go to $OUT/k3-slice-long.json (bench/results/k3-slice-long-h200.json).
 if want long; then
   SLICE=${SLICE_DIR:-/tmp/k3-slice}
@@ -175,7 +176,7 @@ if want long; then
   if [[ $LP == *" serve1m "* ]]; then
     t0=$(date +%s)
     python3 bench/long_prompt_serve.py --exe "$EXE" --model "$SLICE" --prompt-tokens "${LONG_SERVE_TOKENS:-1048576}" \
-      --streams 8 --ttft-timeout "${LONG_TTFT_TIMEOUT:-360}" \
+      --streams 8 --ttft-timeout "${LONG_TTFT_TIMEOUT:-360}" ${LONG_NO_ALONE:+--no-ttft-alone} \
       $(for x in ${LONG_SERVE_ARGS:-}; do printf -- '--server-arg=%s ' "$x"; done) --json-out "$OUT/long-serve1m.json" --log "$OUT/long-serve1m-server.log" >"$OUT/long-serve1m.log" 2>&1
     rc=$?
     row "serve: long prompt + 8 streams ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
@@ -205,7 +206,9 @@ fi
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 FILTER=${SANITIZE_FILTER:--*K3*:*k3*:*Fixtures*}
 # 3c. Speculative decoding (issue #37): the demo model through serve, one stream and 32, with
-#     and without drafts (SPEC_METHODS, default "dspark suffix"; SPEC_K, default "4 7"), each
+#     and without drafts (SPEC_METHODS, default "dspark suffix"; SPEC_K, default "4 7";
+#     SPEC_REPEATS, default 1: the prompts run that many times a config, which steadies the
+#     one-stream figure, a few percent apart between single runs), each
 #     server's log kept (with SPEC_PHASES=1 its step phases); then (unless SPEC_SLICE=0) the
 #     K3-width slice's verify steps for k = 1, 2, 4, 8 at batch 1 and 8 beside its decode step. Figures: $OUT/spec-demo.json, $OUT/k3-slice-verify.json.
 if want spec; then
@@ -213,7 +216,8 @@ if want spec; then
   # SPEC_PHASES=1 keeps each server's step-phase log (it synchronises the device at every
   # phase mark, so the figures of such a run are not the ones to quote).
   env ${SPEC_PHASES:+MOONRUN_DEBUG_STEP_PHASES=1} timeout "${SPEC_TIMEOUT:-300}" python3 bench/spec_decode_serve.py --exe "$EXE" --device cuda \
-    --methods ${SPEC_METHODS:-dspark suffix} --k ${SPEC_K:-4 7} --max-tokens 256 --server-logs "$OUT/spec-logs" \
+    --methods ${SPEC_METHODS:-dspark suffix} --k ${SPEC_K:-4 7} --max-tokens 256 --repeats "${SPEC_REPEATS:-1}" \
+    --server-logs "$OUT/spec-logs" \
     --json-out "$OUT/spec-demo.json" >"$OUT/spec-demo.log" 2>&1
   rc=$?
   row "serve: speculation, demo ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)" \
