@@ -29,6 +29,15 @@ using fixtures::fixture_names;
 using fixtures::fixtures_dir;
 using fixtures::read_f32;
 
+// One fixture case run as the reference ran it: greedy, max_tokens, every step's logits kept.
+auto generate_case(Runtime& rt, const nlohmann::json& c) {
+  GenerateOptions opt;
+  opt.max_tokens = c.at("max_tokens").get<int>();
+  opt.sampling.temperature = 0.0f;
+  opt.keep_logits = true;
+  return generate(*rt.runner, rt.cache.page_size_tokens, c.at("prompt_ids").get<std::vector<int32_t>>(), opt);
+}
+
 // The fixture contract (tests/fixtures/README.md) for the checkpoint in dir.
 void expect_reference_logits(const std::string& dir, const std::string& name) {
   std::ifstream in(dir + "/expected.json");
@@ -49,11 +58,8 @@ void expect_reference_logits(const std::string& dir, const std::string& name) {
     const auto shape = c.at("logits_shape").get<std::vector<int64_t>>();
     ASSERT_EQ(shape.size(), 2u);
     ASSERT_EQ(shape[1], V);
-    GenerateOptions opt;
-    opt.max_tokens = c.at("max_tokens").get<int>();
-    opt.sampling.temperature = 0.0f;
-    opt.keep_logits = true;
-    auto got = generate(*rt.runner, rt.cache.page_size_tokens, prompt, opt);
+    const int max_tokens = c.at("max_tokens").get<int>();
+    auto got = generate_case(rt, c);
     ASSERT_TRUE(got.is_ok()) << got.status().to_string();
     EXPECT_EQ(got->token_ids, want_ids) << "prompt of " << prompt.size() << " tokens";
 
@@ -69,7 +75,7 @@ void expect_reference_logits(const std::string& dir, const std::string& name) {
       }
     }
     std::printf("%s: prompt %zu tokens, %d generated: max |dlogit| = %.3g (row %zu)\n", name.c_str(),
-                prompt.size(), opt.max_tokens, worst, worst_at / V);
+                prompt.size(), max_tokens, worst, worst_at / V);
     EXPECT_LE(worst, tol) << "at row " << worst_at / V << " token " << worst_at % V;
   }
 }
@@ -107,11 +113,8 @@ TEST(K31Fp8IndexKeys, ContextsWithinTheTopKMatchAndTheRestArePrinted) {
       const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
       const auto want_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
       const auto shape = c.at("logits_shape").get<std::vector<int64_t>>();
-      GenerateOptions opt;
-      opt.max_tokens = c.at("max_tokens").get<int>();
-      opt.sampling.temperature = 0.0f;
-      opt.keep_logits = true;
-      auto got = generate(*rt.runner, rt.cache.page_size_tokens, prompt, opt);
+      const int max_tokens = c.at("max_tokens").get<int>();
+      auto got = generate_case(rt, c);
       ASSERT_TRUE(got.is_ok()) << got.status().to_string();
       const auto want = read_f32(dir + "/" + c.at("logits_file").get<std::string>(), static_cast<size_t>(shape[0]) * V);
       size_t same = 0;  // rows before the first differing id
@@ -119,10 +122,10 @@ TEST(K31Fp8IndexKeys, ContextsWithinTheTopKMatchAndTheRestArePrinted) {
       float worst = 0;
       for (size_t i = 0; i < std::min<size_t>(same + 1, shape[0]) * V; ++i)
         worst = std::max(worst, std::fabs(got->logits[i] - want[i]));
-      const bool all_keys = static_cast<int>(prompt.size()) + opt.max_tokens <= topk;
+      const bool all_keys = static_cast<int>(prompt.size()) + max_tokens <= topk;
       std::printf("%s fp8 index keys: prompt %zu (+%d), %s: ids equal for %zu of %zu, max |dlogit| through the "
                   "first differing row %.3g\n",
-                  name, prompt.size(), opt.max_tokens, all_keys ? "every key kept" : "selection", same,
+                  name, prompt.size(), max_tokens, all_keys ? "every key kept" : "selection", same,
                   want_ids.size(), worst);
       if (all_keys) {
         ++within;
@@ -223,11 +226,7 @@ TEST(GptOssLayout, SameCodesSameLogits) {
   EXPECT_EQ(rt.config.expert_quant, ExpertQuant::mxfp4_gpt_oss);
   std::ifstream in(src + "/expected.json");
   const nlohmann::json c = nlohmann::json::parse(in).at("cases").at(1);
-  GenerateOptions opt;
-  opt.max_tokens = c.at("max_tokens").get<int>();
-  opt.sampling.temperature = 0.0f;
-  opt.keep_logits = true;
-  auto got = generate(*rt.runner, rt.cache.page_size_tokens, c.at("prompt_ids").get<std::vector<int32_t>>(), opt);
+  auto got = generate_case(rt, c);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(got->token_ids, c.at("greedy_ids").get<std::vector<int32_t>>());
   const auto want = read_f32(src + "/" + c.at("logits_file").get<std::string>(), got->logits.size());
