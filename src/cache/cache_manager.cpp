@@ -47,7 +47,8 @@ Result<CacheConfig> size_cache_from_budget(const CacheLayout& layout, int64_t bu
   return config;
 }
 
-CacheManager::CacheManager(const CacheConfig& config) : config_(config), pages_(config.num_pages) {
+CacheManager::CacheManager(const CacheConfig& config)
+    : config_(config), pages_(config.num_pages, std::max(config.page_groups, 1)) {
   MR_CHECK(config.page_size_tokens >= 1) << "page_size_tokens " << config.page_size_tokens;
   MR_CHECK(config.num_state_slots >= 0 && config.num_snapshot_slots >= 0) << "slot counts";
   if (config_.prefix_block_tokens > 0) {
@@ -146,6 +147,7 @@ bool CacheManager::allocate(int64_t seq, int n_tokens) {
   const bool fresh = !has(seq);
   if (fresh && free_slots_.empty()) return false;
   const int n_new_pages = pages_needed(seq, n_tokens);
+  if (pages_.num_groups() > 1) return allocate_in_group(seq, n_new_pages);
   while (pages_.num_free() < n_new_pages && evict_one()) {
   }
   if (pages_.num_free() < n_new_pages) return false;
@@ -155,6 +157,34 @@ bool CacheManager::allocate(int64_t seq, int n_tokens) {
     before_.push_back({-1, entry.slot});  // a recycled slot still holds its last owner's state
   }
   MR_CHECK(pages_.allocate(n_new_pages, entry.pages)) << "page pool changed under allocate";
+  return true;
+}
+
+bool CacheManager::allocate_in_group(int64_t seq, int n_new_pages) {
+  // Page groups (CacheConfig::page_groups): a sequence's pages come from its slot's group,
+  // so a new one takes the most recently freed slot whose group has room.
+  const int G = pages_.num_groups();
+  auto it = seqs_.find(seq);
+  int slot = it == seqs_.end() ? -1 : it->second.slot;
+  size_t pick = free_slots_.size();
+  if (slot < 0) {
+    for (size_t i = free_slots_.size(); i-- > 0;)
+      if (pages_.num_free(free_slots_[i] % G) >= n_new_pages) {
+        pick = i;
+        break;
+      }
+    if (pick == free_slots_.size()) return false;
+    slot = free_slots_[pick];
+  } else if (pages_.num_free(slot % G) < n_new_pages) {
+    return false;
+  }
+  SeqEntry& entry = seqs_[seq];
+  if (entry.slot < 0) {
+    entry.slot = slot;
+    free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(pick));
+    before_.push_back({-1, entry.slot});  // a recycled slot still holds its last owner's state
+  }
+  MR_CHECK(pages_.allocate(n_new_pages, entry.pages, entry.slot % G)) << "page group changed under allocate";
   return true;
 }
 

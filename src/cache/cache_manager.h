@@ -49,6 +49,11 @@ struct CacheConfig {
   // Speculative decoding: 0, or one more slot per live slot (live slot s has total_slots() + s),
   // where a step that verifies drafts keeps the state it started from for the rollback.
   int num_verify_slots = 0;
+  // DP attention (RuntimeOptions::dp_attention): the pages split into this many equal ranges,
+  // range r held by rank r alone; a sequence in state slot s takes its pages from range
+  // s % page_groups (the rank that runs it: ModelRunner::step_dp), so each rank allocates
+  // num_pages / page_groups of them. 1 otherwise.
+  int page_groups = 1;
   int64_t total_tokens() const { return static_cast<int64_t>(num_pages) * page_size_tokens; }
   int total_slots() const { return num_state_slots + num_snapshot_slots; }
   int all_slots() const { return total_slots() + num_verify_slots; }
@@ -147,6 +152,7 @@ class CacheManager {
 
   int pages_needed(int64_t seq, int n_tokens) const;
   bool take_slot(SeqEntry& entry);
+  bool allocate_in_group(int64_t seq, int n_new_pages);  // CacheConfig::page_groups > 1
   // Frees the least recently used prefix; false when there is none.
   bool evict_one();
   void touch(uint64_t key);

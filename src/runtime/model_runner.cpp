@@ -34,8 +34,13 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::unique_ptr<Ops> op
   r->options_ = options;
   const CacheSpec spec = model->cache_spec();
   // One more slot and page than the cache manager hands out: padding sequences of a
-  // captured decode batch read and write them.
-  const int slots = cache.all_slots() + 1, pages = cache.num_pages + 1;
+  // captured decode batch read and write them. Under DP attention a rank holds its page
+  // group only (CacheConfig::page_groups; step_dp maps the ids).
+  const int groups = std::max(cache.page_groups, 1);
+  if (groups > 1 && groups != options.dp_attention_size)
+    return invalid_argument("ModelRunner::create: " + std::to_string(groups) + " page groups for " +
+                            std::to_string(options.dp_attention_size) + " DP ranks");
+  const int slots = cache.all_slots() + 1, pages = cache.num_pages / groups + 1;
   r->pad_slot_ = slots - 1;
   r->pad_page_ = pages - 1;
   try {
@@ -151,6 +156,15 @@ Status ModelRunner::check(const StepInput& input) const {
       for (int64_t p = 0; p < pages_needed; ++p)
         if (seq.pages[p] < 0 || seq.pages[p] >= cache_.num_pages)
           return invalid_argument(where + "KV page " + std::to_string(seq.pages[p]) + " is not in the pool");
+      if (cache_.page_groups > 1) {  // DP attention: the pages of the rank that runs it (its slot's group)
+        const int per = cache_.num_pages / cache_.page_groups, group = std::max(seq.state_slot, 0) % cache_.page_groups;
+        for (int64_t p = 0; p < pages_needed; ++p)
+          if (seq.pages[p] / per != group)
+            return invalid_argument(where + "KV page " + std::to_string(seq.pages[p]) + " is not in page group " +
+                                    std::to_string(group) + " (pages " + std::to_string(group * per) + " .. " +
+                                    std::to_string((group + 1) * per - 1) + ") of its state slot " +
+                                    std::to_string(seq.state_slot));
+      }
     }
     if (seq.sample) n_sampling += 1 + static_cast<size_t>(std::max(seq.n_draft, 0));
     if (!seq.given_at.empty()) {
@@ -297,10 +311,27 @@ Status ModelRunner::step_dp(const StepInput& input, StepOutput& output) {
   // Every rank's tokens and logits rows (rank order), and where this rank's rows start.
   std::vector<int32_t> tokens(static_cast<size_t>(D), 0), rows_of(static_cast<size_t>(D), 0);
   StepInput mine;
+  // This rank's pool holds its page group only (CacheConfig::page_groups): its sequences'
+  // page ids, shifted to the group's start.
+  const int group_pages = cache_.num_pages / std::max(cache_.page_groups, 1);
+  const int32_t first_page = cache_.page_groups > 1 ? me * group_pages : 0;
+  std::vector<std::vector<int32_t>> local_pages;
+  local_pages.reserve(input.seqs.size());
   for (const StepSeq& s : input.seqs) {
     tokens[owner(s)] += static_cast<int32_t>(s.new_token_ids.size());
     rows_of[owner(s)] += logit_rows_of(s);
-    if (owner(s) == me) mine.seqs.push_back(s);
+    if (owner(s) != me) continue;
+    mine.seqs.push_back(s);
+    if (cache_.page_groups <= 1) continue;
+    std::vector<int32_t>& local = local_pages.emplace_back(s.pages.begin(), s.pages.end());
+    for (int32_t& p : local) {
+      if (p < first_page || p >= first_page + group_pages)
+        return internal_error("DP rank " + std::to_string(me) + ": page " + std::to_string(p) +
+                              " is outside its group [" + std::to_string(first_page) + ", " +
+                              std::to_string(first_page + group_pages) + ")");
+      p -= first_page;
+    }
+    mine.seqs.back().pages = local;
   }
   std::vector<int32_t> first_row(static_cast<size_t>(D), 0);
   for (int r = 1; r < D; ++r) first_row[r] = first_row[r - 1] + rows_of[r - 1];

@@ -447,6 +447,16 @@ Result<CacheConfig> size_cache(const LoadedRanks& lr, int64_t budget_bytes, cons
       size_cache_from_budget(lr.layout, budget_bytes, o.page_size_tokens, running, snapshots, o.max_total_tokens,
                              o.num_speculative_tokens > 0 && lr.layout.state_bytes_per_slot > 0 ? running : 0));
   cache.prefix_block_tokens = prefix_cache ? o.prefix_block_tokens : 0;
+  if (o.dp_attention && o.tp_size > 1) {
+    // Each rank holds only the pages of its own sequences (CacheConfig::page_groups): the
+    // budget sized one rank's, so the scheduler has tp_size times those pages.
+    const int64_t pages = static_cast<int64_t>(cache.num_pages) * o.tp_size;
+    if (pages > INT32_MAX / 2)
+      return resource_exhausted("cache: " + std::to_string(pages) + " pages over " + std::to_string(o.tp_size) +
+                                " DP ranks is more than the page ids hold");
+    cache.num_pages = static_cast<int>(pages);
+    cache.page_groups = o.tp_size;
+  }
   return cache;
 }
 

@@ -289,6 +289,11 @@ TEST(Parallel, DpAttentionHoldsAllButTheExpertsWhole) {
   const double half_experts = 0.5 * moe_layers * c.num_experts * 3.0 * c.moe_intermediate_size *
                               c.expert_io_dim() * (0.5 + 1.0 / 32);
   EXPECT_NEAR(double(one.weight_bytes - dp.weight_bytes), half_experts, 0.05 * half_experts);
+  // The KV pages: each rank holds its own group of them (CacheConfig::page_groups), so the
+  // scheduler has twice one rank's.
+  EXPECT_EQ(one.cache.page_groups, 1);
+  EXPECT_EQ(dp.cache.page_groups, 2);
+  EXPECT_EQ(dp.cache.num_pages % 2, 0);
 }
 
 // What cannot go with DP attention is refused before anything loads.

@@ -81,7 +81,10 @@ inline std::vector<SeqResult> run_batched(const std::string& dir, int n_seqs, in
       const int slot = free_slots.back();
       free_slots.pop_back();
       Active a{next++, 0, {}};
-      for (int p = 0; p < kPagesPerSeq; ++p) a.pages.push_back(slot * kPagesPerSeq + p);
+      // Under DP attention the pages of the slot's group (CacheConfig::page_groups).
+      const int groups = std::max(rt.cache.page_groups, 1), group_pages = rt.cache.num_pages / groups;
+      for (int p = 0; p < kPagesPerSeq; ++p)
+        a.pages.push_back((slot % groups) * group_pages + (slot / groups) * kPagesPerSeq + p);
       in.before.push_back({-1, slot});
       active.emplace(slot, std::move(a));
     }

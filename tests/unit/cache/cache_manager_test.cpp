@@ -95,6 +95,52 @@ TEST(CacheManager, FreeReturnsPagesAndSlotAndMarksTheSlotFreshForTheNextOwner) {
   EXPECT_EQ(c.first[0].dst, slot);
 }
 
+// DP attention's page groups (CacheConfig::page_groups): the ids split into equal ranges, a
+// sequence's pages all from its slot's group (slot % groups: the DP rank that runs it, which
+// holds that range alone), a full group refusing its own sequences while the other has room,
+// and a new sequence taking a free slot whose group has room.
+TEST(CacheManager, PageGroupsKeepASequencesPagesInItsSlotsGroup) {
+  PageAllocator alloc(8, 2);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(alloc.allocate(2, a, 1));
+  EXPECT_EQ(a, (std::vector<int32_t>{4, 5}));
+  EXPECT_FALSE(alloc.allocate(3, b, 1));  // group 1 has 2 left
+  EXPECT_TRUE(b.empty());
+  EXPECT_EQ(alloc.num_free(0), 4);
+  alloc.release(a[0]);
+  EXPECT_EQ(alloc.num_free(1), 3);  // back to its own group
+  EXPECT_EQ(alloc.num_free(0), 4);
+
+  CacheConfig c = small_config(/*pages=*/8, /*slots=*/4);
+  c.page_groups = 2;
+  CacheManager cache(c);
+  auto group_of = [&](int64_t seq) {
+    std::set<int> groups;
+    for (int32_t p : cache.page_table(seq)) groups.insert(p / 4);
+    EXPECT_EQ(groups.size(), 1u) << "seq " << seq << "'s pages span groups";
+    return groups.empty() ? -1 : *groups.begin();
+  };
+  ASSERT_TRUE(cache.allocate(1, 12));  // 3 pages
+  ASSERT_TRUE(cache.allocate(2, 4));   // 1 page
+  EXPECT_EQ(group_of(1), cache.state_slot(1) % 2);
+  EXPECT_EQ(group_of(2), cache.state_slot(2) % 2);
+  const int g1 = group_of(1);
+  if (g1 == group_of(2)) {  // both in one group: it is full now, the other has 4 pages
+    EXPECT_FALSE(cache.allocate(1, 16));
+  } else {
+    ASSERT_TRUE(cache.allocate(1, 16));  // the 4th page of its group
+    EXPECT_FALSE(cache.allocate(1, 20)) << "its group is full; the other group's pages are another rank's";
+  }
+  EXPECT_EQ(group_of(1), g1);
+  // A newcomer needing 4 pages fits only in a group with 4 free: it gets a slot there.
+  cache.free(2);
+  ASSERT_TRUE(cache.allocate(3, 16));
+  EXPECT_NE(group_of(3), g1);
+  EXPECT_EQ(group_of(3), cache.state_slot(3) % 2);
+  EXPECT_FALSE(cache.allocate(4, 4)) << "both groups full";
+  EXPECT_FALSE(cache.has(4));
+}
+
 TEST(CacheSizing, SplitsTheBudgetSlotsFirst) {
   // K3-shaped rows: 576 values per token per MLA layer, here 2 MLA layers in fp32:
   // 2 * 576 * 4 = 4608 bytes per token, 73728 per 16-token page.
