@@ -325,10 +325,7 @@ Status ModelRunner::step_dp(const StepInput& input, StepOutput& output) {
     if (cache_.page_groups <= 1) continue;
     std::vector<int32_t>& local = local_pages.emplace_back(s.pages.begin(), s.pages.end());
     for (int32_t& p : local) {
-      if (p < first_page || p >= first_page + group_pages)
-        return internal_error("DP rank " + std::to_string(me) + ": page " + std::to_string(p) +
-                              " is outside its group [" + std::to_string(first_page) + ", " +
-                              std::to_string(first_page + group_pages) + ")");
+      MR_CHECK(p >= first_page && p < first_page + group_pages) << "page " << p << " past the validated group";
       p -= first_page;
     }
     mine.seqs.back().pages = local;

@@ -35,10 +35,12 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   const int64_t T = x.rows, D = shape.proj_dim(), H = shape.num_heads, d = shape.head_dim;
   const int64_t window = kda_conv_window_floats(shape);
   auto part = [&](int64_t offset) { return StateLayer{state.base + offset, state.slot_stride_floats}; };
+  // A decode-size batch projects q, k, v and K3's full-rank output gate in one call (below).
+  const bool together = T <= kSharedProjectionMaxTokens && !w.g_proj.empty();
   // A verify step saving every row in order, with the projections in one buffer, keeps the
   // five inputs in one copy_many after beta (one launch a layer on CUDA); otherwise each is
   // kept as soon as it exists (a prompt-size step reuses one projection buffer).
-  const bool save_at_end = save && save->rows.empty() && T <= kSharedProjectionMaxTokens && !w.g_proj.empty();
+  const bool save_at_end = save && save->rows.empty() && together;
   auto keep = [&](const Tensor& src, int block) {
     if (!save || save_at_end) return;
     if (save->rows.empty()) ops.copy(src, saved_block(*save, shape, block, src.rows));  // every row, in order
@@ -49,7 +51,6 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   // projects q, k, v and K3's full-rank output gate in one call (four [H*d, hidden] matrices
   // over the same x, back to back as the loader places them, so a backend can stream them as
   // one GEMM); a prompt-size one, one at a time through one buffer.
-  const bool together = T <= kSharedProjectionMaxTokens && !w.g_proj.empty();
   Tensor projs = ops.scratch(together ? 4 * T : T, D, DType::F32);
   auto proj = [&](int i) { return together ? projs.rows_view(i * T, T) : projs; };
   if (together) {
@@ -94,9 +95,8 @@ void kda_forward(Ops& ops, const KdaWeights& w, const KdaShape& shape, const Ten
   keep(beta, 4);
   if (save_at_end) {
     const Tensor src[] = {proj(0), proj(1), proj(2), g, beta};
-    const Tensor dst[] = {saved_block(*save, shape, 0, T), saved_block(*save, shape, 1, T),
-                          saved_block(*save, shape, 2, T), saved_block(*save, shape, 3, T),
-                          saved_block(*save, shape, 4, T)};
+    Tensor dst[5];
+    for (int b = 0; b < 5; ++b) dst[b] = saved_block(*save, shape, b, T);
     ops.copy_many(src, dst);
   }
 
