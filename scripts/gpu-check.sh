@@ -208,7 +208,8 @@ FILTER=${SANITIZE_FILTER:--*K3*:*k3*:*Fixtures*}
 # 3c. Speculative decoding (issue #37): the demo model through serve, one stream and 32, with
 #     and without drafts (SPEC_METHODS, default "dspark suffix"; SPEC_K, default "4 7";
 #     SPEC_REPEATS, default 1: the prompts run that many times a config, which steadies the
-#     one-stream figure, a few percent apart between single runs), each
+#     one-stream figure, a few percent apart between single runs; SPEC_EXTRA, a JSON of more
+#     speculative-config keys: each method and k runs once more with them), each
 #     server's log kept (with SPEC_PHASES=1 its step phases); then (unless SPEC_SLICE=0) the
 #     K3-width slice's verify steps for k = 1, 2, 4, 8 at batch 1 and 8 beside its decode step. Figures: $OUT/spec-demo.json, $OUT/k3-slice-verify.json.
 if want spec; then
@@ -217,6 +218,7 @@ if want spec; then
   # phase mark, so the figures of such a run are not the ones to quote).
   env ${SPEC_PHASES:+MOONRUN_DEBUG_STEP_PHASES=1} timeout "${SPEC_TIMEOUT:-300}" python3 bench/spec_decode_serve.py --exe "$EXE" --device cuda \
     --methods ${SPEC_METHODS:-dspark suffix} --k ${SPEC_K:-4 7} --max-tokens 256 --repeats "${SPEC_REPEATS:-1}" \
+    ${SPEC_EXTRA:+--spec-extra "$SPEC_EXTRA"} \
     --server-logs "$OUT/spec-logs" \
     --json-out "$OUT/spec-demo.json" >"$OUT/spec-demo.log" 2>&1
   rc=$?

@@ -327,7 +327,7 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                   "vLLM's speculative decoding JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
                   "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5, \"disable_by_batch_size\": N}, or "
                   "{\"method\": \"suffix\"} with suffix_decoding_max_tree_depth (24), _max_cached_requests (10000), "
-                  "_max_spec_factor (1.0), _min_token_prob (0.1)");
+                  "_max_spec_factor (2.0; vLLM: 1.0), _min_token_prob (0.1)");
   cmd->add_option("--speculative-algorithm", flags->speculative_algorithm,
                   "SGLang: NGRAM (prompt lookup drafts), DSPARK (a DSpark draft model)");
   cmd->add_option("--speculative-draft-model-path", flags->speculative_draft_model_path,

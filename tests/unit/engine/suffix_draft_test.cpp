@@ -160,6 +160,7 @@ TEST(SuffixDrafts, AnEarlierAnswerIsDraftedWhole) {
   SpeculativeConfig c;
   c.method = SpecMethod::kSuffix;
   c.suffix_max_tree_depth = 64;
+  c.suffix_max_spec_factor = 1.0;  // vLLM's: a draft as long as its match
   SuffixDraftSource src(c);
   std::vector<int32_t> answer;
   for (int i = 0; i < 40; ++i) answer.push_back(1000 + i);
