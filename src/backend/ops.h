@@ -364,6 +364,15 @@ class Ops {
   // same scratch addresses every time, reading its per-step inputs from backend memory.
   virtual void run_captured(uint64_t key, const std::function<void()>& body) { body(); }
   virtual bool captures() const { return false; }
+  // A second lane of this backend (issue #47, runtime/prefill_lane.h): another Ops over the
+  // same device that reads and writes this one's long-lived memory (weights, cache pools)
+  // from its own thread, with its own scratch of `scratch_bytes` and, on a GPU, its own
+  // stream at the lowest priority (this one's runs at the highest), so that a long prefill
+  // chunk issued there leaves the decode steps issued here the multiprocessors they need as
+  // soon as its blocks retire. It allocates no long-lived memory. The scratch is taken from
+  // this backend's long-lived memory (before the cache pools are sized). nullptr: this
+  // backend has no lanes (a rank of a parallel group: its collectives are one stream's).
+  virtual std::unique_ptr<Ops> make_lane(size_t scratch_bytes) { return nullptr; }
 };
 
 // Releases a layer's temporaries when it goes out of scope.

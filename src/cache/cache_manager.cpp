@@ -221,8 +221,21 @@ bool CacheManager::plan_snapshot(int64_t seq, std::span<const int32_t> prefix) {
   return true;
 }
 
+std::vector<CacheManager::PendingSnapshot> CacheManager::take_planned_snapshots() {
+  std::vector<PendingSnapshot> planned = std::move(pending_);
+  pending_.clear();
+  return planned;
+}
+
 void CacheManager::commit_snapshots(const std::function<std::span<const int32_t>(int64_t seq)>& tokens_of) {
-  for (const PendingSnapshot& p : pending_) {
+  std::vector<PendingSnapshot> planned = std::move(pending_);
+  pending_.clear();
+  commit_snapshots(std::move(planned), tokens_of);
+}
+
+void CacheManager::commit_snapshots(std::vector<PendingSnapshot> planned,
+                                    const std::function<std::span<const int32_t>(int64_t seq)>& tokens_of) {
+  for (const PendingSnapshot& p : planned) {
     auto it = seqs_.find(p.seq);
     std::span<const int32_t> tokens;
     if (it != seqs_.end()) tokens = tokens_of(p.seq);
@@ -246,7 +259,6 @@ void CacheManager::commit_snapshots(const std::function<std::span<const int32_t>
     e.lru = lru_.insert(lru_.end(), key);
     prefixes_.emplace(key, std::move(e));
   }
-  pending_.clear();
 }
 
 void CacheManager::take_state_copies(std::vector<StateCopy>& before, std::vector<StateCopy>& after) {

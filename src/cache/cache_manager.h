@@ -118,6 +118,17 @@ class CacheManager {
   bool plan_snapshot(int64_t seq, std::span<const int32_t> prefix);
   // After the step's forward: the planned snapshots become cached prefixes of `tokens_of(seq)`.
   void commit_snapshots(const std::function<std::span<const int32_t>(int64_t seq)>& tokens_of);
+  // A step run apart from the others (the prefill lane, runtime/prefill_lane.h): its planned
+  // snapshots taken out of the coming step's, so that no other step commits them before its
+  // forward wrote them; committed with commit_snapshots(planned, ...) once it has.
+  struct PendingSnapshot {
+    int64_t seq;
+    int n_tokens;
+    int slot;
+  };
+  std::vector<PendingSnapshot> take_planned_snapshots();
+  void commit_snapshots(std::vector<PendingSnapshot> planned,
+                        const std::function<std::span<const int32_t>(int64_t seq)>& tokens_of);
   // The slot commands of the coming step: before the forward (zero or restore a slot), after
   // it (take a snapshot). Cleared by the call.
   void take_state_copies(std::vector<StateCopy>& before, std::vector<StateCopy>& after);
@@ -144,12 +155,6 @@ class CacheManager {
     int snapshot_slot = -1;
     std::list<uint64_t>::iterator lru;  // position in lru_ (front: least recently used)
   };
-  struct PendingSnapshot {
-    int64_t seq;
-    int n_tokens;
-    int slot;
-  };
-
   int pages_needed(int64_t seq, int n_tokens) const;
   bool take_slot(SeqEntry& entry);
   bool allocate_in_group(int64_t seq, int n_new_pages);  // CacheConfig::page_groups > 1

@@ -113,6 +113,7 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.prefix_cache = !opt.disable_radix_cache;
   ro.cuda_graphs = !opt.disable_cuda_graph;
   ro.fail_after_steps = opt.debug_fail_after_steps;
+  ro.prefill_lane = opt.prefill_lane_min_tokens > 0;
   ro.tp_size = opt.tp_size;
   ro.ep_size = opt.ep_size;
   ro.pp_size = opt.pp_size;
@@ -179,6 +180,7 @@ Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt
   ec.scheduler.max_prefill_attention_pairs = opt.max_prefill_attention_pairs;
   ec.max_prefill_step_ms = opt.max_prefill_step_ms;
   ec.prefill_context_pairs = cfg.prefill_context_pairs();
+  ec.prefill_lane_min_tokens = opt.prefill_lane_min_tokens;
   ec.scheduler.max_queued_requests = opt.max_queued_requests;
   ec.max_model_len = static_cast<int>(std::min<int64_t>(opt.context_length, INT32_MAX));
   if (cfg.eos_token_id >= 0) ec.eos_token_ids.push_back(cfg.eos_token_id);

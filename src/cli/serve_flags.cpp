@@ -253,6 +253,11 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                   "Fair chunking by time: prefill chunks are cut so that a step carrying one takes about this "
                   "long, from the step costs the engine measures (0: off)")
       ->capture_default_str()->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--prefill-lane-min-tokens", o.prefill_lane_min_tokens,
+                  "Prompts of at least this many tokens prefill their chunks after the first on a second lane "
+                  "(a GPU stream of lower priority), whole and beside the other streams' decode steps, instead of "
+                  "in the steps they share (one GPU, no DSpark draft; 0: off)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--max-queued-requests", o.max_queued_requests, "Waiting requests beyond this get 503")->capture_default_str();
   cmd->add_option("--max-request-bytes", o.max_request_bytes, "Larger request bodies (after decoding) get 413")
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 34));
@@ -481,6 +486,7 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("max_running_requests", o.max_running_requests > 0 ? std::to_string(o.max_running_requests) : "(auto)");
   add("chunked_prefill_size", std::to_string(o.chunked_prefill_size));
   add("max_prefill_step_ms", o.max_prefill_step_ms > 0 ? num(o.max_prefill_step_ms) : "off");
+  add("prefill_lane_min_tokens", o.prefill_lane_min_tokens > 0 ? std::to_string(o.prefill_lane_min_tokens) : "off");
   add("max_prefill_attention_pairs",
       o.max_prefill_attention_pairs > 0 ? std::to_string(o.max_prefill_attention_pairs) : "off");
   add("max_queued_requests", std::to_string(o.max_queued_requests));

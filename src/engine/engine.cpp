@@ -56,6 +56,10 @@ Engine::Engine(const EngineConfig& config, CacheManager& cache, StepRunner& runn
   pacer_.set_context_pairs(config.prefill_context_pairs);
 }
 
+Engine::~Engine() {
+  if (lane_job_) (void)lane()->take();  // the lane reads lane_job_'s input until it is done
+}
+
 Status Engine::validate(const std::vector<int32_t>& prompt_ids, const SamplingParams& params) const {
   MR_RETURN_IF_ERROR(params.validate());
   if (prompt_ids.empty()) return invalid_argument("the prompt is empty (at least one token is needed)");
@@ -154,6 +158,14 @@ RequestOutput Engine::finish(Request* req, FinishReason reason, std::string text
 void Engine::abort_request(uint64_t request_id, std::vector<RequestOutput>& outputs) {
   auto it = groups_.find(request_id);
   if (it == groups_.end()) return;
+  // A chunk on the prefill lane writes the request's pages until it is done: they are freed
+  // after it (the wait is one chunk's, bounded by --chunked-prefill-size).
+  if (lane_job_ && std::find(it->second.begin(), it->second.end(), lane_job_->req->seq_id) != it->second.end()) {
+    const Status st = collect_lane(outputs, std::chrono::microseconds::max());
+    if (!st.is_ok() && lane_failure_.is_ok()) lane_failure_ = st;
+    it = groups_.find(request_id);  // the chunk may have finished the request
+    if (it == groups_.end()) return;
+  }
   for (int64_t seq : it->second) {
     auto r = requests_.find(seq);
     if (r == requests_.end()) continue;  // this sample already finished
@@ -164,6 +176,11 @@ void Engine::abort_request(uint64_t request_id, std::vector<RequestOutput>& outp
 }
 
 void Engine::fail_all(const Status& error, std::vector<RequestOutput>& outputs) {
+  if (lane_job_) {
+    (void)lane()->take();  // its pages are freed below
+    lane_job_->req->in_lane = false;
+    lane_job_.reset();
+  }
   for (auto& [seq, req] : requests_) {
     RequestOutput out = finish(req.get(), FinishReason::kError, {});
     out.error = error;
@@ -484,12 +501,83 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
   }
 }
 
+// ---- the prefill lane ---------------------------------------------------------------
+
+PrefillLane* Engine::lane() const {
+  return config_.prefill_lane_min_tokens > 0 && scheduler_.config().max_tokens_per_step > 0 ? runner_.prefill_lane()
+                                                                                             : nullptr;
+}
+
+Status Engine::start_lane() {
+  PrefillLane* lane = this->lane();
+  if (!lane || lane_job_) return Status::ok();
+  for (Request* r : scheduler_.running()) {
+    // Past its first chunk (the main step admitted it: its slot zeroed or restored there),
+    // with more than the last token to compute, no images (their rows ride in the step).
+    if (r->in_lane || r->num_prompt_tokens() < config_.prefill_lane_min_tokens || r->num_computed_tokens == 0 ||
+        r->num_tokens() - r->num_computed_tokens < 2 || r->has_images())
+      continue;
+    const ScheduledSeq s = scheduler_.schedule_lane(r, scheduler_.config().max_tokens_per_step);
+    if (s.n_new_tokens == 0) continue;  // no pages for it now: the main steps go on
+    auto job = std::make_unique<LaneJob>();
+    job->req = r;
+    job->scheduled.seqs.push_back(s);
+    job->scheduled.n_tokens = s.n_new_tokens;
+    for (int t = 0; t < s.n_new_tokens; ++t) job->tokens.push_back(r->token_at(r->num_computed_tokens + t));
+    job->pages = cache_.page_table(r->seq_id);
+    StepSeq seq;
+    seq.new_token_ids = job->tokens;
+    seq.n_past = r->num_computed_tokens;
+    seq.state_slot = cache_.state_slot(r->seq_id);
+    seq.pages = job->pages;
+    seq.sample = s.samples;
+    if (s.samples) add_sampling_row(*r, job->input.sampling, 0, r->constraint.get());
+    job->input.seqs.push_back(seq);
+    // Between steps nothing else is queued: these are the chunk's snapshot (after) alone.
+    cache_.take_state_copies(job->input.before, job->input.after);
+    if (!job->input.before.empty())
+      return internal_error("prefill lane: state copies of another step were pending (" +
+                            std::to_string(job->input.before.size()) + ")");
+    job->snapshots = cache_.take_planned_snapshots();
+    r->in_lane = true;
+    lane->submit(&job->input, &job->output);
+    lane_job_ = std::move(job);
+    return Status::ok();
+  }
+  return Status::ok();
+}
+
+Status Engine::collect_lane(std::vector<RequestOutput>& outputs, std::chrono::microseconds wait) {
+  if (!lane_job_) return Status::ok();
+  PrefillLane* lane = runner_.prefill_lane();
+  if (wait != std::chrono::microseconds::max() && !lane->wait_for(wait)) return Status::ok();
+  const Status st = lane->take();
+  std::unique_ptr<LaneJob> job = std::move(lane_job_);
+  job->req->in_lane = false;
+  MR_RETURN_IF_ERROR(st);
+  const size_t want = job->scheduled.seqs[0].samples ? 1 : 0;
+  if (job->output.samples.size() != want)
+    return internal_error("prefill lane: " + std::to_string(job->output.samples.size()) + " tokens for " +
+                          std::to_string(want) + " sampling rows");
+  cache_.commit_snapshots(std::move(job->snapshots), [this](int64_t seq) -> std::span<const int32_t> {
+    auto it = requests_.find(seq);
+    return it == requests_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second->prompt_ids);
+  });
+  postprocess(job->scheduled, job->output, outputs);
+  return Status::ok();
+}
+
 double Engine::now_seconds() const {
   if (config_.clock) return config_.clock();
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 Status Engine::step(std::vector<RequestOutput>& outputs) {
+  MR_RETURN_IF_ERROR(lane_failure_);
+  // The prefill lane's chunk, if done, then its next one: before this step's schedule, so
+  // the lane's request is out of it.
+  MR_RETURN_IF_ERROR(collect_lane(outputs, std::chrono::microseconds(0)));
+  MR_RETURN_IF_ERROR(start_lane());
   const bool paced = config_.max_prefill_step_ms > 0;
   const double t0 = config_.auto_stand_aside || paced ? now_seconds() : 0;
   step_speculates_ = false;
@@ -502,6 +590,10 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   phases.mark(0);
   if (paced && pacer_.ready()) scheduler_.set_prefill_budget(pacer_.budget(config_.max_prefill_step_ms / 1e3));
   const SchedulerOutput scheduled = schedule();
+  if (scheduled.empty() && lane_job_) {
+    // Only the lane has work: wait for it a little (new requests are let in between).
+    return collect_lane(outputs, std::chrono::milliseconds(5));
+  }
   if (scheduled.empty()) {
     // Work is waiting but nothing could be scheduled: with max_model_len <= pool size and an
     // empty running set this cannot happen, so it is a bug, not a wait.

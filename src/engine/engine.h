@@ -8,6 +8,7 @@
 //                       commands, a sampling row for each request whose step reaches its end
 //     forward()         the runner (runtime/model_runner.h): forward + sampling on the device
 //     postprocess()     append, detokenise, stop conditions, outputs; free what finished
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -56,6 +57,11 @@ struct EngineConfig {
   // Query-key pairs of work a cached position costs a prefill chunk after it, whatever the
   // chunk's length (engine/prefill_pacer.h; prefill_context_pairs_of(ModelConfig)).
   double prefill_context_pairs = 0;
+  // The prefill lane (--prefill-lane-min-tokens; runtime/prefill_lane.h): a prompt of at least
+  // this many tokens has its chunks after the first prefilled on the runner's second lane,
+  // whole (--chunked-prefill-size) and beside the other streams' steps. 0: off; also off
+  // when the runner has no lane.
+  int prefill_lane_min_tokens = 0;
   // Seconds on a monotonic clock (tests substitute a model of step costs); empty: steady_clock.
   std::function<double()> clock;
 };
@@ -117,6 +123,7 @@ class Engine {
   // The cache and runner outlive the engine. max_model_len must fit the cache pool;
   // max_running_requests is capped at the number of state slots.
   Engine(const EngineConfig& config, CacheManager& cache, StepRunner& runner, DetokenizeFn detokenize);
+  ~Engine();  // waits for a prefill-lane chunk in flight (it reads this engine's step input)
 
   // Checks a request against the limits (thread-safe: reads only the fixed configuration).
   // invalid_argument for bad params or token ids, out_of_range for the context length.
@@ -156,6 +163,23 @@ class Engine {
   RequestOutput finish(Request* req, FinishReason reason, std::string text_delta);
   bool is_eos(int32_t token) const;
 
+  // The prefill lane (EngineConfig::prefill_lane_min_tokens, runtime/prefill_lane.h): one
+  // request's chunk at a time, with what the lane reads until it is collected.
+  struct LaneJob {
+    Request* req = nullptr;
+    SchedulerOutput scheduled;  // the one chunk, as a step's
+    std::vector<int32_t> tokens, pages;
+    StepInput input;
+    StepOutput output;
+    std::vector<CacheManager::PendingSnapshot> snapshots;  // committed when it is done
+  };
+  PrefillLane* lane() const;
+  // Starts the next lane chunk: the oldest running request past its first chunk whose prompt
+  // is long enough, when the lane is idle.
+  Status start_lane();
+  // When the lane's chunk is done within `wait`: its tokens as a step's (postprocess).
+  Status collect_lane(std::vector<RequestOutput>& outputs, std::chrono::microseconds wait);
+
   EngineConfig config_;
   CacheManager& cache_;
   StepRunner& runner_;
@@ -176,6 +200,8 @@ class Engine {
   std::vector<std::vector<int32_t>> step_tokens_;  // each scheduled sequence's new tokens this step
   std::vector<std::vector<int32_t>> step_given_;   // each one's image rows among them (StepSeq::given_at)
   std::vector<int> spec_first_row_;                // each one's first saved row when it verifies drafts, else -1
+  std::unique_ptr<LaneJob> lane_job_;              // the prefill lane's chunk in flight
+  Status lane_failure_ = Status::ok();             // a lane failure met outside step(): step() reports it
 };
 
 }  // namespace moonrun

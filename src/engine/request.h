@@ -62,6 +62,9 @@ struct Request {
   int num_spec_steps = 0;            // steps that verified drafts
   int num_draft_tokens = 0;          // drafts verified
   int num_accepted_draft_tokens = 0; // of which accepted
+  // A prefill chunk of it runs on the prefill lane (runtime/prefill_lane.h) now: the
+  // scheduler leaves it alone (no step, no preemption) until the engine collects the chunk.
+  bool in_lane = false;
 
   SequenceSampler sampler;
   OutputText text;

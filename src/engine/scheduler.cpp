@@ -77,13 +77,14 @@ SchedulerOutput Scheduler::schedule() {
   // already decoding. When the cache is full, the newest running request gives its caches
   // back, as before (a decode of this step is unscheduled for it: a newer decode is worth
   // less than an older prompt's prefix, which would have to be recomputed).
+  // A request whose chunk is on the prefill lane is neither scheduled nor preempted here.
   std::vector<Request*> order;
   order.reserve(running_.size());
   for (Request* r : running_)
-    if (r->num_tokens() - r->num_computed_tokens == 1) order.push_back(r);
+    if (!r->in_lane && r->num_tokens() - r->num_computed_tokens == 1) order.push_back(r);
   int decodes_left = static_cast<int>(order.size());
   for (Request* r : running_)
-    if (r->num_tokens() - r->num_computed_tokens != 1) order.push_back(r);
+    if (!r->in_lane && r->num_tokens() - r->num_computed_tokens != 1) order.push_back(r);
   for (Request* req : order) {
     if (budget <= 0) break;
     if (req->state != RequestState::kRunning) continue;  // preempted for an older request this step
@@ -112,8 +113,9 @@ SchedulerOutput Scheduler::schedule() {
         fits = true;
         break;
       }
-      Request* victim = running_.back();
-      running_.pop_back();
+      Request* victim = newest_preemptible();
+      if (!victim) break;  // only requests on the prefill lane hold the rest: req waits
+      running_.erase(std::find(running_.begin(), running_.end(), victim));
       // Scheduled already: one of this step's decodes (a newer prefill comes after req).
       auto s = std::find_if(out.seqs.begin(), out.seqs.end(), [&](const ScheduledSeq& x) { return x.req == victim; });
       if (s != out.seqs.end()) {
@@ -158,6 +160,22 @@ SchedulerOutput Scheduler::schedule() {
     }
   }
   return out;
+}
+
+Request* Scheduler::newest_preemptible() const {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+    if (!(*it)->in_lane) return *it;
+  return nullptr;
+}
+
+ScheduledSeq Scheduler::schedule_lane(Request* req, int max_tokens) {
+  MR_CHECK(req && req->state == RequestState::kRunning && !req->in_lane) << "schedule_lane takes a running request";
+  const int left = req->num_tokens() - req->num_computed_tokens;
+  const int n_new = left > 0 && max_tokens > 0 ? chunk(req, std::min(left, max_tokens)) : 0;
+  if (n_new <= 0 || !cache_.allocate(req->seq_id, req->num_computed_tokens + n_new)) return {req, 0, false, 0};
+  last_paced_chunk_.erase(req->seq_id);  // the lane's chunks are not paced
+  plan_snapshot(req, n_new);
+  return {req, n_new, req->num_computed_tokens + n_new == req->num_tokens(), 0};
 }
 
 int Scheduler::growth_cap(const Request* req, double left) const {

@@ -96,6 +96,11 @@ class Scheduler {
   void set_prefill_budget(const PrefillBudget& b) { paced_ = b; }
   // The attention pairs of n new tokens after `past` ones.
   static int64_t attention_pairs(int64_t past, int64_t n) { return n * past + n * (n + 1) / 2; }
+  // The prefill lane's next chunk of a running request (Engine, runtime/prefill_lane.h): up
+  // to max_tokens of its uncomputed tokens, cut at a snapshot boundary, its pages allocated
+  // (never by preempting anyone) and its snapshot planned. n_new_tokens 0: the cache has no
+  // room now. The caller marks it in_lane until the chunk is done.
+  ScheduledSeq schedule_lane(Request* req, int max_tokens);
   // After the forward: the scheduled tokens are in the caches now.
   void on_step_done(const SchedulerOutput& out);
   // Takes a request out (finished or aborted) and frees its caches. Idempotent.
@@ -110,6 +115,8 @@ class Scheduler {
 
  private:
   void preempt(Request* victim);
+  // The newest running request that may give its caches back (none on the prefill lane).
+  Request* newest_preemptible() const;
   // n_new tokens from `from` (default: the computed ones), cut at a snapshot boundary.
   int chunk(const Request* req, int n_new, int from = -1) const;
   // n_new cut to the budget left at the step's costs (a prefill chunk from `from`), which it

@@ -74,6 +74,7 @@ Status ModelRunner::attach_draft(std::unique_ptr<DSparkDraft> draft) {
   if (!draft) return invalid_argument("attach_draft: no draft");
   if (options_.rank != 0 || !model_->draft_shared().ok())
     return unimplemented("a DSpark draft runs on a single GPU (tensor parallelism: not yet)");
+  if (lane_) return unimplemented("a DSpark draft does not run beside a prefill lane (its taps are one buffer)");
   const DSparkConfig& dc = draft->config();
   // Every token row a step can carry, padded decode batches included.
   taps_stride_rows_ = std::max<int64_t>(options_.max_tokens_per_step,
@@ -120,7 +121,36 @@ Status ModelRunner::propose_blocks(std::span<const DraftBlockRequest> requests,
   return Status::ok();
 }
 
+Status ModelRunner::enable_prefill_lane() {
+  if (lane_) return Status::ok();
+  if (options_.rank != 0 || ops_->parallel_size() > 1 || options_.dp_attention_size > 1 ||
+      model_->pipeline_stages() > 1)
+    return unimplemented("a prefill lane runs beside a single-GPU runner only (no --tp-size, --pp-size, DP attention)");
+  if (draft_) return unimplemented("a prefill lane does not run beside a DSpark draft (its taps are one buffer)");
+  std::unique_ptr<Ops> lane_ops;
+  try {
+    lane_ops = ops_->make_lane(static_cast<size_t>(model_->scratch_bytes(options_.max_tokens_per_step)));
+  } catch (const BackendError& e) {
+    return resource_exhausted(std::string("allocating the prefill lane's scratch failed: ") + e.what());
+  }
+  if (!lane_ops) return unimplemented(std::string("the ") + ops_->name() + " backend has no second lane here");
+  std::unique_ptr<ModelRunner> r(new ModelRunner());
+  r->cache_ = cache_;
+  r->options_ = options_;
+  r->options_.cuda_graphs = false;         // a chunk's shape is new each time
+  r->options_.num_speculative_tokens = 0;  // it verifies nothing
+  r->options_.fail_after_steps = -1;
+  r->pools_ = pools_;
+  r->pad_slot_ = pad_slot_;
+  r->pad_page_ = pad_page_;
+  r->ops_ = std::move(lane_ops);
+  r->model_ = model_;
+  lane_ = std::make_unique<PrefillLane>(std::move(r));
+  return Status::ok();
+}
+
 ModelRunner::~ModelRunner() {
+  lane_.reset();  // its ops read this one's memory
   if (ops_) {
     try {
       ops_->synchronize();

@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "model/dspark_draft.h"
 #include "model/model.h"
+#include "runtime/prefill_lane.h"
 
 namespace moonrun {
 
@@ -101,6 +102,10 @@ class StepRunner {
                                 bool want_logits = false) {
     return unimplemented("this runner has no draft model");
   }
+  // Makes the backend's device current on the calling thread (a lane's thread).
+  virtual void bind_thread() {}
+  // The second lane for long prefill chunks (runtime/prefill_lane.h), when enabled.
+  virtual PrefillLane* prefill_lane() { return nullptr; }
 };
 
 struct RunnerOptions {
@@ -157,6 +162,13 @@ class ModelRunner final : public StepRunner {
   Status propose_blocks(std::span<const DraftBlockRequest> requests, std::vector<DraftBlockResult>& results,
                         bool want_logits = false) override;
   const DSparkDraft* draft() const { return draft_.get(); }
+  void bind_thread() override { ops_->bind_thread(); }
+  // A second lane for long prefill chunks (runtime/prefill_lane.h): a runner over this one's
+  // model and cache pools on a lane of the backend (Ops::make_lane) with scratch for a step
+  // of max_tokens_per_step tokens, eager (no graphs). A single-rank runner without a DSpark
+  // draft (whose taps are one buffer) only.
+  Status enable_prefill_lane();
+  PrefillLane* prefill_lane() override { return lane_.get(); }
 
  private:
   ModelRunner() = default;
@@ -180,7 +192,7 @@ class ModelRunner final : public StepRunner {
   void run_replays(Ops& ops, const std::vector<StateReplay>& replays);
 
   std::unique_ptr<Ops> ops_;
-  std::unique_ptr<Model> model_;
+  std::shared_ptr<Model> model_;  // a prefill lane's runner shares it
   CachePools pools_;
   CacheConfig cache_;
   RunnerOptions options_;
@@ -204,6 +216,7 @@ class ModelRunner final : public StepRunner {
   Tensor taps_;                  // [n_taps * taps_stride_rows_, hidden] F32
   int64_t taps_stride_rows_ = 0;
   Status failed_ = Status::ok();  // sticky: the backend's state is unknown after a failure
+  std::unique_ptr<PrefillLane> lane_;  // enable_prefill_lane; destroyed first
 };
 
 // The decode batch sizes captured as graphs: a decode step of n sequences runs padded to

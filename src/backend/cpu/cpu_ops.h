@@ -101,6 +101,11 @@ class CpuOps final : public Ops {
   }
 
   void synchronize() override {}
+  // Another CpuOps: the host's memory is every lane's, its scratch grows on demand.
+  std::unique_ptr<Ops> make_lane(size_t) override {
+    if (comm_ || pipe_prev_ || pipe_next_) return nullptr;
+    return std::make_unique<CpuOps>();
+  }
 
  private:
   struct Block {

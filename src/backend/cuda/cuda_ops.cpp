@@ -108,8 +108,16 @@ class CudaOps final : public Ops {
 
  public:
   CudaOps(const CudaOpsOptions& o, size_t arena_bytes, std::unique_ptr<Communicator> comm)
-      : device_(o.device), float32_(o.float32), arena_(arena_bytes), comm_(std::move(comm)) {
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      : CudaOps(o, std::make_unique<DeviceArena>(arena_bytes), std::move(comm), /*lane=*/false) {}
+  // lane: a second lane's ops (make_lane): arena is a view of its scratch, its stream the
+  // device's lowest priority; otherwise the stream gets the highest, which changes nothing
+  // while it is the only one.
+  CudaOps(const CudaOpsOptions& o, std::unique_ptr<DeviceArena> arena, std::unique_ptr<Communicator> comm, bool lane)
+      : options_(o), device_(o.device), float32_(o.float32), lane_(lane), arena_(std::move(arena)),
+        comm_(std::move(comm)) {
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, lane ? least : greatest));
     wgmma_ = wgmma_available(device_);
     blas_ = std::make_unique<Blas>(stream_);
     if (comm_) comm_->bind_stream(stream_);
@@ -137,12 +145,13 @@ class CudaOps final : public Ops {
   // ---- memory ------------------------------------------------------------------------
   Tensor alloc(int64_t rows, int64_t cols, DType dtype, const char* what) override {
     Tensor t{nullptr, dtype, rows, cols};
-    t.data = arena_.alloc_bytes(t.nbytes(), what);
+    if (lane_) throw BackendError(std::string("a backend lane allocates no long-lived memory (") + what + ")");
+    t.data = arena_->alloc_bytes(t.nbytes(), what);
     if (t.nbytes()) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
     return t;
   }
-  size_t allocated_bytes() const override { return arena_.used(); }
-  int64_t free_bytes() const override { return static_cast<int64_t>(arena_.available()); }
+  size_t allocated_bytes() const override { return arena_->used(); }
+  int64_t free_bytes() const override { return static_cast<int64_t>(arena_->available()); }
   void upload(const Tensor& t, size_t offset_bytes, const void* host, size_t bytes) override {
     check(offset_bytes + bytes <= t.nbytes(), "upload past the tensor's end");
     if (!bytes) return;
@@ -198,12 +207,12 @@ class CudaOps final : public Ops {
   }
   Tensor scratch(int64_t rows, int64_t cols, DType dtype) override {
     Tensor t{nullptr, dtype, rows, cols};
-    t.data = arena_.take_scratch(t.nbytes());
+    t.data = arena_->take_scratch(t.nbytes());
     return t;
   }
-  size_t scratch_mark() const override { return arena_.scratch_mark(); }
-  void scratch_rewind(size_t mark) override { arena_.rewind_scratch(mark); }
-  void reset_scratch() override { arena_.rewind_scratch(0); }
+  size_t scratch_mark() const override { return arena_->scratch_mark(); }
+  void scratch_rewind(size_t mark) override { arena_->rewind_scratch(mark); }
+  void reset_scratch() override { arena_->rewind_scratch(0); }
 
   // ---- the batch ---------------------------------------------------------------------
   // One packed int32 blob, one copy: the fixed-size tables first and the page table last,
@@ -774,6 +783,14 @@ class CudaOps final : public Ops {
 
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   bool captures() const override { return true; }
+  std::unique_ptr<Ops> make_lane(size_t scratch_bytes) override {
+    // A group's collectives (NCCL, pipeline pairs) are issued on one stream in one order.
+    if (lane_ || comm_ || pipe_prev_ || pipe_next_) return nullptr;
+    CUDA_CHECK(cudaSetDevice(device_));
+    void* base = arena_->alloc_bytes(scratch_bytes, "prefill lane scratch");
+    return std::unique_ptr<Ops>(
+        new CudaOps(options_, std::make_unique<DeviceArena>(base, scratch_bytes), nullptr, /*lane=*/true));
+  }
   void run_captured(uint64_t key, const std::function<void()>& body) override {
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
@@ -828,10 +845,12 @@ class CudaOps final : public Ops {
     return sample_staging_;
   }
 
+  CudaOpsOptions options_;
   int device_;
   bool float32_;
+  bool lane_ = false;   // make_lane's: scratch only, the lowest stream priority
   bool wgmma_ = false;  // sm_90a machine code runs here (common/wgmma.cuh)
-  DeviceArena arena_;
+  std::unique_ptr<DeviceArena> arena_;  // a lane's: a view of its scratch block in the parent's
   std::unique_ptr<Communicator> comm_;  // the rank's NCCL communicator; none at one rank
   std::unique_ptr<Communicator> pipe_prev_, pipe_next_;  // set_pipeline: NCCL pairs
   cudaStream_t stream_ = nullptr;

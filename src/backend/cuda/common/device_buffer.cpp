@@ -13,8 +13,11 @@ DeviceArena::DeviceArena(size_t bytes) : capacity_(bytes / kAlign * kAlign) {
   if (capacity_ > 0) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), capacity_));
 }
 
+DeviceArena::DeviceArena(void* base, size_t bytes)
+    : base_(static_cast<char*>(base)), owned_(false), capacity_(bytes / kAlign * kAlign) {}
+
 DeviceArena::~DeviceArena() {
-  if (base_) cudaFree(base_);
+  if (base_ && owned_) cudaFree(base_);
 }
 
 void* DeviceArena::alloc_bytes(size_t bytes, const char* what) {

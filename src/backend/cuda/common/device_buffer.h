@@ -65,6 +65,9 @@ class DeviceArena {
  public:
   // Reserves `bytes` of device memory at once.
   explicit DeviceArena(size_t bytes);
+  // A view of `bytes` at `base`, memory another arena owns (a backend lane's scratch,
+  // Ops::make_lane): not freed here.
+  DeviceArena(void* base, size_t bytes);
   ~DeviceArena();
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
@@ -82,6 +85,7 @@ class DeviceArena {
 
  private:
   char* base_ = nullptr;
+  bool owned_ = true;
   size_t capacity_ = 0;
   size_t used_ = 0;
   size_t scratch_used_ = 0;

@@ -1,0 +1,193 @@
+// The prefill lane (runtime/prefill_lane.h, issue #47) on the CPU backend with the reference
+// fixtures: a long prompt's chunks after its first run on a second runner, on a thread of its
+// own, while the engine's steps go on with the other requests. Nothing may change but when
+// things run:
+//   - greedy tokens equal a run without the lane, for long prompts beside short ones, in a
+//     pool with room and in one small enough that requests are preempted around the one on
+//     the lane;
+//   - a prompt prefilled on the lane is cached like any other (a later request with the same
+//     prefix restores its KDA snapshot and shares its pages) and gives the same tokens;
+//   - an abort of the request on the lane waits for its chunk, then frees it; the others
+//     finish as without it.
+// The two lanes really run at once here (two threads over one set of weights and pools), so a
+// race on shared memory shows as a token that differs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../../support/fixture_files.h"
+#include "../../support/runtimes.h"
+#include "engine/engine.h"
+#include "runtime/model_runner.h"
+
+namespace moonrun {
+namespace {
+
+using testing::make_runtime;
+using testing::test_runtime_options;
+
+struct Case {
+  std::vector<int32_t> prompt;
+  int max_tokens = 0;
+};
+
+// Long prompts (several chunks of 64, up to 700 tokens) between short ones.
+std::vector<Case> mixed_cases(int vocab, uint64_t seed) {
+  uint64_t x = seed;
+  auto next = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+  };
+  std::vector<Case> cases;
+  const int lengths[] = {420, 9, 700, 30, 15, 333, 64, 5};
+  for (int i = 0; i < 8; ++i) {
+    Case c;
+    for (int t = 0; t < lengths[i]; ++t) c.prompt.push_back(next());
+    c.max_tokens = 12 + (i * 5) % 17;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+struct LaneRun {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<int> cached;  // each request's prompt tokens served from the prefix cache
+  EngineStats stats;
+  int64_t lane_steps = 0;
+  bool aborted = false;  // the abort met the request on the lane
+};
+
+struct RunOptions {
+  int lane_min_tokens = 0;  // 0: no lane
+  int64_t pool_tokens = 4096;
+  bool prefix_cache = false;
+  int abort_request = -1;  // aborted once it is on the lane
+};
+
+// waves: a wave's requests are submitted once the wave before has finished.
+LaneRun run_engine(const std::string& dir, const std::vector<std::vector<Case>>& waves, const RunOptions& o) {
+  LaneRun run;
+  RuntimeOptions ro = test_runtime_options("cpu", o.pool_tokens, 4);
+  ro.prefix_cache = o.prefix_cache;
+  ro.prefix_block_tokens = 64;
+  ro.prefix_snapshot_slots = 32;
+  ro.max_tokens_per_step = 64;
+  ro.prefill_lane = o.lane_min_tokens > 0;
+  Runtime rt = make_runtime(dir, ro);
+  if (!rt.runner) return run;
+  if (o.lane_min_tokens > 0) EXPECT_NE(rt.runner->prefill_lane(), nullptr) << dir;
+  CacheManager cache(rt.cache);
+  EngineConfig ec;
+  ec.scheduler = {.max_running_requests = 4, .max_tokens_per_step = 64};
+  ec.max_model_len = static_cast<int>(std::min<int64_t>(1024, o.pool_tokens));
+  ec.prefill_lane_min_tokens = o.lane_min_tokens;
+  size_t total = 0;
+  for (const auto& w : waves) total += w.size();
+  run.tokens.resize(total);
+  run.cached.assign(total, 0);
+  {
+    Engine engine(ec, cache, *rt.runner, nullptr);
+    std::vector<RequestOutput> outs;
+    size_t id = 0;
+    for (const auto& wave : waves) {
+      for (const Case& c : wave) {
+        SamplingParams p;
+        p.temperature = 0;
+        p.max_tokens = c.max_tokens;
+        EXPECT_TRUE(engine.add_request(id++, c.prompt, p).is_ok());
+      }
+      while (engine.has_work()) {
+        const Status st = engine.step(outs);
+        EXPECT_TRUE(st.is_ok()) << st.to_string();
+        if (!st.is_ok()) break;
+        if (o.abort_request >= 0 && !run.aborted && engine.has_request(o.abort_request)) {
+          for (const Request* r : engine.scheduler().running())
+            if (r->in_lane && r->group_id == static_cast<uint64_t>(o.abort_request)) {
+              engine.abort_request(o.abort_request, outs);
+              run.aborted = true;
+              break;
+            }
+        }
+      }
+    }
+    for (const RequestOutput& out : outs) {
+      auto& t = run.tokens[out.request_id];
+      t.insert(t.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+      if (out.finished) run.cached[out.request_id] = out.num_cached_tokens;
+    }
+    run.stats = engine.stats();
+    EXPECT_EQ(run.stats.cache.free_slots, 4) << dir;
+  }
+  if (PrefillLane* lane = rt.runner->prefill_lane()) run.lane_steps = lane->runner().stats().steps;
+  return run;
+}
+
+const char* const kFixtures[] = {"k3-tiny-a", "k31-tiny-a", "kimi-linear-tiny"};
+
+int vocab_of(const std::string& dir) {
+  const auto rt = build_runtime(dir, test_runtime_options("cpu", 1024));
+  return rt.is_ok() ? rt.value().config.vocab_size : 0;
+}
+
+TEST(PrefillLane, LongPromptsOnTheLaneGiveTheTokensOfOneLane) {
+  for (const char* name : kFixtures) {
+    const std::string dir = fixtures::fixtures_dir() + "/" + name;
+    const std::vector<Case> cases = mixed_cases(vocab_of(dir), 7);
+    const LaneRun plain = run_engine(dir, {cases}, {});
+    // A pool with room, then one where the requests beside the lane's are preempted.
+    for (const int64_t pool : {4096, 1100}) {
+      const LaneRun lane = run_engine(dir, {cases}, {.lane_min_tokens = 200, .pool_tokens = pool});
+      for (size_t i = 0; i < cases.size(); ++i)
+        EXPECT_EQ(lane.tokens[i], plain.tokens[i]) << name << ", pool " << pool << ", request " << i;
+      // 420, 700 and 333 tokens: 6 + 10 + 5 chunks of 64 after their first, at least some on the lane.
+      EXPECT_GT(lane.lane_steps, 5) << name;
+      if (pool == 1100) EXPECT_GT(lane.stats.preemptions_total, 0) << name;
+      std::printf("%s pool %lld: %lld lane chunks, %lld engine steps (without the lane %lld), %lld preemptions\n",
+                  name, static_cast<long long>(pool), static_cast<long long>(lane.lane_steps),
+                  static_cast<long long>(lane.stats.steps_total), static_cast<long long>(plain.stats.steps_total),
+                  static_cast<long long>(lane.stats.preemptions_total));
+    }
+  }
+}
+
+TEST(PrefillLane, APromptPrefilledOnTheLaneIsCachedLikeAnyOther) {
+  for (const char* name : kFixtures) {
+    const std::string dir = fixtures::fixtures_dir() + "/" + name;
+    std::vector<Case> first = mixed_cases(vocab_of(dir), 11);
+    // The second wave: the long prompts again, with another tail.
+    std::vector<Case> second;
+    for (const Case& c : first)
+      if (c.prompt.size() >= 200) {
+        Case d = c;
+        d.prompt.push_back(3);
+        d.prompt.push_back(4);
+        second.push_back(d);
+      }
+    const LaneRun plain = run_engine(dir, {first, second}, {.prefix_cache = true});
+    const LaneRun lane = run_engine(dir, {first, second}, {.lane_min_tokens = 200, .prefix_cache = true});
+    ASSERT_EQ(lane.tokens.size(), plain.tokens.size());
+    for (size_t i = 0; i < lane.tokens.size(); ++i) EXPECT_EQ(lane.tokens[i], plain.tokens[i]) << name << ", request " << i;
+    for (size_t i = first.size(); i < lane.tokens.size(); ++i) {
+      EXPECT_GE(lane.cached[i], 256) << name << ", request " << i << ": its prefix was prefilled on the lane";
+      EXPECT_EQ(lane.cached[i], plain.cached[i]) << name << ", request " << i;
+    }
+    EXPECT_GT(lane.lane_steps, 5) << name;
+  }
+}
+
+TEST(PrefillLane, AnAbortWaitsForTheLanesChunkAndTheOthersGoOn) {
+  const std::string dir = fixtures::fixtures_dir() + "/k3-tiny-a";
+  const std::vector<Case> cases = mixed_cases(vocab_of(dir), 5);
+  const LaneRun plain = run_engine(dir, {cases}, {});
+  const LaneRun lane = run_engine(dir, {cases}, {.lane_min_tokens = 200, .abort_request = 2});
+  EXPECT_TRUE(lane.aborted);
+  for (size_t i = 0; i < cases.size(); ++i)
+    if (i != 2) EXPECT_EQ(lane.tokens[i], plain.tokens[i]) << "request " << i;
+  EXPECT_LT(lane.tokens[2].size(), plain.tokens[2].size());
+}
+
+}  // namespace
+}  // namespace moonrun
