@@ -40,7 +40,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(std::unique_ptr<Ops> op
   if (groups > 1 && groups != options.dp_attention_size)
     return invalid_argument("ModelRunner::create: " + std::to_string(groups) + " page groups for " +
                             std::to_string(options.dp_attention_size) + " DP ranks");
-  const int slots = cache.all_slots() + 1, pages = cache.num_pages / groups + 1;
+  // The same for state slots: a rank holds its own slots (slot mod groups), slot s at s / groups.
+  const int slots = (cache.all_slots() + groups - 1) / groups + 1, pages = cache.num_pages / groups + 1;
   r->pad_slot_ = slots - 1;
   r->pad_page_ = pages - 1;
   try {
@@ -353,6 +354,7 @@ Status ModelRunner::step_dp(const StepInput& input, StepOutput& output) {
     if (owner(s) != me) continue;
     mine.seqs.push_back(s);
     if (cache_.page_groups <= 1) continue;
+    mine.seqs.back().state_slot = s.state_slot / D;  // this rank's slots only (ModelRunner::create)
     std::vector<int32_t>& local = local_pages.emplace_back(s.pages.begin(), s.pages.end());
     for (int32_t& p : local) {
       MR_CHECK(p >= first_page && p < first_page + group_pages) << "page " << p << " past the validated group";
@@ -363,10 +365,25 @@ Status ModelRunner::step_dp(const StepInput& input, StepOutput& output) {
   std::vector<int32_t> first_row(static_cast<size_t>(D), 0);
   for (int r = 1; r < D; ++r) first_row[r] = first_row[r - 1] + rows_of[r - 1];
   const int all_rows = first_row[D - 1] + rows_of[D - 1];
+  // The slot commands of this rank's slots, at their local ids (a fresh slot zeroed: with no
+  // prefix cache and no speculation under DP a copy never crosses ranks).
+  const auto local_copies = [&](const std::vector<StateCopy>& copies) {
+    std::vector<StateCopy> out;
+    for (const StateCopy& c : copies) {
+      if (cache_.page_groups <= 1) {
+        out.push_back(c);
+        continue;
+      }
+      if (c.dst % D != me) continue;
+      MR_CHECK(c.src < 0 || c.src % D == me) << "state copy " << c.src << " -> " << c.dst << " across DP ranks";
+      out.push_back({c.src < 0 ? c.src : c.src / D, c.dst / D});
+    }
+    return out;
+  };
   Ops& ops = *ops_;
   try {
     ops.reset_scratch();
-    run_state_copies(input.before);
+    run_state_copies(local_copies(input.before));
     build_batch(mine, static_cast<int>(mine.seqs.size()), 1);
     batch_.dp_tokens = tokens;
     batch_.dp_rank = me;
@@ -384,7 +401,7 @@ Status ModelRunner::step_dp(const StepInput& input, StepOutput& output) {
                                 " positions (its rope table; --context-length sizes it)");
     model_->forward(ops, view, pools_, all_logits.rows_view(first_row[me], rows_of[me]));
     ops.all_reduce_sum(all_logits);
-    run_state_copies(input.after);
+    run_state_copies(local_copies(input.after));
     if (options_.rank != 0) {
       ops.synchronize();
       return Status::ok();

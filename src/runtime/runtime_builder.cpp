@@ -444,9 +444,15 @@ Result<CacheConfig> size_cache(const LoadedRanks& lr, int64_t budget_bytes, cons
   const int running = o.max_running_requests;
   const bool prefix_cache = o.prefix_cache && !o.dp_attention;  // RuntimeOptions::dp_attention
   const int snapshots = prefix_cache ? (o.prefix_snapshot_slots >= 0 ? o.prefix_snapshot_slots : running) : 0;
+  // DP attention: a rank holds the state slots of its own sequences only (slot mod tp_size,
+  // ModelRunner::step_dp), so one rank's budget pays for ceil(running / tp_size) of them (no
+  // snapshots or verify slots there: no prefix cache, no speculation).
+  const int dp = o.dp_attention && o.tp_size > 1 ? o.tp_size : 1;
   CacheConfig cache = MR_TRY(
-      size_cache_from_budget(lr.layout, budget_bytes, o.page_size_tokens, running, snapshots, o.max_total_tokens,
+      size_cache_from_budget(lr.layout, budget_bytes, o.page_size_tokens, (running + dp - 1) / dp, snapshots,
+                             o.max_total_tokens,
                              o.num_speculative_tokens > 0 && lr.layout.state_bytes_per_slot > 0 ? running : 0));
+  cache.num_state_slots = running;
   cache.prefix_block_tokens = prefix_cache ? o.prefix_block_tokens : 0;
   if (o.dp_attention && o.tp_size > 1) {
     // Each rank holds only the pages of its own sequences (CacheConfig::page_groups): the
@@ -500,7 +506,14 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
                  << " GB (" << cache.num_pages << " pages x " << cache.page_size_tokens << " tokens, "
                  << lr.layout.kv_bytes_per_token << " bytes/token); state: " << cache.num_state_slots << " + "
                  << cache.num_snapshot_slots << " prefix-snapshot slots x " << lr.layout.state_bytes_per_slot
-                 << " bytes (" << fmt2(cache.state_bytes() / kGiB) << " GiB)";
+                 << " bytes (" << fmt2(cache.state_bytes() / kGiB) << " GiB"
+                 << (cache.page_groups > 1 ? ", a DP rank holds " +
+                                                 std::to_string((cache.num_state_slots + cache.page_groups - 1) /
+                                                                cache.page_groups) +
+                                                 " of the slots and 1/" + std::to_string(cache.page_groups) +
+                                                 " of the pages"
+                                           : std::string())
+                 << ")";
     MR_LOG(INFO) << "Memory pool end. avail mem="
                  << fmt2(runner->free_bytes() < (int64_t{1} << 60) ? runner->free_bytes() / kGiB
                                                                    : host_memory().available_bytes / kGiB)

@@ -276,7 +276,7 @@ TEST(Parallel, DpAttentionMixedBatchesMatchOneRank) {
 // DP attention holds everything but the routed experts whole: per rank, the one-rank bytes
 // less the experts of the other groups.
 TEST(Parallel, DpAttentionHoldsAllButTheExpertsWhole) {
-  RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
+  RuntimeOptions ro = testing::test_runtime_options("cpu", 256, 5);
   Runtime one = testing::make_runtime(fixtures_dir() + "/k3-tiny-b", ro);
   ro.tp_size = ro.ep_size = 2;
   ro.dp_attention = true;
@@ -294,6 +294,13 @@ TEST(Parallel, DpAttentionHoldsAllButTheExpertsWhole) {
   EXPECT_EQ(one.cache.page_groups, 1);
   EXPECT_EQ(dp.cache.page_groups, 2);
   EXPECT_EQ(dp.cache.num_pages % 2, 0);
+  // And the state slots (KDA states and conv windows, tens of MB a sequence at K3 width):
+  // each rank its own sequences' (slot mod 2), plus the padding slot.
+  auto* group = dynamic_cast<ParallelRunner*>(dp.runner.get());
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(dp.cache.num_state_slots, 5);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(group->rank(r).pools().num_slots, 3 + 1) << "rank " << r;
+  EXPECT_EQ(dynamic_cast<ModelRunner*>(one.runner.get())->pools().num_slots, one.cache.num_state_slots + 1);
 }
 
 // What cannot go with DP attention is refused before anything loads.
