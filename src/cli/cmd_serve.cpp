@@ -108,12 +108,18 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.mem_fraction_static = opt.mem_fraction_static;
   ro.max_running_requests = opt.max_running_requests > 0 ? opt.max_running_requests : defaults::kMaxRunningRequests;
   ro.max_tokens_per_step = std::max(opt.chunked_prefill_size, 1);
+  if (opt.prefill_lane_min_tokens > 0) {
+    // The lane takes long prompts' chunks whole (--chunked-prefill-size); the shared steps,
+    // left with decodes and short prompts, a quarter of it, so that both steps' scratch fit
+    // where one step's did (1.25x: on the K3-width slice a step of 8,192 tokens needs ~23 GB).
+    ro.prefill_lane_tokens = ro.max_tokens_per_step;
+    ro.max_tokens_per_step = std::max({ro.max_tokens_per_step / 4, ro.max_running_requests, 1});
+  }
   ro.page_size_tokens = opt.page_size_tokens;
   ro.context_length = opt.context_length;
   ro.prefix_cache = !opt.disable_radix_cache;
   ro.cuda_graphs = !opt.disable_cuda_graph;
   ro.fail_after_steps = opt.debug_fail_after_steps;
-  ro.prefill_lane = opt.prefill_lane_min_tokens > 0;
   ro.tp_size = opt.tp_size;
   ro.ep_size = opt.ep_size;
   ro.pp_size = opt.pp_size;
@@ -176,11 +182,13 @@ Result<std::unique_ptr<EngineLoop>> build_engine(const server::ServeOptions& opt
 
   EngineConfig ec;
   ec.scheduler.max_running_requests = ro.max_running_requests;
-  ec.scheduler.max_tokens_per_step = opt.chunked_prefill_size;
+  ec.scheduler.max_tokens_per_step = opt.prefill_lane_min_tokens > 0 ? ro.max_tokens_per_step : opt.chunked_prefill_size;
   ec.scheduler.max_prefill_attention_pairs = opt.max_prefill_attention_pairs;
   ec.max_prefill_step_ms = opt.max_prefill_step_ms;
   ec.prefill_context_pairs = cfg.prefill_context_pairs();
   ec.prefill_lane_min_tokens = opt.prefill_lane_min_tokens;
+  ec.prefill_lane_chunk_tokens = ro.prefill_lane_tokens;
+  ec.prefill_lane_step_ms = opt.prefill_lane_step_ms;
   ec.scheduler.max_queued_requests = opt.max_queued_requests;
   ec.max_model_len = static_cast<int>(std::min<int64_t>(opt.context_length, INT32_MAX));
   if (cfg.eos_token_id >= 0) ec.eos_token_ids.push_back(cfg.eos_token_id);

@@ -258,6 +258,11 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                   "(a GPU stream of lower priority), whole and beside the other streams' decode steps, instead of "
                   "in the steps they share (one GPU, no DSpark draft; 0: off)")
       ->capture_default_str()->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--prefill-lane-step-ms", o.prefill_lane_step_ms,
+                  "While a long prompt's chunk is on the prefill lane, the shared steps start at most every this "
+                  "many ms, leaving the lane the rest of the GPU: the other streams' inter-token latency traded for "
+                  "the long prompt's time to first token (0: back to back)")
+      ->capture_default_str()->check(CLI::Range(0.0, 1e4));
   cmd->add_option("--max-queued-requests", o.max_queued_requests, "Waiting requests beyond this get 503")->capture_default_str();
   cmd->add_option("--max-request-bytes", o.max_request_bytes, "Larger request bodies (after decoding) get 413")
       ->capture_default_str()->check(CLI::Range(size_t{1024}, size_t{1} << 34));
@@ -332,7 +337,7 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                   "vLLM's speculative decoding JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
                   "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5, \"disable_by_batch_size\": N}, or "
                   "{\"method\": \"suffix\"} with suffix_decoding_max_tree_depth (24), _max_cached_requests (10000), "
-                  "_max_spec_factor (2.0; vLLM: 1.0), _min_token_prob (0.1)");
+                  "_max_spec_factor (1.0), _min_token_prob (0.1)");
   cmd->add_option("--speculative-algorithm", flags->speculative_algorithm,
                   "SGLang: NGRAM (prompt lookup drafts), DSPARK (a DSpark draft model)");
   cmd->add_option("--speculative-draft-model-path", flags->speculative_draft_model_path,
@@ -487,6 +492,8 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("chunked_prefill_size", std::to_string(o.chunked_prefill_size));
   add("max_prefill_step_ms", o.max_prefill_step_ms > 0 ? num(o.max_prefill_step_ms) : "off");
   add("prefill_lane_min_tokens", o.prefill_lane_min_tokens > 0 ? std::to_string(o.prefill_lane_min_tokens) : "off");
+  if (o.prefill_lane_min_tokens > 0)
+    add("prefill_lane_step_ms", o.prefill_lane_step_ms > 0 ? num(o.prefill_lane_step_ms) : "off");
   add("max_prefill_attention_pairs",
       o.max_prefill_attention_pairs > 0 ? std::to_string(o.max_prefill_attention_pairs) : "off");
   add("max_queued_requests", std::to_string(o.max_queued_requests));

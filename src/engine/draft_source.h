@@ -32,16 +32,15 @@ struct SpeculativeConfig {
   // engine decides from its measured steps where it can (EngineConfig::auto_stand_aside),
   // else never.
   int disable_by_batch_size = 0;
-  // Suffix decoding (engine/suffix_draft_source.h), vLLM's suffix_decoding_* fields and
-  // defaults but one: the trees' depth bounds match + draft; earlier answers kept (0: only the
-  // request's own tokens); drafts at most max_spec_factor x the match length; tokens below
-  // min_token_prob (estimated from counts) end the draft. max_spec_factor is 2, not vLLM's 1:
-  // a verify step here costs ~1 % of a decode step more per draft token at batch 1, so a draft
-  // twice its match pays (the seed's prompts: 14 % fewer verify steps, docs/performance.md),
-  // and where verify steps stop paying (large batches) the balance stands aside.
+  // Suffix decoding (engine/suffix_draft_source.h), vLLM's suffix_decoding_* fields and defaults:
+  // the trees' depth bounds match + draft; earlier answers kept (0: only the request's own
+  // tokens); drafts at most max_spec_factor x the match length; tokens below min_token_prob
+  // (estimated from counts) end the draft. A factor of 2 took 15 % fewer verify steps on the
+  // seed's prompts but was no faster alone and 0.80x over 32 streams on an H100 (longer verify
+  // steps, more rejected rows: docs/performance.md, 2026-12-07 night), so vLLM's 1 stays.
   int suffix_max_tree_depth = 24;
   int suffix_max_cached_requests = 10000;
-  double suffix_max_spec_factor = 2.0;
+  double suffix_max_spec_factor = 1.0;
   double suffix_min_token_prob = 0.1;
   // DSpark: the draft checkpoint (a directory or a hub repo id; vLLM's "model", SGLang's
   // --speculative-draft-model-path), and the confidence below which a block's drafts stop

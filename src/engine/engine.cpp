@@ -504,8 +504,7 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
 // ---- the prefill lane ---------------------------------------------------------------
 
 PrefillLane* Engine::lane() const {
-  return config_.prefill_lane_min_tokens > 0 && scheduler_.config().max_tokens_per_step > 0 ? runner_.prefill_lane()
-                                                                                             : nullptr;
+  return config_.prefill_lane_min_tokens > 0 && config_.prefill_lane_chunk_tokens > 0 ? runner_.prefill_lane() : nullptr;
 }
 
 Status Engine::start_lane() {
@@ -517,7 +516,7 @@ Status Engine::start_lane() {
     if (r->in_lane || r->num_prompt_tokens() < config_.prefill_lane_min_tokens || r->num_computed_tokens == 0 ||
         r->num_tokens() - r->num_computed_tokens < 2 || r->has_images())
       continue;
-    const ScheduledSeq s = scheduler_.schedule_lane(r, scheduler_.config().max_tokens_per_step);
+    const ScheduledSeq s = scheduler_.schedule_lane(r, config_.prefill_lane_chunk_tokens);
     if (s.n_new_tokens == 0) continue;  // no pages for it now: the main steps go on
     auto job = std::make_unique<LaneJob>();
     job->req = r;
@@ -578,6 +577,17 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   // the lane's request is out of it.
   MR_RETURN_IF_ERROR(collect_lane(outputs, std::chrono::microseconds(0)));
   MR_RETURN_IF_ERROR(start_lane());
+  if (lane_job_ && config_.prefill_lane_step_ms > 0) {
+    // While the lane works, steps start at most every prefill_lane_step_ms: decode steps,
+    // which would otherwise run back to back at the higher priority, leave the lane's chunk
+    // the rest of the device (the long prompt's time against the others' gaps).
+    const double interval = config_.prefill_lane_step_ms / 1e3, since = now_seconds() - last_step_start_;
+    if (since < interval)
+      MR_RETURN_IF_ERROR(
+          collect_lane(outputs, std::chrono::microseconds(static_cast<int64_t>((interval - since) * 1e6))));
+    MR_RETURN_IF_ERROR(start_lane());
+  }
+  last_step_start_ = now_seconds();
   const bool paced = config_.max_prefill_step_ms > 0;
   const double t0 = config_.auto_stand_aside || paced ? now_seconds() : 0;
   step_speculates_ = false;

@@ -58,10 +58,14 @@ struct EngineConfig {
   // chunk's length (engine/prefill_pacer.h; prefill_context_pairs_of(ModelConfig)).
   double prefill_context_pairs = 0;
   // The prefill lane (--prefill-lane-min-tokens; runtime/prefill_lane.h): a prompt of at least
-  // this many tokens has its chunks after the first prefilled on the runner's second lane,
-  // whole (--chunked-prefill-size) and beside the other streams' steps. 0: off; also off
+  // this many tokens has its chunks after the first prefilled on the runner's second lane, in
+  // chunks of prefill_lane_chunk_tokens, beside the other streams' steps. 0: off; also off
   // when the runner has no lane.
   int prefill_lane_min_tokens = 0;
+  int prefill_lane_chunk_tokens = 0;
+  // While a chunk is on the lane, a step starts at most every this many ms (0: back to back):
+  // the others' inter-token latency traded for the long prompt's share of the device.
+  double prefill_lane_step_ms = 0;
   // Seconds on a monotonic clock (tests substitute a model of step costs); empty: steady_clock.
   std::function<double()> clock;
 };
@@ -202,6 +206,7 @@ class Engine {
   std::vector<int> spec_first_row_;                // each one's first saved row when it verifies drafts, else -1
   std::unique_ptr<LaneJob> lane_job_;              // the prefill lane's chunk in flight
   Status lane_failure_ = Status::ok();             // a lane failure met outside step(): step() reports it
+  double last_step_start_ = 0;                     // now_seconds() at the last step's start
 };
 
 }  // namespace moonrun

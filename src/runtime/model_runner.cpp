@@ -122,15 +122,16 @@ Status ModelRunner::propose_blocks(std::span<const DraftBlockRequest> requests,
   return Status::ok();
 }
 
-Status ModelRunner::enable_prefill_lane() {
+Status ModelRunner::enable_prefill_lane(int chunk_tokens) {
   if (lane_) return Status::ok();
+  if (chunk_tokens < 1) return invalid_argument("a prefill lane's chunks need at least one token");
   if (options_.rank != 0 || ops_->parallel_size() > 1 || options_.dp_attention_size > 1 ||
       model_->pipeline_stages() > 1)
     return unimplemented("a prefill lane runs beside a single-GPU runner only (no --tp-size, --pp-size, DP attention)");
   if (draft_) return unimplemented("a prefill lane does not run beside a DSpark draft (its taps are one buffer)");
   std::unique_ptr<Ops> lane_ops;
   try {
-    lane_ops = ops_->make_lane(static_cast<size_t>(model_->scratch_bytes(options_.max_tokens_per_step)));
+    lane_ops = ops_->make_lane(static_cast<size_t>(model_->scratch_bytes(chunk_tokens)));
   } catch (const BackendError& e) {
     return resource_exhausted(std::string("allocating the prefill lane's scratch failed: ") + e.what());
   }
@@ -139,6 +140,7 @@ Status ModelRunner::enable_prefill_lane() {
   r->cache_ = cache_;
   r->options_ = options_;
   r->options_.cuda_graphs = false;         // a chunk's shape is new each time
+  r->options_.max_tokens_per_step = chunk_tokens;
   r->options_.num_speculative_tokens = 0;  // it verifies nothing
   r->options_.fail_after_steps = -1;
   r->pools_ = pools_;

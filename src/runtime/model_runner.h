@@ -165,9 +165,9 @@ class ModelRunner final : public StepRunner {
   void bind_thread() override { ops_->bind_thread(); }
   // A second lane for long prefill chunks (runtime/prefill_lane.h): a runner over this one's
   // model and cache pools on a lane of the backend (Ops::make_lane) with scratch for a step
-  // of max_tokens_per_step tokens, eager (no graphs). A single-rank runner without a DSpark
-  // draft (whose taps are one buffer) only.
-  Status enable_prefill_lane();
+  // of chunk_tokens tokens, eager (no graphs). A single-rank runner without a DSpark draft
+  // (whose taps are one buffer) only.
+  Status enable_prefill_lane(int chunk_tokens);
   PrefillLane* prefill_lane() override { return lane_.get(); }
 
  private:

@@ -414,9 +414,10 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     lr.budget_bytes =
         std::max(std::min(static_cast<int64_t>(fraction * host_after.available_bytes) / local, full), least);
   } else {
-    // What the device arena has left once the scratch of the largest step is set aside (twice
-    // with a prefill lane: its steps run beside the others, with scratch of their own).
-    const int64_t scratch = model.scratch_bytes(o.max_tokens_per_step) * (o.prefill_lane ? 2 : 1);
+    // What the device arena has left once the scratch of the largest step is set aside (and a
+    // prefill lane's: its steps run beside the others, with scratch of their own).
+    const int64_t scratch = model.scratch_bytes(o.max_tokens_per_step) +
+                            (o.prefill_lane_tokens > 0 ? model.scratch_bytes(o.prefill_lane_tokens) : 0);
     // Speculative decoding's saved rows (ModelRunner: one step's verified rows).
     int64_t replay_floats = 0;
     for (const auto& m : lr.models) replay_floats = std::max(replay_floats, m->replay_floats_per_token());
@@ -483,10 +484,10 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
     lr.ops[0]->bind_thread();
     auto single = MR_TRY(ModelRunner::create(std::move(lr.ops[0]), std::move(lr.models[0]), cache, ro));
     if (lr.draft) MR_RETURN_IF_ERROR(single->attach_draft(std::move(lr.draft)));
-    if (o.prefill_lane) MR_RETURN_IF_ERROR(single->enable_prefill_lane());
+    if (o.prefill_lane_tokens > 0) MR_RETURN_IF_ERROR(single->enable_prefill_lane(o.prefill_lane_tokens));
     runner = std::move(single);
   } else {
-    if (o.prefill_lane)
+    if (o.prefill_lane_tokens > 0)
       return unimplemented("--prefill-lane-min-tokens: a prefill lane runs beside a single-GPU runner only "
                            "(not with --tp-size / --pp-size > 1)");
     std::vector<std::unique_ptr<ModelRunner>> ranks;

@@ -75,8 +75,9 @@ struct RuntimeOptions {
   int prefix_snapshot_slots = -1;  // -1: as many as max_running_requests
   bool cuda_graphs = true;
   // A second lane for long prefill chunks (ModelRunner::enable_prefill_lane; a single-rank
-  // runner without a DSpark draft): its step scratch is set aside before the cache is sized.
-  bool prefill_lane = false;
+  // runner without a DSpark draft) taking chunks of this many tokens (0: no lane): its step
+  // scratch is set aside beside the main steps' (max_tokens_per_step) before the cache is sized.
+  int prefill_lane_tokens = 0;
   // Speculative decoding: drafts a sequence may bring per step (0: off). Adds a verify slot
   // per running request to the cache (models with a recurrent state) and the replay rows.
   int num_speculative_tokens = 0;

@@ -52,6 +52,7 @@ struct ServeOptions {
   int64_t max_prefill_attention_pairs = 0;  // --max-prefill-attention-pairs: fair chunking (0: off)
   double max_prefill_step_ms = 0;           // --max-prefill-step-ms: fair chunking by time (0: off)
   int prefill_lane_min_tokens = 0;          // --prefill-lane-min-tokens: long prompts on a second lane (0: off)
+  double prefill_lane_step_ms = 0;          // --prefill-lane-step-ms: the shared steps' pace while it works (0: free)
   int max_queued_requests = defaults::kMaxQueuedRequests;  // --max-queued-requests: 503 beyond this many waiting
   double shutdown_timeout_s = 30;   // --shutdown-timeout: SIGTERM lets requests run this long, then cuts
   int page_size_tokens = defaults::kPageSizeTokens;  // --page-size: tokens per MLA KV page

@@ -40,7 +40,7 @@ std::vector<float> run_steps(const std::string& dir, const std::string& dtype, b
   ro.mem_fraction_static = 0.2;
   ro.dtype = dtype;
   ro.max_tokens_per_step = 256;
-  ro.prefill_lane = true;
+  ro.prefill_lane_tokens = 256;
   Runtime rt = testing::make_runtime(dir, ro);
   if (!rt.runner) return record;
   StepRunner& main = *rt.runner;
@@ -130,7 +130,7 @@ TEST(CudaPrefillLane, TheEngineWithTheLaneGivesTheTokensWithoutIt) {
     ro.mem_fraction_static = 0.2;
     ro.dtype = "float32";
     ro.max_tokens_per_step = 128;
-    ro.prefill_lane = lane_min_tokens > 0;
+    ro.prefill_lane_tokens = lane_min_tokens > 0 ? 128 : 0;
     Runtime rt = testing::make_runtime(dir, ro);
     if (!rt.runner) return tokens;
     CacheManager cache(rt.cache);
@@ -138,6 +138,7 @@ TEST(CudaPrefillLane, TheEngineWithTheLaneGivesTheTokensWithoutIt) {
     ec.scheduler = {.max_running_requests = 4, .max_tokens_per_step = 128};
     ec.max_model_len = 1024;
     ec.prefill_lane_min_tokens = lane_min_tokens;
+    ec.prefill_lane_chunk_tokens = 128;
     {
       Engine engine(ec, cache, *rt.runner, nullptr);
       for (size_t i = 0; i < prompts.size(); ++i) {

@@ -65,6 +65,7 @@ struct RunOptions {
   int64_t pool_tokens = 4096;
   bool prefix_cache = false;
   int abort_request = -1;  // aborted once it is on the lane
+  double lane_step_ms = 0;  // EngineConfig::prefill_lane_step_ms
 };
 
 // waves: a wave's requests are submitted once the wave before has finished.
@@ -75,7 +76,7 @@ LaneRun run_engine(const std::string& dir, const std::vector<std::vector<Case>>&
   ro.prefix_block_tokens = 64;
   ro.prefix_snapshot_slots = 32;
   ro.max_tokens_per_step = 64;
-  ro.prefill_lane = o.lane_min_tokens > 0;
+  ro.prefill_lane_tokens = o.lane_min_tokens > 0 ? 64 : 0;
   Runtime rt = make_runtime(dir, ro);
   if (!rt.runner) return run;
   if (o.lane_min_tokens > 0) EXPECT_NE(rt.runner->prefill_lane(), nullptr) << dir;
@@ -84,6 +85,8 @@ LaneRun run_engine(const std::string& dir, const std::vector<std::vector<Case>>&
   ec.scheduler = {.max_running_requests = 4, .max_tokens_per_step = 64};
   ec.max_model_len = static_cast<int>(std::min<int64_t>(1024, o.pool_tokens));
   ec.prefill_lane_min_tokens = o.lane_min_tokens;
+  ec.prefill_lane_chunk_tokens = 64;
+  ec.prefill_lane_step_ms = o.lane_step_ms;
   size_t total = 0;
   for (const auto& w : waves) total += w.size();
   run.tokens.resize(total);
@@ -137,9 +140,11 @@ TEST(PrefillLane, LongPromptsOnTheLaneGiveTheTokensOfOneLane) {
     const std::string dir = fixtures::fixtures_dir() + "/" + name;
     const std::vector<Case> cases = mixed_cases(vocab_of(dir), 7);
     const LaneRun plain = run_engine(dir, {cases}, {});
-    // A pool with room, then one where the requests beside the lane's are preempted.
+    // A pool with room, then one where the requests beside the lane's are preempted (and the
+    // shared steps paced while the lane works).
     for (const int64_t pool : {4096, 1100}) {
-      const LaneRun lane = run_engine(dir, {cases}, {.lane_min_tokens = 200, .pool_tokens = pool});
+      const LaneRun lane =
+          run_engine(dir, {cases}, {.lane_min_tokens = 200, .pool_tokens = pool, .lane_step_ms = pool == 1100 ? 2.0 : 0});
       for (size_t i = 0; i < cases.size(); ++i)
         EXPECT_EQ(lane.tokens[i], plain.tokens[i]) << name << ", pool " << pool << ", request " << i;
       // 420, 700 and 333 tokens: 6 + 10 + 5 chunks of 64 after their first, at least some on the lane.
