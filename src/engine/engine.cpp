@@ -501,6 +501,11 @@ void Engine::postprocess(const SchedulerOutput& scheduled, const StepOutput& res
   }
 }
 
+std::span<const int32_t> Engine::prompt_of(int64_t seq) const {
+  auto it = requests_.find(seq);
+  return it == requests_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second->prompt_ids);
+}
+
 // ---- the prefill lane ---------------------------------------------------------------
 
 PrefillLane* Engine::lane() const {
@@ -558,10 +563,7 @@ Status Engine::collect_lane(std::vector<RequestOutput>& outputs, std::chrono::mi
   if (job->output.samples.size() != want)
     return internal_error("prefill lane: " + std::to_string(job->output.samples.size()) + " tokens for " +
                           std::to_string(want) + " sampling rows");
-  cache_.commit_snapshots(std::move(job->snapshots), [this](int64_t seq) -> std::span<const int32_t> {
-    auto it = requests_.find(seq);
-    return it == requests_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second->prompt_ids);
-  });
+  cache_.commit_snapshots(std::move(job->snapshots), [this](int64_t seq) { return prompt_of(seq); });
   postprocess(job->scheduled, job->output, outputs);
   return Status::ok();
 }
@@ -627,10 +629,7 @@ Status Engine::step(std::vector<RequestOutput>& outputs) {
   phases.mark(2);
   if (paced) pacer_.record(scheduled.n_tokens, prefill_pairs, prefill_context, now_seconds() - t0);
   // The snapshots taken after this forward become cached prefixes of their prompts.
-  cache_.commit_snapshots([this](int64_t seq) -> std::span<const int32_t> {
-    auto it = requests_.find(seq);
-    return it == requests_.end() ? std::span<const int32_t>() : std::span<const int32_t>(it->second->prompt_ids);
-  });
+  cache_.commit_snapshots([this](int64_t seq) { return prompt_of(seq); });
   const int64_t generated_before = totals_.generation_tokens_total;
   postprocess(scheduled, result, outputs);
   phases.mark(3);

@@ -166,6 +166,8 @@ class Engine {
 
   RequestOutput finish(Request* req, FinishReason reason, std::string text_delta);
   bool is_eos(int32_t token) const;
+  // A live sequence's prompt (empty once it is gone): what a committed snapshot caches.
+  std::span<const int32_t> prompt_of(int64_t seq) const;
 
   // The prefill lane (EngineConfig::prefill_lane_min_tokens, runtime/prefill_lane.h): one
   // request's chunk at a time, with what the lane reads until it is collected.
