@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "../support/fixture_files.h"
+#include "op_test_util.h"
 #include "../support/runtimes.h"
 #include "engine/engine.h"
 #include "runtime/model_runner.h"
@@ -106,6 +107,7 @@ std::vector<float> run_steps(const std::string& dir, const std::string& dtype, b
 }
 
 TEST(CudaPrefillLane, ChunksBesideDecodeGraphsGiveTheBitsOfOneStream) {
+  REQUIRE_GPU();
   for (const char* name : {"k3-tiny-a", "k31-tiny-a"})
     for (const char* dtype : {"float32", "bfloat16"}) {
       const std::string dir = fixtures::fixtures_dir() + "/" + name;
@@ -121,6 +123,7 @@ TEST(CudaPrefillLane, ChunksBesideDecodeGraphsGiveTheBitsOfOneStream) {
 
 // The engine: two long prompts beside short ones, greedy, fp32; tokens as without the lane.
 TEST(CudaPrefillLane, TheEngineWithTheLaneGivesTheTokensWithoutIt) {
+  REQUIRE_GPU();
   const std::string dir = fixtures::fixtures_dir() + "/k3-tiny-a";
   std::vector<std::vector<int32_t>> prompts = {pattern_tokens(900, 512, 4), pattern_tokens(12, 512, 5),
                                                pattern_tokens(600, 512, 6), pattern_tokens(30, 512, 7)};
