@@ -50,13 +50,16 @@ import sys
 
 
 def plan(moonrun, gpu, tp, ep, nodes, pp=1, split="", model="kimi-k3"):
-    """split: "" (both replicated), "latent" (--split-latent-moe) or "both" (and --split-router)."""
+    """split: "" (both replicated), "down" (--split-latent-moe-down), "latent" (--split-latent-moe) or "both"
+    (and --split-router)."""
     cmd = [moonrun, "plan", "--model", model, "--gpu", gpu, "--tp-size", str(tp), "--ep-size", str(ep),
            "--nnodes", str(nodes), "--json"]
     if pp > 1:
         cmd += ["--pp-size", str(pp)]
     if split in ("latent", "both"):
         cmd += ["--split-latent-moe"]
+    if split == "down":
+        cmd += ["--split-latent-moe-down"]
     if split == "both":
         cmd += ["--split-router"]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -192,6 +195,7 @@ def plans_table(a, cfg, measured, copy, ratio):
         # LatentMoE split alone is the row to read (docs/performance.md).
         plans = [("TP%d (today)" % gpus, gpus, 1, ""), ("TP%d + split LatentMoE/router" % gpus, gpus, 1, "both"),
                  ("TP8 x PP%d" % (gpus // 8), 8, gpus // 8, ""),
+                 ("TP8 x PP%d + split LatentMoE down" % (gpus // 8), 8, gpus // 8, "down"),
                  ("TP8 x PP%d + split LatentMoE" % (gpus // 8), 8, gpus // 8, "latent"),
                  ("TP8 x PP%d + split LatentMoE/router" % (gpus // 8), 8, gpus // 8, "both")]
         today = {}
@@ -203,7 +207,8 @@ def plans_table(a, cfg, measured, copy, ratio):
                 if pp == 1 and not split:
                     today[b] = r["tok_s"]
                 r.update({"cluster": name, "gpu": gpu, "plan": label, "tp": tp, "ep": tp, "pp": pp,
-                          "split_latent_moe": split in ("latent", "both"), "split_router": split == "both",
+                          "split_latent_moe": split in ("down", "latent", "both"),
+                          "split_latent_up": split in ("latent", "both"), "split_router": split == "both",
                           "batch": b,
                           "weights_per_gpu_bytes": pl["max_stage_per_gpu_bytes"],
                           "collectives_per_step": pl["collectives_per_step"],

@@ -247,5 +247,11 @@ void ProfiledOps::all_reduce_sum(Tensor x) {
 void ProfiledOps::all_gather_cols(const Tensor& x, Tensor out) {
   timed("all_gather_cols", bytes_of(out), 0, [&] { in_.all_gather_cols(x, out); });
 }
+void ProfiledOps::all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) {
+  double bytes = 0;
+  for (const Tensor& o : outs) bytes += bytes_of(o);
+  // One collective, counted as one all_gather_cols (what the plan counts).
+  timed("all_gather_cols", bytes, 0, [&] { in_.all_gather_cols_packed(parts, outs); });
+}
 
 }  // namespace moonrun

@@ -108,6 +108,7 @@ class ProfiledOps final : public Ops {
   void sample(const Tensor& logits, const SamplingBatch& rows, std::vector<SampleResult>& out) override;
   void all_reduce_sum(Tensor x) override;
   void all_gather_cols(const Tensor& x, Tensor out) override;
+  void all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) override;
   int parallel_rank() const override { return in_.parallel_rank(); }
   int parallel_size() const override { return in_.parallel_size(); }
   void abort_collectives(const std::string& why) override { in_.abort_collectives(why); }

@@ -336,6 +336,14 @@ class Ops {
   // out [rows, W * cols] F32: rank r's x [rows, cols] F32 in columns [r * cols, (r + 1) * cols)
   // (the vocab-parallel lm_head's logits).
   virtual void all_gather_cols(const Tensor& x, Tensor out) = 0;
+  // Several blocks gathered as all_gather_cols gathers one, in one collective: parts[i]
+  // [rows_i, c_i] F32 lie one after another in one buffer (parts[i + 1].data where parts[i]
+  // ends), outs[i] [rows_i, W * c_i] (the split router's logits and the split LatentMoE down
+  // projection's rows: one all-gather a MoE layer instead of two). This default issues one
+  // collective a part.
+  virtual void all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) {
+    for (size_t i = 0; i < parts.size(); ++i) all_gather_cols(parts[i], outs[i]);
+  }
   virtual int parallel_rank() const { return 0; }
   virtual int parallel_size() const { return 1; }
   // After this rank failed: every rank waiting in (or entering) a collective of the group

@@ -45,7 +45,7 @@ struct GenerateArgs {
   int tp_size = 1;
   int ep_size = 1;
   int pp_size = 1;
-  bool split_router = false, split_latent_moe = false;
+  bool split_router = false, split_latent_moe = false, split_latent_up = false;
   bool dp_attention = false;
   std::vector<std::string> images;
 };
@@ -156,6 +156,7 @@ void run_generate(const GenerateArgs& a) {
   ro.pp_size = a.pp_size;
   ro.split_router = a.split_router;
   ro.split_latent_moe = a.split_latent_moe;
+  ro.split_latent_up = a.split_latent_up;
   ro.dp_attention = a.dp_attention;
   ro.log = a.verbose;
   auto rt = build_runtime(a.model, ro);
@@ -234,7 +235,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--pp-size,--pipeline-parallel-size", args->pp_size,
                   "pipeline stages, each a --tp-size group (CPU: threads of this process)")->capture_default_str();
   cmd->add_flag("--split-router", args->split_router, "the MoE router split over the TP ranks by expert");
-  cmd->add_flag("--split-latent-moe", args->split_latent_moe, "the LatentMoE projections split over the TP ranks");
+  cmd->add_flag_callback(
+      "--split-latent-moe", [args] { args->split_latent_moe = args->split_latent_up = true; },
+      "the LatentMoE down and up projections split over the TP ranks");
+  cmd->add_flag_callback(
+      "--split-latent-moe-down", [args] { args->split_latent_moe = true; },
+      "only the LatentMoE down projection split over the TP ranks");
   cmd->add_flag("--enable-dp-attention", args->dp_attention,
                 "attention whole on each TP rank for its own sequences, the routed experts split (--ep-size)");
   cmd->callback([args] { run_generate(*args); });

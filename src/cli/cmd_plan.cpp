@@ -18,7 +18,7 @@ struct PlanArgs {
   int gpus_per_node = 0;  // 0: 8, or --tp-size when it is smaller
   int nodes = 0;          // 0: from --tp-size, else 1
   int tp = 0, ep = 0, pp = 1;
-  bool split_latent_moe = false, split_router = false;
+  bool split_latent_moe = false, split_latent_up = false, split_router = false;
   bool dp_attention = false;
   double mem_fraction = 0.85;
   int64_t context_length = 0;
@@ -66,6 +66,7 @@ int run_plan(PlanArgs a) {
   in.ep = a.ep;
   in.pp = a.pp;
   in.split_latent_moe = a.split_latent_moe;
+  in.split_latent_up = a.split_latent_up;
   in.split_router = a.split_router;
   in.dp_attention = a.dp_attention;
   in.mem_fraction = a.mem_fraction;
@@ -103,8 +104,13 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--pp-size,--pipeline-parallel-size,--pp", args->pp,
                   "pipeline stages: TP x EP inside each, layers split so stages carry balanced bytes (default 1)")
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("--split-latent-moe", args->split_latent_moe,
-                "plan the LatentMoE down/up projections split over TP instead of replicated");
+  cmd->add_flag_callback(
+      "--split-latent-moe", [args] { args->split_latent_moe = args->split_latent_up = true; },
+      "plan the LatentMoE down and up projections split over TP instead of replicated");
+  cmd->add_flag_callback(
+      "--split-latent-moe-down", [args] { args->split_latent_moe = true; },
+      "plan only the LatentMoE down projection split over TP (the up projection whole: its routed sum rides the "
+      "shared experts' all-reduce)");
   cmd->add_flag("--split-router", args->split_router, "plan the fp32 router split over TP (by expert) instead of replicated");
   cmd->add_flag("--enable-dp-attention", args->dp_attention,
                 "plan DP attention x EP (as serve's flag): attention, dense layers, shared experts, router and vocabulary "

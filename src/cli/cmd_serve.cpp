@@ -126,6 +126,7 @@ RuntimeOptions runtime_options(const server::ServeOptions& opt) {
   ro.pp_micro_batches = opt.pp_micro_batches;
   ro.split_router = opt.split_router;
   ro.split_latent_moe = opt.split_latent_moe;
+  ro.split_latent_up = opt.split_latent_up;
   ro.dp_attention = opt.dp_attention;
   ro.num_speculative_tokens = opt.speculative.enabled() ? opt.speculative.num_speculative_tokens : 0;
   if (opt.speculative.enabled() && opt.speculative.method == SpecMethod::kDSpark)
@@ -146,7 +147,7 @@ ClusterOptions cluster_options(const server::ServeOptions& opt, const std::strin
                              {"tp", opt.tp_size},
                              {"ep", opt.ep_size},
                              {"pp", opt.pp_size},
-                             {"split", {opt.split_router, opt.split_latent_moe}},
+                             {"split", {opt.split_router, opt.split_latent_moe, opt.split_latent_up}},
                              {"dp_attention", opt.dp_attention},
                              {"nnodes", opt.nnodes},
                              {"device", device},
@@ -357,7 +358,7 @@ int run_serve(server::ServeOptions opt) {
   const auto dist_t0 = std::chrono::steady_clock::now();
   MR_LOG(INFO) << "Init distributed begin. backend=" << device << ", tp_size=" << opt.tp_size
                << ", ep_size=" << opt.ep_size << ", pp_size=" << opt.pp_size
-               << (opt.split_latent_moe ? ", split_latent_moe=true" : "") << (opt.split_router ? ", split_router=true" : "")
+               << (opt.split_latent_moe ? opt.split_latent_up ? ", split_latent_moe=down,up" : ", split_latent_moe=down" : "") << (opt.split_router ? ", split_router=true" : "")
                << (opt.dp_attention ? ", dp_attention=true" : "") << ", nnodes=" << opt.nnodes
                << (opt.nnodes > 1    ? " (one process per node, ZeroMQ control plane at " + opt.dist_init_addr + ")"
                    : opt.tp_size * opt.pp_size > 1 ? " (ranks as threads of this process, shared-memory collectives)"

@@ -297,9 +297,14 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
   cmd->add_flag("--enable-expert-parallel", flags->enable_expert_parallel, "vLLM: expert parallel over the TP ranks");
   cmd->add_flag("--split-router", o.split_router,
                 "split the fp32 MoE router over the TP ranks by expert (its logits all-gathered) instead of replicating it");
-  cmd->add_flag("--split-latent-moe", o.split_latent_moe,
-                "split the LatentMoE down/up projections over the TP ranks (one all-gather a MoE layer) instead of "
-                "replicating them");
+  cmd->add_flag_callback(
+      "--split-latent-moe", [flags] { flags->options.split_latent_moe = flags->options.split_latent_up = true; },
+      "split the LatentMoE down and up projections over the TP ranks (an all-gather and an all-reduce more a MoE "
+      "layer) instead of replicating them");
+  cmd->add_flag_callback(
+      "--split-latent-moe-down", [flags] { flags->options.split_latent_moe = true; },
+      "split only the LatentMoE down projection over the TP ranks (an all-gather more a MoE layer); the up projection "
+      "stays whole, so the routed sum rides the shared experts' all-reduce");
   cmd->add_option("--pipeline-parallel-size,--pp-size", flags->pipeline_parallel_size,
                   "Pipeline stages of contiguous layers, each a --tp-size group (tp x pp ranks in all)");
   cmd->add_option("--pp-micro-batches", o.pp_micro_batches,
@@ -509,7 +514,7 @@ std::string describe_serve_options(const server::ServeOptions& o, bool one_line)
   add("ep_size", std::to_string(o.ep_size));
   add("pp_size", std::to_string(o.pp_size));
   if (o.pp_size > 1) add("pp_micro_batches", o.pp_micro_batches == 0 ? "one a stage" : std::to_string(o.pp_micro_batches));
-  if (o.split_latent_moe) add("split_latent_moe", "true");
+  if (o.split_latent_moe) add("split_latent_moe", o.split_latent_up ? "down and up" : "down");
   if (o.split_router) add("split_router", "true");
   if (o.dp_attention) add("enable_dp_attention", "true (dp_size " + std::to_string(o.tp_size) + ")");
   add("nnodes", std::to_string(o.nnodes));

@@ -24,12 +24,14 @@ void describe_k31(const ModelConfig& cfg, WeightSink& sink) {
   describe_kimi_k31_weights(cfg, scratch, sink);
 }
 
-WeightLayout weight_layout(const LoadOptions& o) { return {o.stage, o.split_router, o.split_latent_moe}; }
+WeightLayout weight_layout(const LoadOptions& o) { return {o.stage, o.split_router, o.split_latent_moe, o.split_latent_moe && o.split_latent_up}; }
 TensorParallel tensor_parallel(const LoadOptions& o) {
   // DP attention: the heads, the vocabulary and the dense MLPs whole on every rank (a
   // tensor-parallel size of one); only the routed experts are the group's.
-  if (o.dp_attention && o.world_size > 1) return {o.rank, 1, false, false, true};
-  return {o.rank, o.world_size, o.split_router && o.world_size > 1, o.split_latent_moe && o.world_size > 1};
+  if (o.dp_attention && o.world_size > 1) return {o.rank, 1, false, false, false, true};
+  const bool split = o.world_size > 1;
+  return {o.rank, o.world_size, o.split_router && split, o.split_latent_moe && split,
+          o.split_latent_moe && o.split_latent_up && split};
 }
 
 // kimi_k3 and kimi_linear share one forward (config.json's fields tell them apart).

@@ -97,7 +97,7 @@ struct Lister {
       mat(w.latent_down, names.layer(i, "block_sparse_moe.routed_expert_down_proj.weight"), D, H,
           layout.split_latent_moe ? ShardRule::column : ShardRule::replicated);
       mat(w.latent_up, names.layer(i, "block_sparse_moe.routed_expert_up_proj.weight"), H, D,
-          layout.split_latent_moe ? ShardRule::row : ShardRule::replicated);
+          layout.split_latent_up ? ShardRule::row : ShardRule::replicated);
       if (cfg.latent_moe_use_norm) vec(w.latent_norm, names.layer(i, "block_sparse_moe.routed_expert_norm.weight"), D);
     }
   }
@@ -169,6 +169,7 @@ KimiK3::KimiK3(const ModelConfig& cfg, KimiK3Weights weights, size_t weight_byte
       << indexers_.size() << " DSA indexers for " << cfg.num_dsa_layers << " DSA layers";
   moe_dims_.split_router = tp.split_router;
   moe_dims_.split_latent = tp.split_latent_moe;
+  moe_dims_.split_latent_up = tp.split_latent_up;
   moe_dims_.tp_rank = tp.rank;
   moe_dims_.shared_whole = tp.dp_attention;
   mla_dims_.reduce_output = !tp.dp_attention;

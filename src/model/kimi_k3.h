@@ -54,7 +54,8 @@ struct TensorParallel {
   int rank = 0;
   int size = 1;
   bool split_router = false;      // WeightLayout: the router's rows are this rank's experts'
-  bool split_latent_moe = false;  // WeightLayout: LatentMoE down column-, up row-split
+  bool split_latent_moe = false;  // WeightLayout: LatentMoE down column-split
+  bool split_latent_up = false;   // and its up projection row-split
   // DP attention: size is 1 (every rank whole but the routed experts) while the group has
   // more ranks; the forward runs its own sequences and meets the others at each MoE layer
   // (moe_forward_dp), and skips the dense collectives.

@@ -67,7 +67,8 @@ struct LoadOptions {
   StageLayers stage;
   // Split the MoE router / the LatentMoE projections over the group (WeightLayout).
   bool split_router = false;
-  bool split_latent_moe = false;
+  bool split_latent_moe = false;  // the down projection (and with split_latent_up the up one)
+  bool split_latent_up = false;
   // DP attention: all but the routed experts whole on every rank (ParallelRank::dp_attention).
   bool dp_attention = false;
   bool log_progress = false;  // progress lines (bytes, GB/s, ETA) for long loads

@@ -25,9 +25,13 @@ struct WeightLayout {
   StageLayers stage;
   // The fp32 MoE router column-split by expert; its logits all-gathered for the top-k.
   bool split_router = false;
-  // The LatentMoE down projection column-split (its output all-gathered for the experts),
-  // the up projection row-split (its partial sum joins the shared experts' all-reduce).
+  // The LatentMoE down projection column-split (its output all-gathered for the experts);
+  // with split_latent_up also the up projection row-split (its partial sum joins the shared
+  // experts' all-reduce; the routed sum then needs an all-reduce of its own before the latent
+  // norm). Whole, the up projection runs on the reduced routed sum, which rides the shared
+  // experts' all-reduce (model/layers/moe.cpp): one collective fewer a MoE layer.
   bool split_latent_moe = false;
+  bool split_latent_up = false;
 };
 
 // How a tensor splits over the ranks of a tensor- and expert-parallel group.

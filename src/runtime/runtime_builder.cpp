@@ -218,7 +218,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   if (o.dp_attention) {
     if (W < 2) return invalid_argument("--enable-dp-attention needs a group to share the experts: --tp-size >= 2");
     if (P > 1) return unimplemented("--enable-dp-attention with --pp-size > 1 is not built yet");
-    if (o.split_router || o.split_latent_moe)
+    if (o.split_router || o.split_latent_moe || o.split_latent_up)
       return invalid_argument("--enable-dp-attention holds the router and the LatentMoE projections whole on every "
                               "rank: not with --split-router / --split-latent-moe");
     if (o.num_speculative_tokens > 0 || !o.draft_model.empty())
@@ -232,6 +232,8 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     if (o.split_router && cfg.num_experts > 0 && cfg.num_experts % W != 0)
       return invalid_argument("--split-router: the model's " + std::to_string(cfg.num_experts) +
                               " experts do not split evenly over --tp-size " + std::to_string(W));
+    if (o.split_latent_up && !o.split_latent_moe)
+      return invalid_argument("the LatentMoE up projection splits only with the down one (--split-latent-moe)");
     if (o.split_latent_moe && cfg.routed_expert_hidden_size > 0 && cfg.routed_expert_hidden_size % W != 0)
       return invalid_argument("--split-latent-moe: the LatentMoE width " + std::to_string(cfg.routed_expert_hidden_size) +
                               " (routed_expert_hidden_size) does not split evenly over --tp-size " + std::to_string(W));
@@ -334,6 +336,7 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     load.stage = stages[static_cast<size_t>(g / W)];
     load.split_router = o.split_router;
     load.split_latent_moe = o.split_latent_moe;
+    load.split_latent_up = o.split_latent_up;
     load.dp_attention = o.dp_attention;
     load.log_progress = o.log && i == 0;
     load.max_positions = o.context_length;

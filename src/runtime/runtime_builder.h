@@ -39,7 +39,8 @@ struct RuntimeOptions {
   // Split over each stage's TP group what every rank otherwise holds whole (model/
   // weight_spec.h, WeightLayout): the MoE router, the LatentMoE projections.
   bool split_router = false;
-  bool split_latent_moe = false;
+  bool split_latent_moe = false;  // the down projection (--split-latent-moe-down), or
+  bool split_latent_up = false;   // with it the up projection too (--split-latent-moe)
   // DP attention (SGLang --enable-dp-attention, with --dp-size equal to --tp-size): each rank
   // holds attention, the dense layers and the vocabulary whole and runs them for its own
   // sequences (a state slot's sequences, slot mod tp_size); the routed experts stay split

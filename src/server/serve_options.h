@@ -77,7 +77,8 @@ struct ServeOptions {
   int pp_size = 1;                  // --pp-size / --pipeline-parallel-size: stages of tp_size ranks
   int pp_micro_batches = 0;         // --pp-micro-batches: a step's micro-batches under stages (0: one a stage, 1: none)
   bool split_router = false;        // --split-router: the MoE router split over the TP group
-  bool split_latent_moe = false;    // --split-latent-moe: the LatentMoE projections split
+  bool split_latent_moe = false;    // --split-latent-moe(-down): the LatentMoE down projection split
+  bool split_latent_up = false;     // --split-latent-moe: and the up projection
   bool dp_attention = false;        // --enable-dp-attention: attention per rank, experts shared
   int nnodes = 1;                   // --nnodes
   int node_rank = 0;                // --node-rank

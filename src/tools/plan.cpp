@@ -85,7 +85,7 @@ std::string format_pipeline(const Plan& p) {
       << ")\n";
   else
     o << "\nPer GPU by stage (TP " << p.tp << " x EP " << p.ep << " x PP " << p.pp
-      << "; LatentMoE projections " << (opt.split_latent_moe ? "TP-split" : "replicated") << ", router "
+      << "; LatentMoE projections " << (!opt.split_latent_moe ? "replicated" : opt.split_latent_up ? "TP-split" : "down TP-split, up replicated") << ", router "
       << (opt.split_router ? "TP-split" : "replicated") << ")\n";
   for (const PipelineStage& st : pl.stages) {
     std::snprintf(buf, sizeof buf, "  stage %d: layers %d-%d (%lld MLA, %lld KDA, %lld MoE)%s%s, GPUs %d-%d: %s a GPU\n",
@@ -95,7 +95,8 @@ std::string format_pipeline(const Plan& p) {
     o << buf;
     for (const StageGroupBytes& g : st.groups) {
       std::snprintf(buf, sizeof buf, "    %-46s %-10s %14s\n", g.name.c_str(),
-                    g.split_by_option         ? "TP (split)"
+                    g.partly_split            ? "part split"
+                    : g.split_by_option       ? "TP (split)"
                     : g.whole_by_dp_attention ? "whole (DP)"
                                               : shard_name(g.shard),
                     gb(double(g.per_gpu_bytes)).c_str());
@@ -134,7 +135,8 @@ std::string format_pipeline(const Plan& p) {
   else if (p.tp > 1)  // at TP 1 there is nothing to split
     o << "  splitting over TP " << p.tp << " would save a GPU of the busiest stage, each step: LatentMoE projections "
     << gb(double(pl.latent_moe_split_saves_per_gpu)) << ", router " << gb(double(pl.router_split_saves_per_gpu))
-    << " (for one all-gather a MoE layer each: --split-latent-moe / --split-router)\n";
+    << " (--split-latent-moe: an all-gather and an all-reduce more a MoE layer; the down projection, half of it, "
+       "for an all-gather: --split-latent-moe-down; the router for an all-gather: --split-router)\n";
   return o.str();
 }
 
@@ -144,7 +146,8 @@ json pipeline_to_json(const PipelinePlan& pl) {
     json groups = json::array(), colls = json::array();
     for (const StageGroupBytes& g : st.groups) {
       groups.push_back({{"name", g.name}, {"shard", g.split_by_option ? "TP" : shard_name(g.shard)},
-                        {"split_by_option", g.split_by_option}, {"per_gpu_bytes", g.per_gpu_bytes}});
+                        {"split_by_option", g.split_by_option}, {"partly_split", g.partly_split},
+                        {"per_gpu_bytes", g.per_gpu_bytes}});
       if (pl.opt.dp_attention) groups.back()["whole_by_dp_attention"] = g.whole_by_dp_attention;
     }
     for (const StageCollective& c : st.collectives)
@@ -162,7 +165,8 @@ json pipeline_to_json(const PipelinePlan& pl) {
   json hops = json::array();
   for (const StageHop& h : pl.hops)
     hops.push_back({{"from_stage", h.from_stage}, {"bytes_per_token", h.bytes_per_token}, {"cross_node", h.cross_node}});
-  json out = {{"pp", pl.opt.pp}, {"split_latent_moe", pl.opt.split_latent_moe}, {"split_router", pl.opt.split_router},
+  json out = {{"pp", pl.opt.pp}, {"split_latent_moe", pl.opt.split_latent_moe},
+              {"split_latent_up", pl.opt.split_latent_moe && pl.opt.split_latent_up}, {"split_router", pl.opt.split_router},
               {"stages", stages}, {"hops", hops}, {"max_stage_per_gpu_bytes", pl.max_stage_per_gpu_bytes},
               {"collectives_per_step", pl.collectives_per_step},
               {"cross_node_collectives_per_step", pl.cross_node_collectives_per_step},
@@ -207,7 +211,7 @@ Result<Plan> make_plan(const PlanInputs& in) {
     // As the runtime refuses them (runtime/runtime_builder.cpp).
     if (p.tp < 2) return invalid_argument("--enable-dp-attention needs a group to share the experts: --tp-size >= 2");
     if (p.pp > 1) return invalid_argument("--enable-dp-attention with --pp-size > 1 is not built yet");
-    if (in.split_router || in.split_latent_moe)
+    if (in.split_router || in.split_latent_moe || in.split_latent_up)
       return invalid_argument("--enable-dp-attention holds the router and the LatentMoE projections whole on every "
                               "rank: not with --split-router / --split-latent-moe");
   }
@@ -254,6 +258,7 @@ Result<Plan> make_plan(const PlanInputs& in) {
   PipelineOptions popt;
   popt.tp = p.tp, popt.ep = p.ep, popt.pp = p.pp, popt.gpus_per_node = in.gpus_per_node;
   popt.split_latent_moe = in.split_latent_moe, popt.split_router = in.split_router;
+  popt.split_latent_up = in.split_latent_moe && in.split_latent_up;
   popt.dp_attention = in.dp_attention;
   popt.kv_dtype_bytes = in.kv_dtype_bytes;
   p.pipeline = plan_pipeline(s, popt, unlisted);

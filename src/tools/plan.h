@@ -31,7 +31,8 @@ struct PlanInputs {
   int nodes = 1;
   int tp = 0;                     // 0: every GPU of a stage (the seeds' flat TP group)
   int pp = 1;                     // pipeline stages (--pp-size): tp x pp = every GPU
-  bool split_latent_moe = false;  // plan the LatentMoE down/up projections TP-split
+  bool split_latent_moe = false;  // plan the LatentMoE down projection TP-split
+  bool split_latent_up = false;   // and the up projection
   bool split_router = false;      // plan the fp32 router TP-split (by expert)
   bool dp_attention = false;      // --enable-dp-attention: attention, dense layers, vocabulary
                                   // whole on every rank, routed experts under EP (PP 1, no split)

@@ -20,11 +20,16 @@ constexpr const char* kRouterGroup = "MoE router";
 // Bytes one GPU holds of one layer (or of what comes before / after the layers), by group.
 using GroupMap = std::map<std::string, StageGroupBytes>;
 
-void add(GroupMap& m, const std::string& name, Shard shard, bool split, uint64_t bytes, bool whole = false) {
+void add(GroupMap& m, const std::string& name, Shard shard, bool split, uint64_t bytes, bool whole = false,
+         bool partly = false) {
+  const bool fresh = m.find(name) == m.end();
   StageGroupBytes& g = m[name];
+  // A group some of whose tensors an option splits and some not (--split-latent-moe-down:
+  // the down projection split, the up one whole).
+  g.partly_split = partly || (!fresh && g.split_by_option != split) || (!fresh && g.partly_split);
   g.name = name;
   g.shard = shard;
-  g.split_by_option = split;
+  g.split_by_option = g.split_by_option || split;
   g.whole_by_dp_attention = whole;
   g.per_gpu_bytes += bytes;
 }
@@ -57,7 +62,11 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
   for (const TensorSpec& t : weight_spec(cfg)) {
     const std::string role = role_of_tensor(t.name, &cfg);
     const Shard shard = shard_of_rule(t.shard);
-    const bool split = (opt.split_latent_moe && role == kLatentMoeGroup) || (opt.split_router && role == kRouterGroup);
+    // The LatentMoE up projection splits only with --split-latent-moe (both), the down one
+    // also with --split-latent-moe-down.
+    const bool latent_up = t.name.find("routed_expert_up_proj") != std::string::npos;
+    const bool split = (role == kLatentMoeGroup && opt.split_latent_moe && (opt.split_latent_up || !latent_up)) ||
+                       (opt.split_router && role == kRouterGroup);
     const uint64_t n = t.nbytes();
     uint64_t bytes = n;
     // DP attention: the dense shard rules take the whole tensor (weight_spec.cpp dense_shard).
@@ -106,7 +115,7 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
     GroupMap groups;
     auto merge = [&](const GroupMap& m) {
       for (const auto& [name, g] : m)
-        add(groups, name, g.shard, g.split_by_option, g.per_gpu_bytes, g.whole_by_dp_attention);
+        add(groups, name, g.shard, g.split_by_option, g.per_gpu_bytes, g.whole_by_dp_attention, g.partly_split);
     };
     if (st.has_embedding) merge(pre);
     uint64_t stage_latent = 0, stage_router = 0;
@@ -159,19 +168,29 @@ PipelinePlan plan_pipeline(const PlanModelShape& shape, const PipelineOptions& o
         // No LatentMoE (K2): the routed and shared partial sums are added and reduced once
         // (model/layers/moe.cpp).
         coll("routed + shared experts' sum all-reduce", false, st.n_moe, hidden_f32);
+      } else if (!opt.split_latent_up && shared) {
+        // The up projection whole on every rank: the routed sum (before the latent norm) and
+        // the shared experts' partial sum reduced as one buffer (model/layers/moe.cpp).
+        coll("routed sum + shared experts' all-reduce (packed)", false, st.n_moe, latent_f32 + hidden_f32);
       } else {
         coll("routed experts' sum all-reduce", false, st.n_moe, latent_f32);
         // The split LatentMoE up projection is row-parallel: its partial sum rides the shared
         // experts' all-reduce, so it costs nothing extra when there are shared experts.
         coll(shared ? "shared experts (+ split latent up) all-reduce" : "split latent up all-reduce", false,
-             shared || opt.split_latent_moe ? st.n_moe : 0, hidden_f32);
+             shared || opt.split_latent_up ? st.n_moe : 0, hidden_f32);
       }
       // The split down projection's output and the split router's logits: an all-gather
-      // each per MoE layer (the experts need the whole latent row, the top-k every logit),
-      // both in fp32 as the runtime gathers them (model/layers/moe.cpp; one packed gather
-      // of both would save one of the two).
-      if (opt.split_latent_moe) coll("split latent down all-gather", true, st.n_moe, uint64_t(cfg.expert_io_dim()) * 4);
-      if (opt.split_router) coll("split router logits all-gather", true, st.n_moe, uint64_t(E) * 4);
+      // per MoE layer (the experts need the whole latent row, the top-k every logit), in
+      // fp32 as the runtime gathers them; both split, one packed gather carries both
+      // (model/layers/moe.cpp, Ops::all_gather_cols_packed).
+      const bool latent_split = opt.split_latent_moe && cfg.routed_expert_hidden_size > 0;
+      if (latent_split && opt.split_router)
+        coll("split latent down + router logits all-gather (packed)", true, st.n_moe,
+             uint64_t(cfg.expert_io_dim()) * 4 + uint64_t(E) * 4);
+      else if (latent_split)
+        coll("split latent down all-gather", true, st.n_moe, uint64_t(cfg.expert_io_dim()) * 4);
+      else if (opt.split_router)
+        coll("split router logits all-gather", true, st.n_moe, uint64_t(E) * 4);
       if (st.has_head) coll("lm_head logits all-gather", true, 1, uint64_t(cfg.vocab_size) * 4);
     }
     for (const auto& c : st.collectives) st.collectives_per_step += c.count;

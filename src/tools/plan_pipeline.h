@@ -23,9 +23,12 @@ namespace moonrun::tools {
 struct PipelineOptions {
   int tp = 1, ep = 1, pp = 1;
   int gpus_per_node = 8;
-  // LatentMoE down projection column-split (its output all-gathered for the experts) and
-  // up projection row-split (its partial sum joins the shared experts' all-reduce).
+  // LatentMoE down projection column-split (its output all-gathered for the experts) and,
+  // with split_latent_up, the up projection row-split (its partial sum joins the shared
+  // experts' all-reduce, the routed sum reduced before it). With the up projection whole the
+  // routed sum and the shared experts' partial sum are reduced as one buffer.
   bool split_latent_moe = false;
+  bool split_latent_up = false;
   // The fp32 router column-split by expert (its logits all-gathered for the top-k).
   bool split_router = false;
   // DP attention x EP (--enable-dp-attention, ParallelRank::dp_attention): every rank holds
@@ -42,6 +45,7 @@ struct StageGroupBytes {
   std::string name;            // role_of_tensor()'s name: "MoE router", "KDA attention", ...
   Shard shard = Shard::kReplicated;  // as the loader splits it today
   bool split_by_option = false;      // replicated today, TP-split under this plan's options
+  bool partly_split = false;         // only some of its tensors (--split-latent-moe-down)
   bool whole_by_dp_attention = false;  // TP-split today, whole on every rank under DP attention
   uint64_t per_gpu_bytes = 0;
 };

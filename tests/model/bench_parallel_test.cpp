@@ -10,6 +10,7 @@
 
 #include "../support/fixture_files.h"
 #include "tools/bench_model.h"
+#include "tools/plan.h"
 
 namespace moonrun {
 namespace {
@@ -68,6 +69,55 @@ TEST(BenchParallel, AGroupDecodesAndTimesItsCheckedCollectives) {
     EXPECT_NE(table.find("collectives, " + std::to_string(tp) + " ranks"), std::string::npos) << table;
     EXPECT_EQ(table.find("achieved / floor"), std::string::npos) << table;
   }
+}
+
+// What `moonrun plan` (and so bench/project_parallel.py) counts is what the forward issues:
+// rank 0's profiled decode step's all-reduces and all-gathers, under each way of splitting
+// the LatentMoE projections and the router (issue #41), equal the plan's collectives a step
+// for the same fixture and group.
+TEST(BenchParallel, ThePlansCollectivesAreTheOnesTheForwardIssues) {
+  struct Mode {
+    bool down, up, router;
+  };
+  auto model = tools::load_plan_model(fixtures::fixtures_dir() + "/k3-tiny-b");
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  int64_t unsplit = 0;
+  for (const Mode m : {Mode{false, false, false}, Mode{true, false, false}, Mode{true, true, false},
+                       Mode{true, true, true}, Mode{false, false, true}, Mode{true, false, true}}) {
+    SCOPED_TRACE(std::string("down ") + (m.down ? "split" : "whole") + ", up " + (m.up ? "split" : "whole") +
+                 ", router " + (m.router ? "split" : "whole"));
+    tools::ModelBenchConfig c = tiny_bench(2, 2);
+    c.batches = {1};
+    c.runtime.split_latent_moe = m.down;
+    c.runtime.split_latent_up = m.up;
+    c.runtime.split_router = m.router;
+    auto r = tools::run_model_bench(c);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_EQ(r->decode.size(), 1u);
+    double issued = 0;
+    for (const tools::OpFigure& o : r->decode[0].ops)
+      if (o.op == "all_reduce_sum" || o.op == "all_gather_cols") issued += o.calls;
+
+    tools::PlanInputs in;
+    in.shape = model->shape;
+    in.weights = model->weights;
+    in.gpu = *tools::find_gpu("H200");
+    in.gpus_per_node = 2;
+    in.tp = in.ep = 2;
+    in.split_latent_moe = m.down;
+    in.split_latent_up = m.up;
+    in.split_router = m.router;
+    auto plan = tools::make_plan(in);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    EXPECT_EQ(issued, double(plan->pipeline.collectives_per_step));
+    if (!m.down && !m.router) unsplit = plan->pipeline.collectives_per_step;
+  }
+  // Unsplit: each layer's attention all-reduce, one packed all-reduce a MoE layer (the routed
+  // sum with the shared experts'), one a dense MLP, the embedding's and the logits' gather.
+  int64_t moe = 0, dense = 0;
+  for (const LayerSpec& l : model->shape.config.layers) (l.mlp == MlpKind::moe ? moe : dense) += 1;
+  ASSERT_GT(moe, 0);
+  EXPECT_EQ(unsplit, int64_t(model->shape.config.layers.size()) + moe + dense + 2);
 }
 
 TEST(BenchParallel, OneRankHasNoCollectivesTable) {

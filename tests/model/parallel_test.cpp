@@ -31,17 +31,19 @@ struct Split {
   int pp = 1;  // pipeline stages, each a tp x ep group
   bool split = false;  // --split-router and --split-latent-moe
   bool dp = false;     // --enable-dp-attention
+  bool down = false;   // --split-latent-moe-down (the router whole)
 };
 // gtest prints a parameter in the test's listing (and ctest's test names): not its bytes.
 void PrintTo(const Split& sp, std::ostream* os) {
   *os << sp.fixture << " tp" << sp.tp << " ep" << sp.ep << " pp" << sp.pp << (sp.split ? " split" : "")
-      << (sp.dp ? " dp-attention" : "");
+      << (sp.dp ? " dp-attention" : "") << (sp.down ? " split-down" : "");
 }
 
 std::string split_name(const ::testing::TestParamInfo<Split>& info) {
   std::string n = std::string(info.param.fixture) + "_tp" + std::to_string(info.param.tp) + "_ep" +
                   std::to_string(info.param.ep) + (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "") +
-                  (info.param.split ? "_split" : "") + (info.param.dp ? "_dp_attention" : "");
+                  (info.param.split ? "_split" : "") + (info.param.dp ? "_dp_attention" : "") +
+                  (info.param.down ? "_split_down" : "");
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 }
@@ -53,13 +55,14 @@ struct CaseRun {
 
 // Every case of a fixture through a runtime of tp ranks in ep expert groups.
 std::vector<CaseRun> run_cases(const std::string& dir, const nlohmann::json& expected, int tp, int ep, int pp = 1,
-                               bool split = false, bool dp = false) {
+                               bool split = false, bool dp = false, bool down = false) {
   RuntimeOptions ro = testing::test_runtime_options("cpu", 256);
   ro.tp_size = tp;
   ro.ep_size = ep;
   ro.pp_size = pp;
   ro.split_router = split;
-  ro.split_latent_moe = split;
+  ro.split_latent_moe = split || down;
+  ro.split_latent_up = split;
   ro.dp_attention = dp;
   Runtime rt = testing::make_runtime(dir, ro);
   std::vector<CaseRun> out;
@@ -107,7 +110,7 @@ TEST_P(ParallelFixture, SameTokensAsOneRankAndTheReference) {
   const nlohmann::json expected = nlohmann::json::parse(in);
   const float ref_tol = expected.at("tolerance_abs_logit").get<float>();
   const std::vector<CaseRun> one = run_cases(dir, expected, 1, 1);
-  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep, sp.pp, sp.split, sp.dp);
+  const std::vector<CaseRun> par = run_cases(dir, expected, sp.tp, sp.ep, sp.pp, sp.split, sp.dp, sp.down);
   ASSERT_EQ(one.size(), expected.at("cases").size());
   ASSERT_EQ(par.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) {
@@ -224,12 +227,18 @@ TEST(Parallel, PipelineMicroBatchesMatchOneRank) {
 
 // The router split by expert and the LatentMoE projections split over the TP ranks (issue
 // 41, item 2): the logits and the latent rows gathered, the up projection's partial sums
-// reduced with the shared experts'. K2 has no LatentMoE: its router alone splits.
+// reduced with the shared experts'. K2 has no LatentMoE: its router alone splits. The
+// down projection alone split (--split-latent-moe-down): its rows gathered, the routed sum
+// reduced packed with the shared experts' partial sum (as every unsplit TP case above).
 INSTANTIATE_TEST_SUITE_P(SplitReplicated, ParallelFixture,
                          ::testing::Values(Split{"k3-tiny-b", 2, 2, 1, true}, Split{"k3-tiny-b", 2, 1, 1, true},
                                            Split{"k3-tiny-b", 4, 4, 1, true}, Split{"k3-tiny-b", 2, 2, 2, true},
                                            Split{"k3-tiny-a", 2, 2, 1, true}, Split{"k2-tiny", 2, 2, 1, true},
-                                           Split{"k31-tiny-b", 2, 2, 1, true}),
+                                           Split{"k31-tiny-b", 2, 2, 1, true},
+                                           Split{"k3-tiny-b", 2, 2, 1, false, false, true},
+                                           Split{"k3-tiny-b", 4, 4, 1, false, false, true},
+                                           Split{"k3-tiny-b", 2, 2, 2, false, false, true},
+                                           Split{"k31-tiny-b", 2, 1, 1, false, false, true}),
                          split_name);
 
 // DP attention x EP (issue 41, item 3; SGLang --enable-dp-attention): attention, the dense
@@ -334,7 +343,7 @@ TEST(Parallel, SplitReplicatedHalvesTheirBytesPerRank) {
   ro.tp_size = 2;
   ro.ep_size = 2;
   Runtime whole = testing::make_runtime(fixtures_dir() + "/k3-tiny-b", ro);
-  ro.split_router = ro.split_latent_moe = true;
+  ro.split_router = ro.split_latent_moe = ro.split_latent_up = true;
   Runtime split = testing::make_runtime(fixtures_dir() + "/k3-tiny-b", ro);
   ASSERT_TRUE(whole.runner && split.runner);
   const ModelConfig& c = whole.config;
@@ -345,6 +354,18 @@ TEST(Parallel, SplitReplicatedHalvesTheirBytesPerRank) {
   const int64_t latent = 2 * int64_t{c.routed_expert_hidden_size} * c.hidden_size * 4;
   const int64_t saved = moe_layers * (router + latent) / 2;
   EXPECT_NEAR(double(whole.weight_bytes - split.weight_bytes), double(saved), 0.02 * double(saved));
+  // The down projection alone (--split-latent-moe-down): half of it, a quarter of the pair.
+  ro.split_router = ro.split_latent_up = false;
+  Runtime down = testing::make_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_TRUE(down.runner);
+  const int64_t saved_down = moe_layers * latent / 4;
+  EXPECT_NEAR(double(whole.weight_bytes - down.weight_bytes), double(saved_down), 0.02 * double(saved_down));
+  // The up projection never splits without the down one.
+  ro.split_latent_moe = false;
+  ro.split_latent_up = true;
+  auto up_only = build_runtime(fixtures_dir() + "/k3-tiny-b", ro);
+  ASSERT_FALSE(up_only.is_ok());
+  EXPECT_NE(up_only.status().message().find("--split-latent-moe"), std::string::npos) << up_only.status().message();
 }
 
 // More stages than layers, and GPU-less stages across processes without a way to meet, are

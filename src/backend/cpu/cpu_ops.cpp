@@ -555,6 +555,37 @@ void CpuOps::all_gather_cols(const Tensor& x, Tensor out) {
       std::copy_n(gather_buf_.data() + r * n + i * x.cols, x.cols, o + i * out.cols + r * x.cols);
 }
 
+void CpuOps::all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) {
+  const int W = parallel_size();
+  MR_CHECK(parts.size() == outs.size() && !parts.empty()) << parts.size() << " parts for " << outs.size() << " outputs";
+  size_t n = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Tensor &x = parts[i], &out = outs[i];
+    MR_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32 && out.rows == x.rows && out.cols == W * x.cols)
+        << "all_gather_cols_packed part " << i << ": [" << x.rows << ", " << x.cols << "] x " << W << " -> ["
+        << out.rows << ", " << out.cols << "]";
+    MR_CHECK(f32(x) == f32(parts[0]) + n) << "all_gather_cols_packed: part " << i << " does not follow part " << i - 1;
+    n += static_cast<size_t>(x.numel());
+  }
+  if (W == 1) {
+    for (size_t i = 0; i < parts.size(); ++i) copy(parts[i], outs[i]);
+    return;
+  }
+  // Gathered rank-major ([W, n]); each rank's block holds its parts one after another.
+  gather_buf_.resize(n * W);
+  comm_->all_gather(f32(parts[0]), n, gather_buf_.data());
+  for (int r = 0; r < W; ++r) {
+    const float* block = gather_buf_.data() + r * n;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Tensor &x = parts[i], &out = outs[i];
+      float* o = f32(out);
+      for (int64_t row = 0; row < x.rows; ++row)
+        std::copy_n(block + row * x.cols, x.cols, o + row * out.cols + r * x.cols);
+      block += x.numel();
+    }
+  }
+}
+
 void CpuOps::pipe_send(const Tensor& x) {
   MR_CHECK(x.dtype == DType::F32) << "pipe_send takes F32";
   if (!pipe_next_) throw BackendError("pipe_send: this rank has no next stage");

@@ -86,6 +86,7 @@ class CpuOps final : public Ops {
 
   void all_reduce_sum(Tensor x) override;
   void all_gather_cols(const Tensor& x, Tensor out) override;
+  void all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) override;
   int parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
   int parallel_size() const override { return comm_ ? comm_->size() : 1; }
   void set_pipeline(std::unique_ptr<Communicator> prev, std::unique_ptr<Communicator> next) override {

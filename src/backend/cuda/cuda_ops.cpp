@@ -756,6 +756,37 @@ class CudaOps final : public Ops {
                                    x.rows, cudaMemcpyDeviceToDevice, stream_));
     scratch_rewind(mark);
   }
+  void all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) override {
+    const int W = parallel_size();
+    check(parts.size() == outs.size() && !parts.empty(), "all_gather_cols_packed: parts and outputs differ");
+    size_t n = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      is_f32(parts[i], "all_gather_cols_packed");
+      check(outs[i].rows == parts[i].rows && outs[i].cols == W * parts[i].cols,
+            "all_gather_cols_packed: output " + shape(outs[i]));
+      check(parts[i].as<float>() == parts[0].as<float>() + n, "all_gather_cols_packed: parts not one after another");
+      n += static_cast<size_t>(parts[i].numel());
+    }
+    if (W == 1) {
+      for (size_t i = 0; i < parts.size(); ++i) copy(parts[i], outs[i]);
+      return;
+    }
+    // NCCL gathers rank-major [W, n]; each rank's block holds its parts one after another.
+    const size_t mark = scratch_mark();
+    Tensor gathered = scratch(W, static_cast<int64_t>(n), DType::F32);
+    comm_->all_gather(parts[0].as<float>(), n, gathered.as<float>());
+    size_t offset = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Tensor &x = parts[i], &out = outs[i];
+      const size_t row_bytes = static_cast<size_t>(x.cols) * sizeof(float);
+      for (int r = 0; r < W; ++r)
+        CUDA_CHECK(cudaMemcpy2DAsync(out.as<float>() + static_cast<int64_t>(r) * x.cols, out.cols * sizeof(float),
+                                     gathered.as<float>() + static_cast<int64_t>(r) * n + offset, row_bytes, row_bytes,
+                                     x.rows, cudaMemcpyDeviceToDevice, stream_));
+      offset += static_cast<size_t>(x.numel());
+    }
+    scratch_rewind(mark);
+  }
   int parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
   int parallel_size() const override { return comm_ ? comm_->size() : 1; }
   void set_pipeline(std::unique_ptr<Communicator> prev, std::unique_ptr<Communicator> next) override {

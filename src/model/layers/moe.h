@@ -18,7 +18,8 @@ struct MoeDims {
   // holds the router's rows of experts [tp_rank * E / tp, ...) and, for the LatentMoE, the
   // down projection's rows and the up projection's columns [tp_rank * io / tp, ...).
   bool split_router = false;
-  bool split_latent = false;
+  bool split_latent = false;     // the down projection's columns (its output all-gathered)
+  bool split_latent_up = false;  // and the up projection's (else whole: the packed all-reduce)
   int tp_rank = 0;
   // DP attention: the shared experts are whole on every rank (no all-reduce after them).
   bool shared_whole = false;

@@ -70,6 +70,41 @@ TEST(ThreadComm, AllGatherColsInterleavesRanksByColumnBlock) {
           ASSERT_EQ(got[r][i * W * cols + s * cols + c], static_cast<float>(100 * s + i * cols + c));
 }
 
+// Two blocks side by side in one buffer, gathered in one collective: each output as
+// all_gather_cols gives it for its block alone (the split router's logits and the split
+// LatentMoE rows, model/layers/moe.cpp).
+TEST(ThreadComm, PackedGatherEqualsOneGatherAPart) {
+  const int W = 3, rows = 2, c0 = 4, c1 = 3;
+  auto comms = make_thread_group(W);
+  std::vector<std::unique_ptr<CpuOps>> ops;
+  for (int r = 0; r < W; ++r) ops.push_back(std::make_unique<CpuOps>(std::move(comms[r])));
+  std::vector<std::vector<float>> packed(W), apart(W);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < W; ++r) {
+    threads.emplace_back([&, r] {
+      CpuOps& o = *ops[r];
+      Tensor buf = o.alloc(1, rows * (c0 + c1), DType::F32, "parts");
+      for (int i = 0; i < rows * (c0 + c1); ++i) buf.as<float>()[i] = static_cast<float>(1000 * r + i);
+      const Tensor parts[] = {Tensor{buf.data, DType::F32, rows, c0},
+                              Tensor{buf.as<float>() + rows * c0, DType::F32, rows, c1}};
+      Tensor outs[] = {o.alloc(rows, W * c0, DType::F32, "y0"), o.alloc(rows, W * c1, DType::F32, "y1")};
+      o.all_gather_cols_packed(parts, outs);
+      for (const Tensor& y : outs) packed[r].insert(packed[r].end(), y.as<float>(), y.as<float>() + y.numel());
+      Tensor sep[] = {o.alloc(rows, W * c0, DType::F32, "z0"), o.alloc(rows, W * c1, DType::F32, "z1")};
+      for (int i = 0; i < 2; ++i) o.all_gather_cols(parts[i], sep[i]);
+      for (const Tensor& y : sep) apart[r].insert(apart[r].end(), y.as<float>(), y.as<float>() + y.numel());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < W; ++r) {
+    ASSERT_EQ(packed[r].size(), size_t(rows * W * (c0 + c1)));
+    EXPECT_EQ(packed[r], apart[r]) << "rank " << r;
+    // Rank s's second block, row 1, column 0 sits in y1 at row 1, column s * c1.
+    for (int s = 0; s < W; ++s)
+      EXPECT_EQ(packed[r][rows * W * c0 + 1 * W * c1 + s * c1], static_cast<float>(1000 * s + rows * c0 + c1));
+  }
+}
+
 TEST(ThreadComm, AbortWakesARankWaitingForAPeer) {
   auto comms = make_thread_group(2);
   std::atomic<bool> threw{false};

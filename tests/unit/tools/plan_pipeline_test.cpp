@@ -20,7 +20,8 @@ const Result<LoadedModel>& kimi_k3() {
   return m;
 }
 
-Plan plan_for(const std::string& gpu, int nodes, int tp, int pp, bool split_latent = false, bool split_router = false) {
+Plan plan_for(const std::string& gpu, int nodes, int tp, int pp, bool split_latent = false, bool split_router = false,
+              bool split_up = true) {
   const auto& m = kimi_k3();
   EXPECT_TRUE(m.is_ok()) << m.status().to_string();
   PlanInputs in;
@@ -32,6 +33,7 @@ Plan plan_for(const std::string& gpu, int nodes, int tp, int pp, bool split_late
   in.tp = tp;
   in.pp = pp;
   in.split_latent_moe = split_latent;
+  in.split_latent_up = split_latent && split_up;
   in.split_router = split_router;
   auto p = make_plan(in);
   EXPECT_TRUE(p.is_ok()) << p.status().to_string();
@@ -109,9 +111,17 @@ TEST(PlanPipeline, SplitRouterAndLatentMoeAreReplicatedOverTp) {
     EXPECT_NEAR(double(rep.pipeline.latent_moe_split_saves_per_gpu), double(latent) * (1 - 1.0 / tp), 1e3);
     EXPECT_NEAR(double(r.per_gpu_bytes - s.per_gpu_bytes),
                 double(rep.pipeline.router_split_saves_per_gpu + rep.pipeline.latent_moe_split_saves_per_gpu), 1e4);
-    // An all-gather a MoE layer for the latent row and one for the logits (fp32), as the
-    // runtime's forward issues them.
+    // One packed all-gather a MoE layer for the latent row and the logits (fp32), and the
+    // routed sum's all-reduce apart from the shared experts' (the split up projection needs
+    // it before the norm), as the runtime's forward issues them.
     EXPECT_EQ(split.pipeline.collectives_per_step, rep.pipeline.collectives_per_step + 2 * 92);
+    // The down projection alone: half the pair's bytes off, one all-gather a MoE layer more.
+    Plan down = plan_for("H200", nodes, tp, 1, true, false, false);
+    EXPECT_NEAR(double(group_bytes(down.pipeline.stages[0], "LatentMoE down/up projections")),
+                double(latent) / 2 + double(latent) / 2 / tp, 92.0 * 2 * tp);
+    EXPECT_EQ(down.pipeline.collectives_per_step, rep.pipeline.collectives_per_step + 92);
+    for (const auto& g : down.pipeline.stages[0].groups)
+      EXPECT_EQ(g.partly_split, g.name == "LatentMoE down/up projections") << g.name;
   }
   // One option alone: only its group moves.
   Plan router_only = plan_for("H200", 2, 16, 1, false, true);
@@ -120,18 +130,19 @@ TEST(PlanPipeline, SplitRouterAndLatentMoeAreReplicatedOverTp) {
             group_bytes(rep.pipeline.stages[0], "LatentMoE down/up projections"));
 }
 
-// The step's collectives: 93 attention + 92 x (routed + shared) + 1 dense MLP + embedding
-// + lm_head gather = 280, the count the measured slice gives (3 a layer + 1). Flat TP 16 over
+// The step's collectives: 93 attention + 92 x (the routed sum and the shared experts' partial
+// sum, packed in one all-reduce) + 1 dense MLP + embedding + lm_head gather = 188 (280 before
+// the packing: tests/model/bench_parallel_test.cpp counts what the forward issues). Flat TP 16 over
 // two nodes sends all of them across; TP 8 x PP 2 none, and two hops instead: the stage
 // boundary, and the last stage's logit rows back round the ring to stage 0's head.
 TEST(PlanPipeline, CollectivesAndHops) {
   Plan flat = plan_for("H200", 2, 16, 1);
-  EXPECT_EQ(flat.pipeline.collectives_per_step, 280);
-  EXPECT_EQ(flat.pipeline.cross_node_collectives_per_step, 280);
+  EXPECT_EQ(flat.pipeline.collectives_per_step, 188);
+  EXPECT_EQ(flat.pipeline.cross_node_collectives_per_step, 188);
   EXPECT_TRUE(flat.pipeline.hops.empty());
 
   Plan pp2 = plan_for("H200", 2, 8, 2);
-  EXPECT_EQ(pp2.pipeline.collectives_per_step, 280);
+  EXPECT_EQ(pp2.pipeline.collectives_per_step, 188);
   EXPECT_EQ(pp2.pipeline.cross_node_collectives_per_step, 0);
   ASSERT_EQ(pp2.pipeline.hops.size(), 2u);
   const StageHop& hop = pp2.pipeline.hops[0];
@@ -149,10 +160,10 @@ TEST(PlanPipeline, CollectivesAndHops) {
   EXPECT_EQ(pp4.pipeline.hops.size(), 4u);
   for (const auto& h : pp4.pipeline.hops) EXPECT_TRUE(h.cross_node);
   EXPECT_EQ(pp4.pipeline.cross_node_collectives_per_step, 0);
-  EXPECT_EQ(pp4.pipeline.collectives_per_step, 280);
+  EXPECT_EQ(pp4.pipeline.collectives_per_step, 188);
   // Four nodes, two stages of 16: each stage's TP group spans two nodes.
   Plan tp16pp2 = plan_for("H100", 4, 16, 2);
-  EXPECT_EQ(tp16pp2.pipeline.cross_node_collectives_per_step, 280);
+  EXPECT_EQ(tp16pp2.pipeline.cross_node_collectives_per_step, 188);
   EXPECT_TRUE(tp16pp2.pipeline.hops[0].cross_node);
 
   // TP 1 has no collectives.
@@ -319,7 +330,7 @@ TEST(PlanPipelineCli, PpSizeSetsTheNodesAndPrintsStages) {
   EXPECT_NE(out.find("stage 1: layers"), std::string::npos) << out;
   EXPECT_NE(out.find("hop stage 0 -> 1"), std::string::npos) << out;
   EXPECT_NE(out.find("hop stage 1 -> 0"), std::string::npos) << out;
-  EXPECT_NE(out.find("280 collectives (0 across nodes)"), std::string::npos) << out;
+  EXPECT_NE(out.find("188 collectives (0 across nodes)"), std::string::npos) << out;
 }
 
 TEST(PlanPipelineCli, EnableDpAttention) {
