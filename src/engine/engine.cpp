@@ -515,39 +515,56 @@ PrefillLane* Engine::lane() const {
 Status Engine::start_lane() {
   PrefillLane* lane = this->lane();
   if (!lane || lane_job_) return Status::ok();
+  // Between steps no slot command is pending: what the scheduling below queues is the
+  // chunk's alone (a newcomer's zeroed or restored slot before it, its snapshot after).
+  {
+    std::vector<StateCopy> before, after;
+    cache_.take_state_copies(before, after);
+    if (!before.empty() || !after.empty())
+      return internal_error("prefill lane: slot commands of another step were pending (" +
+                            std::to_string(before.size() + after.size()) + ")");
+  }
   for (Request* r : scheduler_.running()) {
-    // Past its first chunk (the main step admitted it: its slot zeroed or restored there),
-    // with more than the last token to compute, no images (their rows ride in the step).
+    // A running request with more than the last token to compute, no images (their rows ride
+    // in the step): its next chunk. (Admitted by a shared step while the lane was busy, or
+    // preempted and back: its first chunk ran there.)
     if (r->in_lane || r->num_prompt_tokens() < config_.prefill_lane_min_tokens || r->num_computed_tokens == 0 ||
         r->num_tokens() - r->num_computed_tokens < 2 || r->has_images())
       continue;
     const ScheduledSeq s = scheduler_.schedule_lane(r, config_.prefill_lane_chunk_tokens);
     if (s.n_new_tokens == 0) continue;  // no pages for it now: the main steps go on
-    auto job = std::make_unique<LaneJob>();
-    job->req = r;
-    job->scheduled.seqs.push_back(s);
-    job->scheduled.n_tokens = s.n_new_tokens;
-    for (int t = 0; t < s.n_new_tokens; ++t) job->tokens.push_back(r->token_at(r->num_computed_tokens + t));
-    job->pages = cache_.page_table(r->seq_id);
-    StepSeq seq;
-    seq.new_token_ids = job->tokens;
-    seq.n_past = r->num_computed_tokens;
-    seq.state_slot = cache_.state_slot(r->seq_id);
-    seq.pages = job->pages;
-    seq.sample = s.samples;
-    if (s.samples) add_sampling_row(*r, job->input.sampling, 0, r->constraint.get());
-    job->input.seqs.push_back(seq);
-    // Between steps nothing else is queued: these are the chunk's snapshot (after) alone.
-    cache_.take_state_copies(job->input.before, job->input.after);
-    if (!job->input.before.empty())
-      return internal_error("prefill lane: state copies of another step were pending (" +
-                            std::to_string(job->input.before.size()) + ")");
-    job->snapshots = cache_.take_planned_snapshots();
-    r->in_lane = true;
-    lane->submit(&job->input, &job->output);
-    lane_job_ = std::move(job);
-    return Status::ok();
+    return submit_lane(s);
   }
+  // A newcomer with a long prompt: admitted straight onto the lane, its first chunk too (in a
+  // shared step that chunk, unpaced before the pacer has learned, was the streams' longest gap).
+  const ScheduledSeq s = scheduler_.admit_to_lane(config_.prefill_lane_chunk_tokens, config_.prefill_lane_min_tokens);
+  if (!s.req) return Status::ok();
+  s.req->first_scheduled_time = std::chrono::steady_clock::now();
+  return submit_lane(s);
+}
+
+Status Engine::submit_lane(const ScheduledSeq& s) {
+  Request* r = s.req;
+  auto job = std::make_unique<LaneJob>();
+  job->req = r;
+  job->scheduled.seqs.push_back(s);
+  job->scheduled.n_tokens = s.n_new_tokens;
+  for (int t = 0; t < s.n_new_tokens; ++t) job->tokens.push_back(r->token_at(r->num_computed_tokens + t));
+  job->pages = cache_.page_table(r->seq_id);
+  StepSeq seq;
+  seq.new_token_ids = job->tokens;
+  seq.n_past = r->num_computed_tokens;
+  seq.state_slot = cache_.state_slot(r->seq_id);
+  seq.pages = job->pages;
+  seq.sample = s.samples;
+  if (s.samples) add_sampling_row(*r, job->input.sampling, 0, r->constraint.get());
+  job->input.seqs.push_back(seq);
+  // The chunk's own slot commands (start_lane checked nothing else was pending).
+  cache_.take_state_copies(job->input.before, job->input.after);
+  job->snapshots = cache_.take_planned_snapshots();
+  r->in_lane = true;
+  runner_.prefill_lane()->submit(&job->input, &job->output);
+  lane_job_ = std::move(job);
   return Status::ok();
 }
 

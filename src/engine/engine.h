@@ -180,9 +180,11 @@ class Engine {
     std::vector<CacheManager::PendingSnapshot> snapshots;  // committed when it is done
   };
   PrefillLane* lane() const;
-  // Starts the next lane chunk: the oldest running request past its first chunk whose prompt
-  // is long enough, when the lane is idle.
+  // Starts the next lane chunk when the lane is idle: the oldest running request whose prompt
+  // is long enough and still has chunks to go, else the oldest waiting one (admitted onto the
+  // lane with its first chunk: Scheduler::admit_to_lane).
   Status start_lane();
+  Status submit_lane(const ScheduledSeq& s);
   // When the lane's chunk is done within `wait`: its tokens as a step's (postprocess).
   Status collect_lane(std::vector<RequestOutput>& outputs, std::chrono::microseconds wait);
 

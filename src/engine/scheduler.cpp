@@ -178,6 +178,29 @@ ScheduledSeq Scheduler::schedule_lane(Request* req, int max_tokens) {
   return {req, n_new, req->num_computed_tokens + n_new == req->num_tokens(), 0};
 }
 
+ScheduledSeq Scheduler::admit_to_lane(int max_tokens, int min_prompt_tokens) {
+  if (waiting_.empty() || num_running() >= config_.max_running_requests || max_tokens <= 0) return {};
+  Request* req = waiting_.front();
+  MR_CHECK_EQ(req->num_computed_tokens, 0);
+  if (req->has_images() || req->num_prompt_tokens() < min_prompt_tokens) return {};
+  const int cached = cache_.match_prefix(req->seq_id, req->prompt_ids);
+  const int left = req->num_tokens() - cached;
+  const int n_new = left >= 2 ? chunk(req, std::min(left, max_tokens), cached) : 0;
+  // Too little left for the lane (the main steps take it), or no room now: as if untried.
+  if (n_new <= 0 || !cache_.allocate(req->seq_id, cached + n_new)) {
+    cache_.free(req->seq_id);  // gives back what match_prefix shared
+    return {};
+  }
+  waiting_.pop_front();
+  req->state = RequestState::kRunning;
+  req->num_computed_tokens = cached;
+  if (req->num_preemptions == 0) req->num_cached_tokens = cached;
+  running_.push_back(req);
+  last_paced_chunk_.erase(req->seq_id);
+  plan_snapshot(req, n_new);
+  return {req, n_new, cached + n_new == req->num_tokens(), 0};
+}
+
 int Scheduler::growth_cap(const Request* req, double left) const {
   if (left == HUGE_VAL) return INT_MAX;
   const auto it = last_paced_chunk_.find(req->seq_id);

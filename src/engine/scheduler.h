@@ -101,6 +101,13 @@ class Scheduler {
   // (never by preempting anyone) and its snapshot planned. n_new_tokens 0: the cache has no
   // room now. The caller marks it in_lane until the chunk is done.
   ScheduledSeq schedule_lane(Request* req, int max_tokens);
+  // The prefill lane's newcomer: the oldest waiting request, when its prompt has at least
+  // min_prompt_tokens and no images, admitted as schedule() admits one (its cached prefix
+  // shared, its slot zeroed or restored: the coming slot commands) with its first chunk of up
+  // to max_tokens for the lane, so that no shared step carries any of its prompt. Only the
+  // head of the queue (arrival order holds) and only under the running-request cap; req null
+  // when there is none or no room.
+  ScheduledSeq admit_to_lane(int max_tokens, int min_prompt_tokens);
   // After the forward: the scheduled tokens are in the caches now.
   void on_step_done(const SchedulerOutput& out);
   // Takes a request out (finished or aborted) and frees its caches. Idempotent.

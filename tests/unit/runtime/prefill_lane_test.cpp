@@ -8,7 +8,9 @@
 //   - a prompt prefilled on the lane is cached like any other (a later request with the same
 //     prefix restores its KDA snapshot and shares its pages) and gives the same tokens;
 //   - an abort of the request on the lane waits for its chunk, then frees it; the others
-//     finish as without it.
+//     finish as without it;
+//   - a long prompt that arrives while the lane is free runs there whole, its first chunk
+//     too: no shared step carries any of it.
 // The two lanes really run at once here (two threads over one set of weights and pools), so a
 // race on shared memory shows as a token that differs.
 #include <gtest/gtest.h>
@@ -57,6 +59,7 @@ struct LaneRun {
   std::vector<int> cached;  // each request's prompt tokens served from the prefix cache
   EngineStats stats;
   int64_t lane_steps = 0;
+  int64_t lane_tokens = 0, main_tokens = 0;  // new tokens through each runner
   bool aborted = false;  // the abort met the request on the lane
 };
 
@@ -124,7 +127,11 @@ LaneRun run_engine(const std::string& dir, const std::vector<std::vector<Case>>&
     run.stats = engine.stats();
     EXPECT_EQ(run.stats.cache.free_slots, 4) << dir;
   }
-  if (PrefillLane* lane = rt.runner->prefill_lane()) run.lane_steps = lane->runner().stats().steps;
+  if (PrefillLane* lane = rt.runner->prefill_lane()) {
+    run.lane_steps = lane->runner().stats().steps;
+    run.lane_tokens = lane->runner().stats().tokens_computed;
+  }
+  run.main_tokens = rt.runner->stats().tokens_computed;
   return run;
 }
 
@@ -180,6 +187,25 @@ TEST(PrefillLane, APromptPrefilledOnTheLaneIsCachedLikeAnyOther) {
       EXPECT_EQ(lane.cached[i], plain.cached[i]) << name << ", request " << i;
     }
     EXPECT_GT(lane.lane_steps, 5) << name;
+  }
+}
+
+TEST(PrefillLane, ALongPromptArrivingWithTheLaneFreeRunsThereWhole) {
+  for (const char* name : kFixtures) {
+    const std::string dir = fixtures::fixtures_dir() + "/" + name;
+    const std::vector<Case> all = mixed_cases(vocab_of(dir), 13);
+    // The 700-token prompt first (the lane is free), a 9-token one beside it.
+    const std::vector<Case> cases = {all[2], all[1]};
+    const LaneRun plain = run_engine(dir, {cases}, {});
+    const LaneRun lane = run_engine(dir, {cases}, {.lane_min_tokens = 200});
+    ASSERT_EQ(lane.tokens.size(), 2u);
+    EXPECT_EQ(lane.tokens, plain.tokens) << name;
+    ASSERT_FALSE(lane.tokens[0].empty());
+    EXPECT_EQ(lane.lane_tokens, 700) << name << ": the whole long prompt on the lane";
+    // The main steps: the short prompt and every decode, nothing of the long prompt.
+    const int64_t decodes = static_cast<int64_t>(lane.tokens[0].size() + lane.tokens[1].size()) - 2;
+    EXPECT_EQ(lane.main_tokens, 9 + decodes) << name;
+    EXPECT_EQ(plain.main_tokens, 700 + 9 + decodes) << name;
   }
 }
 
