@@ -26,6 +26,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "runtime/cluster.h"
+#include "runtime/parallel_groups.h"
 #include "runtime/runtime_builder.h"
 #include "server/http_server.h"
 #include "server/image_input.h"
@@ -314,6 +315,16 @@ int run_serve(server::ServeOptions opt) {
         return 2;
       }
       cluster.nccl_id_hex = *id;
+      // Stages across nodes: an id for every group (each stage's TP group, each ring link),
+      // each process making its members (runtime/parallel_groups.h).
+      for (int g = 0; opt.pp_size > 1 && g < num_parallel_groups(opt.tp_size, opt.pp_size); ++g) {
+        auto gid = make_nccl_id_hex();
+        if (!gid.is_ok()) {
+          std::fprintf(stderr, "moonrun serve: %s\n", gid.status().message().c_str());
+          return 2;
+        }
+        cluster.nccl_group_ids_hex.push_back(*gid);
+      }
     }
     auto ro = node_runtime_options(runtime_options(opt), cluster);
     if (!ro.is_ok()) {

@@ -270,7 +270,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const ClusterOptions& o)
     joined[k] = true;
     MR_LOG(INFO) << "Node " << k << " joined (" << joined.size() << " of " << o.nnodes - 1 << ")";
   }
-  const std::string welcome = json{{"ok", true}, {"nccl_id", o.nccl_id_hex}}.dump();
+  const std::string welcome =
+      json{{"ok", true}, {"nccl_id", o.nccl_id_hex}, {"nccl_group_ids", o.nccl_group_ids_hex}}.dump();
   for (int k = 1; k < o.nnodes; ++k) impl->control.send({node_id(k), "WELCOME", welcome});
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(impl)));
   Coordinator* raw = c.get();
@@ -364,6 +365,7 @@ struct Follower::Impl {
   std::mutex mu;
   std::string node0_gone;  // set by the heartbeat thread
   std::string nccl_id;
+  std::vector<std::string> nccl_group_ids;
   std::atomic<bool> gone{false};
 
   std::vector<std::string> next(int timeout_ms) { return control->recv(timeout_ms); }
@@ -392,6 +394,9 @@ Result<std::unique_ptr<Follower>> Follower::connect(const ClusterOptions& o) {
     if (!w.is_object() || !w.value("ok", false))
       return invalid_argument("node 0 refused this node: " + (w.is_object() ? w.value("error", "?") : m[1]));
     impl->nccl_id = w.value("nccl_id", "");
+    if (w.contains("nccl_group_ids") && w["nccl_group_ids"].is_array())
+      for (const json& id : w["nccl_group_ids"])
+        if (id.is_string()) impl->nccl_group_ids.push_back(id.get<std::string>());
     break;
   }
   std::unique_ptr<Follower> f(new Follower(std::move(impl)));
@@ -437,6 +442,7 @@ Status Follower::send_ready(const Status& status) {
 }
 
 const std::string& Follower::nccl_id_hex() const { return impl_->nccl_id; }
+const std::vector<std::string>& Follower::nccl_group_ids_hex() const { return impl_->nccl_group_ids; }
 
 void Follower::report_failure(const std::string& why) {
   impl_->control->send({"FAILED", why});
@@ -522,6 +528,7 @@ Result<RuntimeOptions> node_runtime_options(const RuntimeOptions& base, const Cl
   if (o.device == "cuda") {
     // GPUs: NCCL across the nodes, from node 0's id (a follower's arrives in WELCOME).
     o.nccl_id_hex = cluster.nccl_id_hex;
+    o.nccl_group_ids_hex = cluster.nccl_group_ids_hex;
     o.nccl_at_one_rank = true;
     return o;
   }
@@ -596,7 +603,10 @@ int run_follower_node(const std::string& model_dir, const RuntimeOptions& o, con
   }
   Follower& f = **follower;
   RuntimeOptions mine = o;
-  if (mine.device == "cuda") mine.nccl_id_hex = f.nccl_id_hex();
+  if (mine.device == "cuda") {
+    mine.nccl_id_hex = f.nccl_id_hex();
+    mine.nccl_group_ids_hex = f.nccl_group_ids_hex();
+  }
   auto loaded = load_ranks(model_dir, mine);
   if (!loaded.is_ok()) {
     MR_LOG(ERROR) << "Node " << cluster.node_rank << " could not load: " << loaded.status().message();

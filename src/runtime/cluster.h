@@ -35,8 +35,10 @@ struct ClusterOptions {
   // What every node must agree on (version, model, parallel sizes, dtypes): node 0 refuses
   // a node whose fingerprint differs, naming both.
   std::string fingerprint;
-  // GPUs: the NCCL rendezvous id node 0 made (hex), handed to every node in WELCOME.
+  // GPUs: the NCCL rendezvous id node 0 made (hex), handed to every node in WELCOME; with
+  // --pp-size > 1 one a group instead (runtime/parallel_groups.h numbers them).
   std::string nccl_id_hex;
+  std::vector<std::string> nccl_group_ids_hex;
 };
 
 struct ClusterEndpoints {
@@ -92,8 +94,10 @@ class Follower {
   int serve(StepRunner& runner);
   // Reports a failure of this node (e.g. its load) to node 0 before exiting.
   void report_failure(const std::string& why);
-  // Node 0's NCCL id, from WELCOME (empty on the CPU backend).
+  // Node 0's NCCL id, from WELCOME (empty on the CPU backend), and its ids of every group
+  // under stages (RuntimeOptions::nccl_group_ids_hex).
   const std::string& nccl_id_hex() const;
+  const std::vector<std::string>& nccl_group_ids_hex() const;
 
  private:
   struct Impl;

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "runtime/parallel_groups.h"
 #include "runtime/parallel_runner.h"
 #if MOONRUN_HAS_CUDA
 #include "backend/cuda/common/device_peaks.h"
@@ -112,6 +113,26 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(const Runtime
 #endif
 }
 
+// This process's members of one group that may span processes: ranks [first_rank,
+// first_rank + devices.size()) of `size`, from node 0's id for the group.
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_share(const std::string& id_hex, int size, int first_rank,
+                                                                   const std::vector<int>& devices) {
+#if MOONRUN_HAS_CUDA
+  const cuda::NcclUniqueId id = MR_TRY(cuda::NcclUniqueId::from_hex(id_hex));
+  if (const int n = cuda::device_count(); *std::max_element(devices.begin(), devices.end()) >= n)
+    return invalid_argument("this node's ranks need cuda:" +
+                            std::to_string(*std::max_element(devices.begin(), devices.end())) + "; " +
+                            std::to_string(n) + " GPUs are visible");
+  return cuda::make_nccl_comms(id, size, first_rank, devices);
+#else
+  (void)id_hex;
+  (void)size;
+  (void)first_rank;
+  (void)devices;
+  return failed_precondition("NCCL needs the CUDA backend");
+#endif
+}
+
 // A stage boundary's two-rank NCCL link, both GPUs in this process (the earlier stage's
 // first): what Ops::set_pipeline takes.
 Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_pair(int device_from, int device_to) {
@@ -209,10 +230,17 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   if (o.first_rank < 0 || o.first_rank + local > world)
     return invalid_argument("ranks [" + std::to_string(o.first_rank) + ", " + std::to_string(o.first_rank + local) +
                             ") are not in a group of " + std::to_string(world));
-  if (P > 1 && local != world && !o.make_comm)
-    return unimplemented("--pp-size " + std::to_string(P) + " over " + std::to_string(world / std::max(local, 1)) +
-                         " nodes on GPUs: stages across nodes are not built yet (every stage on one node, or "
-                         "--tp-size and --ep-size across nodes; CPU ranks can span processes)");
+  const bool gpu_groups = P > 1 && local != world && lr.device == "cuda" && !o.nccl_group_ids_hex.empty();
+  if (gpu_groups && static_cast<int>(o.nccl_group_ids_hex.size()) != num_parallel_groups(W, P))
+    return invalid_argument(std::to_string(o.nccl_group_ids_hex.size()) + " NCCL ids for the " +
+                            std::to_string(num_parallel_groups(W, P)) + " groups of --tp-size " + std::to_string(W) +
+                            " x --pp-size " + std::to_string(P) + " (node 0 makes them)");
+  if (P > 1 && local != world && !o.make_comm && !gpu_groups)
+    return invalid_argument("--pp-size " + std::to_string(P) + " over " + std::to_string(world / std::max(local, 1)) +
+                            " processes: " +
+                            (lr.device == "cuda" ? "the GPUs need node 0's NCCL id for every group"
+                                                 : "the CPU ranks need a way to meet the other processes'") +
+                            " (moonrun serve --nnodes hands them out)");
   if (P > 1 && !o.draft_model.empty())
     return unimplemented("a DSpark draft reads the target's layers on one rank: not with --pp-size > 1");
   if (o.dp_attention) {
@@ -245,7 +273,26 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   // stage boundary a two-rank link per tensor-parallel rank (Ops::set_pipeline).
   std::vector<std::unique_ptr<Communicator>> comms;  // by local index
   std::vector<std::unique_ptr<Communicator>> pipe_prev(static_cast<size_t>(local)), pipe_next(static_cast<size_t>(local));
-  if (P > 1 && o.make_comm) {
+  if (gpu_groups) {
+    // GPU stages across nodes: every group (each stage's TP group, each ring link) an NCCL
+    // communicator from node 0's id for it, this process making its own members, every
+    // process walking the groups in one order (a creation returns once the group's other
+    // processes have joined it; runtime/parallel_groups.h).
+    comms.resize(static_cast<size_t>(local));
+    for (const ProcessGroup& pg : process_groups(W, P, o.first_rank, local)) {
+      std::vector<int> devices;
+      for (const GroupMember& m : pg.members) devices.push_back(o.cuda_device + m.local);
+      auto made = MR_TRY(make_nccl_share(o.nccl_group_ids_hex[static_cast<size_t>(pg.group)], pg.size,
+                                         pg.members[0].group_rank, devices));
+      for (size_t i = 0; i < pg.members.size(); ++i) {
+        const GroupMember& m = pg.members[i];
+        auto& slot = !pg.link ? comms[static_cast<size_t>(m.local)]
+                     : m.group_rank == 0 ? pipe_next[static_cast<size_t>(m.local)]
+                                         : pipe_prev[static_cast<size_t>(m.local)];
+        slot = std::move(made[i]);
+      }
+    }
+  } else if (P > 1 && o.make_comm) {
     // Ranks in several processes: every group through o.make_comm (its numbering above).
     // A ring link's rank 0 is its member on the lower process (the sender when both are in
     // one), so a link between node 0 and another node has its hub on node 0.

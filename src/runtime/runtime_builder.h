@@ -65,6 +65,9 @@ struct RuntimeOptions {
   // every rank), and NCCL even at one rank (tests: TP1 through NCCL equals the plain run).
   std::string nccl_id_hex;
   bool nccl_at_one_rank = false;
+  // CUDA stages across processes (--pp-size over nodes): node 0's NCCL id of every group, by
+  // make_comm's group number (runtime/parallel_groups.h); each process makes its members.
+  std::vector<std::string> nccl_group_ids_hex;
   double mem_fraction_static = 0;       // 0: the backend's default (defaults.h)
   int max_running_requests = defaults::kMaxRunningRequests;
   int max_tokens_per_step = defaults::kChunkedPrefillTokens;
