@@ -378,9 +378,14 @@ class Ops {
   // stream at the lowest priority (this one's runs at the highest), so that a long prefill
   // chunk issued there leaves the decode steps issued here the multiprocessors they need as
   // soon as its blocks retire. It allocates no long-lived memory. The scratch is taken from
-  // this backend's long-lived memory (before the cache pools are sized). nullptr: this
-  // backend has no lanes (a rank of a parallel group: its collectives are one stream's).
-  virtual std::unique_ptr<Ops> make_lane(size_t scratch_bytes) { return nullptr; }
+  // this backend's long-lived memory (before the cache pools are sized). A rank of a
+  // tensor-parallel group passes `comm`, its member of a second group that the lanes of the
+  // group's ranks share, so a lane's collectives never interleave with this backend's on one
+  // communicator (nullptr at one rank). nullptr: this backend has no lane here (a pipeline
+  // stage, or a group's rank without a comm for its lane).
+  virtual std::unique_ptr<Ops> make_lane(size_t scratch_bytes, std::unique_ptr<Communicator> comm) {
+    return nullptr;
+  }
 };
 
 // Releases a layer's temporaries when it goes out of scope.

@@ -254,9 +254,10 @@ void add_serve_flags(CLI::App* cmd, const std::shared_ptr<ServeFlags>& flags) {
                   "long, from the step costs the engine measures (0: off)")
       ->capture_default_str()->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--prefill-lane-min-tokens", o.prefill_lane_min_tokens,
-                  "Prompts of at least this many tokens prefill their chunks after the first on a second lane "
-                  "(a GPU stream of lower priority), whole and beside the other streams' decode steps, instead of "
-                  "in the steps they share (one GPU, no DSpark draft; 0: off)")
+                  "Prompts of at least this many tokens prefill their chunks on a second lane (a GPU stream of "
+                  "lower priority; a tensor-parallel group's lanes with collectives of their own), whole and beside "
+                  "the other streams' decode steps, instead of in the steps they share (one GPU or a --tp-size "
+                  "group on one node; beside a DSpark draft too; not with --pp-size or DP attention; 0: off)")
       ->capture_default_str()->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--prefill-lane-step-ms", o.prefill_lane_step_ms,
                   "While a long prompt's chunk is on the prefill lane, the shared steps start at most every this "

@@ -414,8 +414,11 @@ void KimiK3::forward_body(Ops& ops, const BatchView& batch, const CachePools& po
     }
     ops.add(prefix, m, h);
     if (!tap_of_layer_.empty() && tap_of_layer_[i] >= 0) {
-      MR_CHECK(T <= taps_stride_rows_) << T << " tokens, taps hold " << taps_stride_rows_;
-      ops.copy(h, taps_.rows_view(tap_of_layer_[i] * taps_stride_rows_, T));
+      const bool own = !pools.taps.empty();  // the runner's own buffer (a prefill lane's)
+      const Tensor& taps = own ? pools.taps : taps_;
+      const int64_t stride = own ? pools.taps_stride_rows : taps_stride_rows_;
+      MR_CHECK(T <= stride) << T << " tokens, taps hold " << stride;
+      ops.copy(h, taps.rows_view(tap_of_layer_[i] * stride, T));
     }
   }
   MR_CHECK(rows.rows == batch.n_logit_rows() && rows.cols == H) << "forward_body: rows " << rows.rows << " x " << rows.cols;

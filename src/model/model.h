@@ -49,6 +49,10 @@ struct CachePools {
   // Speculative decoding: what a verifying step saved of its draft rows for a state rollback,
   // [capacity rows, Model::replay_floats_per_token()] F32; empty when nothing is saved.
   Tensor replay;
+  // DSpark: where a forward copies the tapped layers' rows (Model::set_taps names the layers
+  // and the default buffer); a runner beside another (the prefill lane's) has its own here.
+  Tensor taps;
+  int64_t taps_stride_rows = 0;
   int num_slots = 0;
   int num_pages = 0;
   int page_size_tokens = 0;

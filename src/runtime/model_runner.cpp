@@ -75,7 +75,7 @@ Status ModelRunner::attach_draft(std::unique_ptr<DSparkDraft> draft) {
   if (!draft) return invalid_argument("attach_draft: no draft");
   if (options_.rank != 0 || !model_->draft_shared().ok())
     return unimplemented("a DSpark draft runs on a single GPU (tensor parallelism: not yet)");
-  if (lane_) return unimplemented("a DSpark draft does not run beside a prefill lane (its taps are one buffer)");
+  if (lane_) return invalid_argument("attach the DSpark draft before the prefill lane (its runner ingests too)");
   const DSparkConfig& dc = draft->config();
   // Every token row a step can carry, padded decode batches included.
   taps_stride_rows_ = std::max<int64_t>(options_.max_tokens_per_step,
@@ -97,6 +97,7 @@ Status ModelRunner::attach_draft(std::unique_ptr<DSparkDraft> draft) {
   if (!model_->set_taps(dc.target_layer_ids, taps_, taps_stride_rows_))
     return unimplemented("this model cannot give a DSpark draft its layers' outputs");
   draft_ = std::move(draft);
+  ingest_draft_ = draft_.get();
   return Status::ok();
 }
 
@@ -124,14 +125,33 @@ Status ModelRunner::propose_blocks(std::span<const DraftBlockRequest> requests,
 
 Status ModelRunner::enable_prefill_lane(int chunk_tokens) {
   if (lane_) return Status::ok();
+  if (ops_->parallel_size() > 1)
+    return invalid_argument("a rank of a group gets its lane from its group (ParallelRunner::enable_prefill_lane)");
+  lane_ = std::make_unique<PrefillLane>(MR_TRY(make_lane_runner(chunk_tokens, nullptr)));
+  return Status::ok();
+}
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::make_lane_runner(int chunk_tokens, std::unique_ptr<Communicator> comm) {
   if (chunk_tokens < 1) return invalid_argument("a prefill lane's chunks need at least one token");
-  if (options_.rank != 0 || ops_->parallel_size() > 1 || options_.dp_attention_size > 1 ||
-      model_->pipeline_stages() > 1)
-    return unimplemented("a prefill lane runs beside a single-GPU runner only (no --tp-size, --pp-size, DP attention)");
-  if (draft_) return unimplemented("a prefill lane does not run beside a DSpark draft (its taps are one buffer)");
+  if (options_.dp_attention_size > 1 || model_->pipeline_stages() > 1)
+    return unimplemented("a prefill lane runs beside one GPU or a tensor-parallel group (not --pp-size > 1 or DP "
+                         "attention)");
   std::unique_ptr<Ops> lane_ops;
+  // With a DSpark draft the lane's forward taps the draft's layers into a buffer of its own
+  // (CachePools::taps; the main steps write the model's) and ingests the chunk's context rows
+  // into the draft's pages of its sequence, as a main step would: the draft and its pool are
+  // this runner's (ingest reads the draft's weights, writes only the batch's pages).
+  Tensor lane_taps;
+  if (ingest_draft_) {
+    try {
+      lane_taps = ops_->alloc(ingest_draft_->config().n_taps() * static_cast<int64_t>(chunk_tokens),
+                              ingest_draft_->config().hidden_size, DType::F32, "prefill lane dspark taps");
+    } catch (const BackendError& e) {
+      return resource_exhausted(std::string("allocating the prefill lane's DSpark taps failed: ") + e.what());
+    }
+  }
   try {
-    lane_ops = ops_->make_lane(static_cast<size_t>(model_->scratch_bytes(chunk_tokens)));
+    lane_ops = ops_->make_lane(static_cast<size_t>(model_->scratch_bytes(chunk_tokens)), std::move(comm));
   } catch (const BackendError& e) {
     return resource_exhausted(std::string("allocating the prefill lane's scratch failed: ") + e.what());
   }
@@ -148,8 +168,15 @@ Status ModelRunner::enable_prefill_lane(int chunk_tokens) {
   r->pad_page_ = pad_page_;
   r->ops_ = std::move(lane_ops);
   r->model_ = model_;
-  lane_ = std::make_unique<PrefillLane>(std::move(r));
-  return Status::ok();
+  if (ingest_draft_) {
+    r->ingest_draft_ = ingest_draft_;
+    r->draft_pool_ = draft_pool_;
+    r->taps_ = lane_taps;
+    r->taps_stride_rows_ = chunk_tokens;
+    r->pools_.taps = lane_taps;
+    r->pools_.taps_stride_rows = chunk_tokens;
+  }
+  return r;
 }
 
 ModelRunner::~ModelRunner() {
@@ -460,7 +487,7 @@ Result<std::vector<float>> ModelRunner::encode_images(std::span<const vision::Im
 Status ModelRunner::check_positions() const {
   const int64_t model_positions = model_->max_positions();
   for (const BatchSeq& s : batch_.seqs) {
-    if (draft_ && s.n_past + s.n_new > draft_pool_.rope.rows)
+    if (ingest_draft_ && s.n_past + s.n_new > draft_pool_.rope.rows)
       return invalid_argument("a sequence reaches position " + std::to_string(s.n_past + s.n_new) +
                               ", past the DSpark draft's " + std::to_string(draft_pool_.rope.rows) + " rope rows");
     if (model_positions > 0 && s.n_past + s.n_new > model_positions)
@@ -475,7 +502,7 @@ std::vector<int> ModelRunner::micro_batch_starts(const StepInput& input, bool gr
   const int stages = model_->pipeline_stages();
   const int want = options_.pipeline_micro_batches > 0 ? options_.pipeline_micro_batches : stages;
   const int n = static_cast<int>(input.seqs.size());
-  if (stages <= 1 || want <= 1 || graph || n < 2 || draft_) return {};
+  if (stages <= 1 || want <= 1 || graph || n < 2 || ingest_draft_) return {};
   int64_t total = 0;
   for (const StepSeq& s : input.seqs) {
     // Saved rows for a rollback and image rows are numbered over the whole step.
@@ -586,7 +613,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     MR_RETURN_IF_ERROR(check_positions());
     const auto body = [&] {
       model_->forward(ops, view, pools_, logits);
-      if (draft_) draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);
+      if (ingest_draft_) ingest_draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);
     };
     if (graph) {
       // tokens_each is at most kShortSeqMaxNewTokens: bits 32..39; the model's own shape

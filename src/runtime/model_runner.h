@@ -162,12 +162,17 @@ class ModelRunner final : public StepRunner {
   Status propose_blocks(std::span<const DraftBlockRequest> requests, std::vector<DraftBlockResult>& results,
                         bool want_logits = false) override;
   const DSparkDraft* draft() const { return draft_.get(); }
+  const DraftPool& draft_pool() const { return draft_pool_; }
   void bind_thread() override { ops_->bind_thread(); }
   // A second lane for long prefill chunks (runtime/prefill_lane.h): a runner over this one's
   // model and cache pools on a lane of the backend (Ops::make_lane) with scratch for a step
-  // of chunk_tokens tokens, eager (no graphs). A single-rank runner without a DSpark draft
-  // (whose taps are one buffer) only.
+  // of chunk_tokens tokens, eager (no graphs); with a DSpark draft attached (first), the
+  // lane's steps ingest their context rows too. A group's ranks get theirs from
+  // make_lane_runner.
   Status enable_prefill_lane(int chunk_tokens);
+  // The lane's runner of this rank: comm its member of the lanes' own group (nullptr at one
+  // rank). ParallelRunner::enable_prefill_lane runs one a rank behind one PrefillLane.
+  Result<std::unique_ptr<ModelRunner>> make_lane_runner(int chunk_tokens, std::unique_ptr<Communicator> comm);
   PrefillLane* prefill_lane() override { return lane_.get(); }
 
  private:
@@ -212,6 +217,9 @@ class ModelRunner final : public StepRunner {
   int64_t tokens_computed_ = 0;
   OpProfile* profile_ = nullptr;
   std::unique_ptr<DSparkDraft> draft_;
+  // The draft whose context rows this runner's steps write: draft_, or the main runner's
+  // for a prefill lane's runner (which proposes nothing).
+  DSparkDraft* ingest_draft_ = nullptr;
   DraftPool draft_pool_;
   Tensor taps_;                  // [n_taps * taps_stride_rows_, hidden] F32
   int64_t taps_stride_rows_ = 0;

@@ -17,12 +17,27 @@ Result<std::unique_ptr<ParallelRunner>> ParallelRunner::create(std::vector<std::
 }
 
 ParallelRunner::~ParallelRunner() {
+  lane_.reset();  // its runners read the ranks' weights and pools
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   start_cv_.notify_all();
   for (auto& t : threads_) t.join();
+}
+
+Status ParallelRunner::enable_prefill_lane(int chunk_tokens, std::vector<std::unique_ptr<Communicator>> comms) {
+  if (lane_) return Status::ok();
+  if (comms.size() != ranks_.size())
+    return invalid_argument("a group's prefill lane needs a communicator a rank: " + std::to_string(comms.size()) +
+                            " for " + std::to_string(ranks_.size()));
+  std::vector<std::unique_ptr<ModelRunner>> lanes;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    ranks_[r]->bind_thread();  // the lane's scratch comes from this rank's device
+    lanes.push_back(MR_TRY(ranks_[r]->make_lane_runner(chunk_tokens, std::move(comms[r]))));
+  }
+  lane_ = std::make_unique<PrefillLane>(MR_TRY(ParallelRunner::create(std::move(lanes))));
+  return Status::ok();
 }
 
 int64_t ParallelRunner::free_bytes() const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/model_runner.h"
+#include "runtime/prefill_lane.h"
 
 namespace moonrun {
 
@@ -28,6 +29,12 @@ class ParallelRunner final : public StepRunner {
   bool set_op_profile(OpProfile* profile) override { return ranks_[0]->set_op_profile(profile); }
   int size() const { return static_cast<int>(ranks_.size()); }
   ModelRunner& rank(int r) { return *ranks_[static_cast<size_t>(r)]; }
+  // The prefill lane of a group (runtime/prefill_lane.h): every rank's lane runner
+  // (ModelRunner::make_lane_runner over its member of `comms`, a second group of the same
+  // size for the lanes' collectives) behind one ParallelRunner on the lane's thread, so a
+  // chunk runs on every rank at once as a step does.
+  Status enable_prefill_lane(int chunk_tokens, std::vector<std::unique_ptr<Communicator>> comms);
+  PrefillLane* prefill_lane() override { return lane_.get(); }
 
  private:
   ParallelRunner() = default;
@@ -43,6 +50,7 @@ class ParallelRunner final : public StepRunner {
   const StepInput* input_ = nullptr;
   std::vector<StepOutput> outputs_;
   std::vector<Status> statuses_;
+  std::unique_ptr<PrefillLane> lane_;  // reads the ranks' memory: destroyed first
 };
 
 }  // namespace moonrun

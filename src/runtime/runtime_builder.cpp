@@ -479,8 +479,11 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
     int64_t draft_fixed = 0;
     if (lr.draft) {
       const DSparkConfig& dc = lr.draft->config();
-      const int64_t tap_rows = std::max<int64_t>(
-          o.max_tokens_per_step, static_cast<int64_t>(running) * (1 + std::max(o.num_speculative_tokens, dc.block_size)));
+      // (and the prefill lane's own taps, a chunk's rows)
+      const int64_t tap_rows = std::max<int64_t>(o.max_tokens_per_step,
+                                                 static_cast<int64_t>(running) *
+                                                     (1 + std::max(o.num_speculative_tokens, dc.block_size))) +
+                               std::max(o.prefill_lane_tokens, 0);
       draft_fixed = int64_t{4} * dc.n_taps() * tap_rows * dc.hidden_size +
                     lr.draft->fixed_bytes(running, context_len + dc.block_size);
     }
@@ -537,16 +540,32 @@ Result<std::unique_ptr<StepRunner>> make_runner(LoadedRanks& lr, const CacheConf
     if (o.prefill_lane_tokens > 0) MR_RETURN_IF_ERROR(single->enable_prefill_lane(o.prefill_lane_tokens));
     runner = std::move(single);
   } else {
-    if (o.prefill_lane_tokens > 0)
-      return unimplemented("--prefill-lane-min-tokens: a prefill lane runs beside a single-GPU runner only "
-                           "(not with --tp-size / --pp-size > 1)");
+    const int W = o.tp_size;
+    if (o.prefill_lane_tokens > 0 && (o.pp_size > 1 || o.dp_attention || local != W))
+      return unimplemented("--prefill-lane-min-tokens: a prefill lane runs beside one GPU or a tensor-parallel group "
+                           "in one process (not with --pp-size > 1, --enable-dp-attention or --nnodes > 1)");
     std::vector<std::unique_ptr<ModelRunner>> ranks;
     for (int i = 0; i < local; ++i) {
       ro.rank = o.first_rank + i;
       lr.ops[i]->bind_thread();
       ranks.push_back(MR_TRY(ModelRunner::create(std::move(lr.ops[i]), std::move(lr.models[i]), cache, ro)));
     }
-    runner = MR_TRY(ParallelRunner::create(std::move(ranks)));
+    auto group = MR_TRY(ParallelRunner::create(std::move(ranks)));
+    if (o.prefill_lane_tokens > 0) {
+      // The lanes' own group: their collectives never share a communicator (or, on GPUs, an
+      // NCCL stream) with the main steps', which run at the same time.
+      std::vector<std::unique_ptr<Communicator>> lane_comms;
+      if (lr.device == "cuda") {
+        RuntimeOptions lane_o = o;
+        lane_o.nccl_id_hex.clear();
+        lane_o.first_rank = 0;
+        lane_comms = MR_TRY(make_nccl_group(lane_o, W));
+      } else {
+        lane_comms = cpu::make_thread_group(W);
+      }
+      MR_RETURN_IF_ERROR(group->enable_prefill_lane(o.prefill_lane_tokens, std::move(lane_comms)));
+    }
+    runner = std::move(group);
   }
   lr.ops.clear();
   lr.models.clear();

@@ -5,7 +5,7 @@
 // state slot; a race on anything shared would show as other bits. In fp32 and bf16, on a
 // KDA + MLA fixture and on K3.1's (its indexer-key pages beside the latent ones). Then the
 // engine with the lane on gives the tokens of the engine without it (fp32, as
-// speculative_cuda_test.cpp compares its runs).
+// speculative_cuda_test.cpp compares its runs), on one GPU and in a TP 2 group (two GPUs).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -122,8 +122,8 @@ TEST(CudaPrefillLane, ChunksBesideDecodeGraphsGiveTheBitsOfOneStream) {
 }
 
 // The engine: two long prompts beside short ones, greedy, fp32; tokens as without the lane.
-TEST(CudaPrefillLane, TheEngineWithTheLaneGivesTheTokensWithoutIt) {
-  REQUIRE_GPU();
+// tp > 1: a tensor-parallel group's lane (its own NCCL communicator), on that many GPUs.
+void engine_with_and_without_the_lane(int tp) {
   const std::string dir = fixtures::fixtures_dir() + "/k3-tiny-a";
   std::vector<std::vector<int32_t>> prompts = {pattern_tokens(900, 512, 4), pattern_tokens(12, 512, 5),
                                                pattern_tokens(600, 512, 6), pattern_tokens(30, 512, 7)};
@@ -132,6 +132,7 @@ TEST(CudaPrefillLane, TheEngineWithTheLaneGivesTheTokensWithoutIt) {
     RuntimeOptions ro = testing::test_runtime_options("cuda", 4096, 4);
     ro.mem_fraction_static = 0.2;
     ro.dtype = "float32";
+    ro.tp_size = ro.ep_size = tp;
     ro.max_tokens_per_step = 128;
     ro.prefill_lane_tokens = lane_min_tokens > 0 ? 128 : 0;
     Runtime rt = testing::make_runtime(dir, ro);
@@ -167,7 +168,17 @@ TEST(CudaPrefillLane, TheEngineWithTheLaneGivesTheTokensWithoutIt) {
   const auto lane = run(200, &lane_steps);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(lane[i], plain[i]) << "request " << i;
   EXPECT_GT(lane_steps, 4);
-  std::printf("%lld chunks on the lane\n", static_cast<long long>(lane_steps));
+  std::printf("tp %d: %lld chunks on the lane\n", tp, static_cast<long long>(lane_steps));
+}
+
+TEST(CudaPrefillLane, TheEngineWithTheLaneGivesTheTokensWithoutIt) {
+  REQUIRE_GPU();
+  engine_with_and_without_the_lane(1);
+}
+
+TEST(CudaPrefillLane, AGroupsLaneGivesTheTokensWithoutIt) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "2 GPUs needed, " << cuda::device_count() << " visible";
+  engine_with_and_without_the_lane(2);
 }
 
 }  // namespace

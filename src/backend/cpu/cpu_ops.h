@@ -103,9 +103,9 @@ class CpuOps final : public Ops {
 
   void synchronize() override {}
   // Another CpuOps: the host's memory is every lane's, its scratch grows on demand.
-  std::unique_ptr<Ops> make_lane(size_t) override {
-    if (comm_ || pipe_prev_ || pipe_next_) return nullptr;
-    return std::make_unique<CpuOps>();
+  std::unique_ptr<Ops> make_lane(size_t, std::unique_ptr<Communicator> comm) override {
+    if (pipe_prev_ || pipe_next_ || (comm_ && comm_->size() > 1 && !comm)) return nullptr;
+    return std::make_unique<CpuOps>(std::move(comm));
   }
 
  private:

@@ -814,13 +814,14 @@ class CudaOps final : public Ops {
 
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   bool captures() const override { return true; }
-  std::unique_ptr<Ops> make_lane(size_t scratch_bytes) override {
-    // A group's collectives (NCCL, pipeline pairs) are issued on one stream in one order.
-    if (lane_ || comm_ || pipe_prev_ || pipe_next_) return nullptr;
+  std::unique_ptr<Ops> make_lane(size_t scratch_bytes, std::unique_ptr<Communicator> comm) override {
+    // A communicator's collectives are issued on one stream in one order: a group's lane
+    // needs a group of its own (comm, bound to the lane's stream); pipeline pairs have none.
+    if (lane_ || pipe_prev_ || pipe_next_ || (comm_ && comm_->size() > 1 && !comm)) return nullptr;
     CUDA_CHECK(cudaSetDevice(device_));
     void* base = arena_->alloc_bytes(scratch_bytes, "prefill lane scratch");
     return std::unique_ptr<Ops>(
-        new CudaOps(options_, std::make_unique<DeviceArena>(base, scratch_bytes), nullptr, /*lane=*/true));
+        new CudaOps(options_, std::make_unique<DeviceArena>(base, scratch_bytes), std::move(comm), /*lane=*/true));
   }
   void run_captured(uint64_t key, const std::function<void()>& body) override {
     auto it = graphs_.find(key);

@@ -10,13 +10,19 @@
 //   - an abort of the request on the lane waits for its chunk, then frees it; the others
 //     finish as without it;
 //   - a long prompt that arrives while the lane is free runs there whole, its first chunk
-//     too: no shared step carries any of it.
+//     too: no shared step carries any of it;
+//   - a tensor-parallel group's lane (every rank's lane runner, their collectives in a group
+//     of their own) gives the tokens of the group without it, and of one rank;
+//   - beside a DSpark draft the lane's chunks give the draft the context rows a shared step
+//     would: the same tokens, and the drafts accepted as often.
 // The two lanes really run at once here (two threads over one set of weights and pools), so a
 // race on shared memory shows as a token that differs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -60,6 +66,7 @@ struct LaneRun {
   EngineStats stats;
   int64_t lane_steps = 0;
   int64_t lane_tokens = 0, main_tokens = 0;  // new tokens through each runner
+  std::vector<float> draft_rows;  // a DSpark draft's context rows (its pool), at the end
   bool aborted = false;  // the abort met the request on the lane
 };
 
@@ -69,6 +76,9 @@ struct RunOptions {
   bool prefix_cache = false;
   int abort_request = -1;  // aborted once it is on the lane
   double lane_step_ms = 0;  // EngineConfig::prefill_lane_step_ms
+  int tp = 1, ep = 1;       // a tensor-parallel group (CPU ranks as threads)
+  std::string draft;        // a DSpark draft, speculating k tokens
+  int k = 0;
 };
 
 // waves: a wave's requests are submitted once the wave before has finished.
@@ -80,6 +90,16 @@ LaneRun run_engine(const std::string& dir, const std::vector<std::vector<Case>>&
   ro.prefix_snapshot_slots = 32;
   ro.max_tokens_per_step = 64;
   ro.prefill_lane_tokens = o.lane_min_tokens > 0 ? 64 : 0;
+  ro.tp_size = o.tp;
+  ro.ep_size = o.ep;
+  SpeculativeConfig spec;
+  if (!o.draft.empty()) {
+    spec.method = SpecMethod::kDSpark;
+    spec.num_speculative_tokens = o.k;
+    spec.draft_model = o.draft;
+    ro.num_speculative_tokens = o.k;
+    ro.draft_model = o.draft;
+  }
   Runtime rt = make_runtime(dir, ro);
   if (!rt.runner) return run;
   if (o.lane_min_tokens > 0) EXPECT_NE(rt.runner->prefill_lane(), nullptr) << dir;
@@ -90,6 +110,7 @@ LaneRun run_engine(const std::string& dir, const std::vector<std::vector<Case>>&
   ec.prefill_lane_min_tokens = o.lane_min_tokens;
   ec.prefill_lane_chunk_tokens = 64;
   ec.prefill_lane_step_ms = o.lane_step_ms;
+  ec.speculative = spec;
   size_t total = 0;
   for (const auto& w : waves) total += w.size();
   run.tokens.resize(total);
@@ -132,6 +153,11 @@ LaneRun run_engine(const std::string& dir, const std::vector<std::vector<Case>>&
     run.lane_tokens = lane->runner().stats().tokens_computed;
   }
   run.main_tokens = rt.runner->stats().tokens_computed;
+  if (const auto* mr = dynamic_cast<const ModelRunner*>(rt.runner.get()); mr && mr->draft()) {
+    const Tensor& kv = mr->draft_pool().kv;
+    EXPECT_EQ(kv.dtype, DType::F32);
+    run.draft_rows.assign(kv.as<float>(), kv.as<float>() + kv.numel());
+  }
   return run;
 }
 
@@ -207,6 +233,67 @@ TEST(PrefillLane, ALongPromptArrivingWithTheLaneFreeRunsThereWhole) {
     EXPECT_EQ(lane.main_tokens, 9 + decodes) << name;
     EXPECT_EQ(plain.main_tokens, 700 + 9 + decodes) << name;
   }
+}
+
+TEST(PrefillLane, AGroupsLaneGivesTheTokensOfTheGroupWithoutIt) {
+  struct Group {
+    const char* fixture;
+    int tp, ep;
+  };
+  for (const Group g : {Group{"k3-tiny-b", 2, 2}, Group{"k3-tiny-b", 4, 4}, Group{"k3-tiny-a", 2, 2}}) {
+    SCOPED_TRACE(std::string(g.fixture) + " tp" + std::to_string(g.tp) + " ep" + std::to_string(g.ep));
+    const std::string dir = fixtures::fixtures_dir() + "/" + g.fixture;
+    const std::vector<Case> cases = mixed_cases(vocab_of(dir), 17);
+    const LaneRun one = run_engine(dir, {cases}, {});
+    const LaneRun plain = run_engine(dir, {cases}, {.tp = g.tp, .ep = g.ep});
+    const LaneRun lane = run_engine(dir, {cases}, {.lane_min_tokens = 200, .tp = g.tp, .ep = g.ep});
+    ASSERT_EQ(lane.tokens.size(), cases.size());
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(lane.tokens[i], plain.tokens[i]) << "request " << i;
+      EXPECT_EQ(lane.tokens[i], one.tokens[i]) << "request " << i << " (one rank)";
+    }
+    // 420, 700 and 333 tokens in chunks of 64, one prompt on the lane at a time.
+    EXPECT_GT(lane.lane_steps, 5);
+    EXPECT_GT(lane.lane_tokens, 420);
+  }
+}
+
+TEST(PrefillLane, BesideADSparkDraftItsChunksFeedTheDraft) {
+  const std::string demo = fixtures::source_dir() + "/models/moonrun-demo";
+  const std::string draft = fixtures::source_dir() + "/models/moonrun-demo-dspark";
+  if (!std::filesystem::exists(draft + "/config.json")) GTEST_SKIP() << "no trained demo draft in " << draft;
+  const std::vector<Case> all = mixed_cases(vocab_of(demo), 23);
+  const std::vector<Case> cases = {all[0], all[1], all[2], all[3]};  // 420, 9, 700, 30 tokens
+  const LaneRun plain = run_engine(demo, {cases}, {.draft = draft, .k = 4});
+  const LaneRun lane = run_engine(demo, {cases}, {.lane_min_tokens = 200, .draft = draft, .k = 4});
+  ASSERT_EQ(lane.tokens.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(lane.tokens[i], plain.tokens[i]) << "request " << i;
+  EXPECT_GT(lane.lane_tokens, 420) << "the long prompts' chunks ran on the lane";
+  // Drafts after a prompt prefilled on the lane read the context rows its chunks wrote:
+  // without them they would be drafted from stale rows and mostly rejected.
+  const auto accepted = [](const LaneRun& r) { return r.stats.spec_accepted_tokens_total; };
+  std::printf("accepted drafts: %lld with the lane, %lld without (%lld verifications)\n",
+              static_cast<long long>(accepted(lane)), static_cast<long long>(accepted(plain)),
+              static_cast<long long>(plain.stats.spec_num_drafts_total));
+  EXPECT_GT(plain.stats.spec_num_drafts_total, 0);
+  EXPECT_GE(accepted(lane), accepted(plain) * 9 / 10);
+
+  // The draft's context rows themselves: one 700-token prompt, all of it on the lane, writes
+  // the rows a run without the lane writes (chunked the same way: within fp32 rounding).
+  const LaneRun one_plain = run_engine(demo, {{all[2]}}, {.draft = draft, .k = 4});
+  const LaneRun one_lane = run_engine(demo, {{all[2]}}, {.lane_min_tokens = 200, .draft = draft, .k = 4});
+  ASSERT_EQ(one_lane.lane_tokens, 700);
+  ASSERT_EQ(one_lane.draft_rows.size(), one_plain.draft_rows.size());
+  ASSERT_FALSE(one_plain.draft_rows.empty());
+  double worst = 0, scale = 0;
+  size_t written = 0;
+  for (size_t i = 0; i < one_plain.draft_rows.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(one_lane.draft_rows[i] - one_plain.draft_rows[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(one_plain.draft_rows[i])));
+    written += one_plain.draft_rows[i] != 0.0f;
+  }
+  EXPECT_GT(written, 700u) << "the prompt's rows were written";
+  EXPECT_LE(worst, 1e-4 * std::max(scale, 1.0)) << "the lane's context rows differ (max |d| " << worst << ")";
 }
 
 TEST(PrefillLane, AnAbortWaitsForTheLanesChunkAndTheOthersGoOn) {
