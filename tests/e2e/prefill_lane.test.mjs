@@ -3,10 +3,12 @@
 // answers exactly what a server without it answers (greedy, the official openai client,
 // whole and streamed, long and short prompts at once); a client that walks away while its long
 // prompt is on the lane leaves a server that still serves; a second request with the same long
-// prefix is served from the prefix cache the lane filled.
+// prefix is served from the prefix cache the lane filled; beside a DSpark draft and under
+// --tp-size 2 it answers the same.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { fileURLToPath } from 'node:url';
 import { startServer } from './harness.mjs';
 
 // Chunks of 32 tokens: a prompt of a few hundred tokens is many chunks, most on the lane.
@@ -79,4 +81,25 @@ test('a client gone while its prompt is on the lane; the same prefix again comes
   assert.equal(again.choices[0].message.content, want.choices[0].message.content);
   assert.ok((again.usage.prompt_tokens_details?.cached_tokens ?? 0) > 0,
             `cached tokens: ${JSON.stringify(again.usage)}`);
+});
+
+const DRAFT = fileURLToPath(new URL('../../models/moonrun-demo-dspark', import.meta.url));
+
+// The lane beside a DSpark draft (its chunks write the draft's context rows) and in a
+// tensor-parallel group of two CPU ranks (the lanes' collectives in a group of their own):
+// the same answers as the plain server.
+test('with a DSpark draft, and under --tp-size 2, the lane answers what the plain server answers', async () => {
+  const ps = prompts().slice(0, 6);
+  const want = await Promise.all(ps.map((m) => answer(clientOf(plain), m, false)));
+  for (const extra of [['--speculative-algorithm', 'DSPARK', '--speculative-draft-model-path', DRAFT,
+                        '--speculative-num-draft-tokens', '4'],
+                       ['--tp-size', '2']]) {
+    const srv = await startServer([...COMMON, '--prefill-lane-min-tokens', '64', ...extra]);
+    try {
+      const got = await Promise.all(ps.map((m) => answer(clientOf(srv), m, false)));
+      for (let i = 0; i < ps.length; ++i) assert.equal(got[i], want[i], `prompt ${i}, ${extra.join(' ')}`);
+    } finally {
+      await srv.stop();
+    }
+  }
 });
