@@ -172,6 +172,31 @@ def project_plan(p, cfg, batch, context, bw, ratio, a, cross_us, net_gb_s):
             "tok_s_per_sequence": 1e3 / period, "tok_s": batch * 1e3 / period}
 
 
+def nvlink_us_from(path):
+    """The latency of one small all-reduce inside a node, measured: a `moonrun bench-model
+    --tp-size N --json-out` run on N GPUs of one node, whose collectives bench times the
+    forward's all-reduces over NCCL (captured in CUDA graphs, as decode steps issue them).
+    Takes the mean of those of the fewest rows (batch 1's), the case the projection's batch-1
+    rows rest on."""
+    j = json.load(open(path))
+    c = j.get("collectives")
+    if not c:
+        sys.exit(f"{path}: no collectives figures (a bench-model run with --tp-size >= 2)")
+    if c.get("transport") != "nccl":
+        sys.exit(f"{path}: collectives timed over {c.get('transport')!r}, not NCCL: not an NVLink latency")
+    if not c.get("sums_checked"):
+        sys.exit(f"{path}: the collectives bench did not check its sums")
+    figs = [f for f in c["figures"] if f["op"] == "all_reduce_sum" and f["captured"]] or \
+           [f for f in c["figures"] if f["op"] == "all_reduce_sum"]
+    if not figs:
+        sys.exit(f"{path}: no all-reduce figures")
+    fewest = min(f["rows"] for f in figs)
+    pick = [f["us"] for f in figs if f["rows"] == fewest]
+    us = sum(pick) / len(pick)
+    return us, (f"measured: mean of {len(pick)} all-reduce(s) of {fewest} row(s) over {c['world']} GPUs "
+                f"({'captured' if figs[0]['captured'] else 'eager'}), {path}")
+
+
 def plans_table(a, cfg, measured, copy, ratio):
     """Today's flat TP against TP 8 x PP, with and without the split projections/router."""
     clusters = [
@@ -183,7 +208,8 @@ def plans_table(a, cfg, measured, copy, ratio):
     print(f"\n## The plans side by side (issue #41): projection, not a measurement\n")
     print(f"Assumed (all parameters of this script): across nodes {a.inter_node_us} us a collective over InfiniBand "
           f"at {a.ib_node_gb_s} GB/s a node, {a.ethernet_us} us over TCP Ethernet at {a.ethernet_node_gb_s} GB/s a "
-          f"node; inside a node {a.nvlink_us} us a collective at {a.nvlink_gb_s} GB/s a GPU over NVLink. "
+          f"node; inside a node {a.nvlink_us:.2f} us a collective ({a.nvlink_source}) at {a.nvlink_gb_s} GB/s a GPU "
+          f"over NVLink. "
           f"Measured: copy bandwidth {measured['copy_tb_s']:.2f} TB/s (H100: x 3.35/4.8), floor shares "
           + ", ".join(f"b={b} {ratio[b]:.2f}" for b in sorted(ratio)) + f"; {a.context} tokens of context.\n")
     print("| cluster | plan | GB a GPU (busiest stage) | collectives a step (across nodes) | hops | batch | "
@@ -241,7 +267,7 @@ def single_node(a, cfg, measured, copy, ratio):
     print(f"{a.model} on {a.single_node} x {a.gpu} (one node, TP {a.single_node} x EP {a.single_node}), projected from "
           f"{a.measured} (commit {measured.get('commit', '?')}, {measured.get('gpu', '?')}): copy bandwidth "
           f"{copy / 1e12:.2f} TB/s, floor shares " + ", ".join(f"b={b} {ratio[b]:.2f}" for b in batches)
-          + f"; {a.context} tokens of context; assumed {a.nvlink_us} us a collective at {a.nvlink_gb_s} GB/s over "
+          + f"; {a.context} tokens of context; {a.nvlink_us:.2f} us a collective ({a.nvlink_source}) at {a.nvlink_gb_s} GB/s over "
           "NVLink. A projection, not a measurement.\n")
     p = plan(a.moonrun, a.gpu, a.single_node, a.single_node, 1, model=a.model)
     pl = p["pipeline"]
@@ -264,7 +290,8 @@ def single_node(a, cfg, measured, copy, ratio):
                    "model": a.model, "source": a.measured, "commit": measured.get("commit"),
                    "gpu_measured": measured.get("gpu"), "context_tokens": a.context,
                    "copy_tb_s_measured": measured["copy_tb_s"], "copy_tb_s_used": copy / 1e12, "floor_ratio": ratio,
-                   "assumed": {"nvlink_us": a.nvlink_us, "nvlink_gb_s": a.nvlink_gb_s}, "rows": rows},
+                   "assumed": {"nvlink_us": a.nvlink_us, "nvlink_us_source": a.nvlink_source,
+                               "nvlink_gb_s": a.nvlink_gb_s}, "rows": rows},
                   open(a.json_out, "w"), indent=1)
 
 
@@ -280,6 +307,9 @@ def main():
                     help="assumed: one small all-reduce across nodes over TCP Ethernet (the seed's cluster)")
     ap.add_argument("--nvlink-us", type=float, default=10.0,
                     help="assumed: one small collective inside a node over NVLink (NCCL, 8 GPUs)")
+    ap.add_argument("--measured-collectives", default="", metavar="JSON",
+                    help="a `moonrun bench-model --tp-size N --json-out` run on N GPUs of one node: its NCCL "
+                         "all-reduces of batch 1 replace --nvlink-us")
     ap.add_argument("--nvlink-gb-s", type=float, default=450.0,
                     help="assumed: NVLink bandwidth a GPU, one direction (H100/H200: 900 GB/s both ways)")
     ap.add_argument("--ib-node-gb-s", type=float, default=400.0,
@@ -294,6 +324,10 @@ def main():
     ap.add_argument("--model", default="kimi-k3", help="what `moonrun plan --model` takes (with --single-node)")
     ap.add_argument("--gpu", default="H200", help="with --single-node")
     a = ap.parse_args()
+    a.nvlink_source = "assumed"
+    if a.measured_collectives:
+        a.nvlink_us, a.nvlink_source = nvlink_us_from(a.measured_collectives)
+        print(f"(inside a node: {a.nvlink_us:.2f} us a collective, {a.nvlink_source})")
     measured = json.load(open(a.measured))
     cfg = json.load(open(a.config))
     if a.single_node:
@@ -346,6 +380,7 @@ def main():
     if a.plans_json_out:
         assumed = {k: getattr(a, k) for k in ("inter_node_us", "ethernet_us", "nvlink_us", "nvlink_gb_s",
                                               "ib_node_gb_s", "ethernet_node_gb_s")}
+        assumed["nvlink_us_source"] = a.nvlink_source
         json.dump({"what": "projection, not a measurement", "date": datetime.date.today().isoformat(),
                    "source": a.measured, "commit": measured.get("commit"), "context_tokens": a.context,
                    "copy_tb_s": measured["copy_tb_s"], "floor_ratio": ratio, "assumed": assumed,
