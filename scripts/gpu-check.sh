@@ -149,7 +149,8 @@ fi
 #     1,048,576 tokens through bench-model's chunked path (as serve feeds a prompt), decode at
 #     131,072 and 1,048,576 tokens of context at batch 1 and 8 against the floor, and a
 #     1,048,576-token prompt through `serve` while 8 streams decode (bench/long_prompt_serve.py).
-#     LONG_PARTS (default "prefill262k decode131k decode1m prefill1m serve1m") picks some;
+#     LONG_PARTS (default "prefill262k decode131k decode1m prefill1m serve1m"; also lane131k)
+#     picks some;
 #     LONG_SERVE_ARGS adds serve flags to serve1m (e.g. "--max-prefill-step-ms 30"), and
 #     LONG_TTFT_TIMEOUT (360 s) bounds its wait for the prompt beside the streams (a stall is
 #     then reported with the streams' gaps, inside one 10-minute device call); LONG_NO_ALONE=1
@@ -173,6 +174,9 @@ if want long; then
   [[ $LP == *" decode131k "* ]] && long_bench decode131k --batch 1,8 --context 131072 --steps 8
   [[ $LP == *" decode1m "* ]] && long_bench decode1m --batch 1,8 --context 1048576 --steps 8
   [[ $LP == *" prefill1m "* ]] && long_bench prefill1m --batch 1 --context 16 --steps 2 --prefill 1048576
+  # lane131k (not in the default list): decode steps of 8 streams beside a prefill-lane chunk of
+  # 8,192 tokens late in a 131k prompt, against each alone (issue #47: what the lane costs).
+  [[ $LP == *" lane131k "* ]] && long_bench lane131k --batch 1,8 --context 131072 --steps 8 --lane-chunk 8192
   if [[ $LP == *" serve1m "* ]]; then
     t0=$(date +%s)
     python3 bench/long_prompt_serve.py --exe "$EXE" --model "$SLICE" --prompt-tokens "${LONG_SERVE_TOKENS:-1048576}" \
@@ -198,6 +202,8 @@ for p in sorted(glob.glob(os.path.join(out, "long-*.json"))):
     doc[name] = {"context_tokens": j.get("context_tokens"), "prefill": {k: v for k, v in (j.get("prefill") or {}).items() if k != "ops"},
                  "decode": [{k: d.get(k) for k in ("batch", "step_ms", "tok_s", "floor_tok_s", "floor_ratio", "bytes")}
                             for d in j.get("decode", [])]}
+    if j.get("beside_lane"):
+        doc[name]["beside_lane"] = j["beside_lane"]
 json.dump(doc, open(os.path.join(out, "k3-slice-long.json"), "w"), indent=1)
 PY
 fi

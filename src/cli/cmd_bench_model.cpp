@@ -61,6 +61,12 @@ void add_bench_model_command(CLI::App& app) {
   cmd->add_option("--kernel-peers", c->kernel_peers_json,
                   "JSON from bench/peers/torch_expert_gemm.py, measured in the same run");
   cmd->add_option("--json-out", *json_out, "also write the figures as JSON here");
+  cmd->add_option("--lane-chunk", c->lane_chunk_tokens,
+                  "also time decode steps while a prefill-lane chunk of this many tokens (after --context tokens of "
+                  "its prompt) runs beside them, against each alone (issue #47)")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--lane-chunks", c->lane_chunks, "timed lane chunks per batch size")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
   auto drafts = std::make_shared<std::string>();
   cmd->add_option("--draft-tokens", *drafts,
                   "also time speculative verify steps of 1 + k tokens a sequence, for each k (comma-separated)");

@@ -10,6 +10,7 @@
 #include "backend/op_profile.h"
 
 #include "runtime/parallel_runner.h"
+#include "runtime/prefill_lane.h"
 #include "runtime/sequence_sampler.h"
 
 namespace moonrun::tools {
@@ -174,9 +175,13 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     max_drafts = std::max(max_drafts, k);
   }
   const int per_seq = c.context_tokens + c.warmup_steps + c.decode_steps + c.profile_steps + 1 + max_drafts;
+  if (c.lane_chunk_tokens < 0 || c.lane_chunks < 1) return invalid_argument("--lane-chunk must be >= 0");
+  const bool lane_rows = c.lane_chunk_tokens > 0;
   RuntimeOptions ro = c.runtime;
   ro.num_speculative_tokens = max_drafts;
-  ro.max_running_requests = max_batch;
+  // --lane-chunk: the lane's sequence takes the slot after the batch's.
+  ro.max_running_requests = max_batch + (lane_rows ? 1 : 0);
+  if (lane_rows) ro.prefill_lane_tokens = c.lane_chunk_tokens;
   ro.prefix_cache = false;
   ro.page_size_tokens = ro.page_size_tokens > 0 ? ro.page_size_tokens : 16;
   const int ps = ro.page_size_tokens;
@@ -188,9 +193,12 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   };
   const auto pages_each = [&](int k) -> int64_t { return (tokens_each(k) + ps - 1) / ps; };
   const int64_t prefill_pages = (static_cast<int64_t>(c.prefill_tokens) + ps - 1) / ps;
+  // --lane-chunk: the lane's prompt (context + one chunk) on pages after the largest batch's.
+  const int64_t lane_pages = lane_rows ? (int64_t{c.context_tokens} + c.lane_chunk_tokens + ps - 1) / ps : 0;
   // The pool need not hold more than the largest row; --max-total-tokens may cap it lower
   // (and so may the device's memory): rows that do not fit are skipped, not run.
-  const int64_t pages_wanted = std::max<int64_t>(int64_t{max_batch} * pages_each(max_drafts), prefill_pages);
+  const int64_t pages_wanted =
+      std::max<int64_t>(int64_t{max_batch} * pages_each(max_drafts) + lane_pages, prefill_pages);
   ro.max_total_tokens = pages_wanted * ps;
   if (c.runtime.max_total_tokens > 0) ro.max_total_tokens = std::min(ro.max_total_tokens, c.runtime.max_total_tokens);
   const bool prefill_fill = static_cast<int64_t>(max_batch) * c.context_tokens <= kMaxPrefillFillTokens;
@@ -199,7 +207,8 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   const int chunk = ro.max_tokens_per_step > 0 ? ro.max_tokens_per_step : defaults::kChunkedPrefillTokens;
   ro.max_tokens_per_step = std::max(chunk, max_batch);
   if (c.prefill_tokens < 0) return invalid_argument("--prefill must be >= 0");
-  const int64_t longest = std::max<int64_t>(per_seq, c.prefill_tokens);
+  const int64_t longest =
+      std::max<int64_t>({per_seq, c.prefill_tokens, lane_rows ? int64_t{c.context_tokens} + c.lane_chunk_tokens : 0});
   if (ro.context_length > 0 && longest > ro.context_length)
     return invalid_argument("--prefill / --context: " + std::to_string(longest) + " tokens, over --context-length " +
                             std::to_string(ro.context_length));
@@ -426,6 +435,109 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
     if (f.batch == 1) tok_s_b1 = f.tok_s;
   for (DecodeFigure& f : report.decode) f.speedup_vs_b1 = tok_s_b1 > 0 ? f.tok_s / tok_s_b1 : 0;
 
+  // --lane-chunk: decode steps of each batch size while a chunk runs on the prefill lane,
+  // against each alone. The decode steps repeat one position (each writes the same cache
+  // row) and the chunk one span of its prompt: the same work every time.
+  PrefillLane* lane = lane_rows ? runner.prefill_lane() : nullptr;
+  if (lane_rows && !lane) return failed_precondition("--lane-chunk: this runner has no prefill lane");
+  for (int b : lane_rows ? c.batches : std::vector<int>{}) {
+    if (std::optional<SkippedRow> skip = misfit(b, 0)) {
+      skip->kind = "lane";
+      report.skipped.push_back(std::move(*skip));
+      continue;
+    }
+    const int64_t lane_first_page = int64_t{max_batch} * pages_each(max_drafts);
+    if (has_kv && lane_first_page + lane_pages > pool.num_pages) {
+      SkippedRow r;
+      r.kind = "lane";
+      r.batch = b;
+      r.tokens_each = int64_t{c.context_tokens} + c.lane_chunk_tokens;
+      r.pages_needed = lane_first_page + lane_pages;
+      r.pages_held = pool.num_pages;
+      r.message = "decode beside a lane chunk, batch " + std::to_string(b) + ": skipped: the batches' pages and the " +
+                  "lane prompt's " + std::to_string(lane_pages) + " need " + std::to_string(r.pages_needed) +
+                  " pages; the pool holds " + pool_words + "; lower --context or --lane-chunk," + more_room;
+      report.skipped.push_back(std::move(r));
+      continue;
+    }
+    const int each = static_cast<int>(pages_each(0));
+    std::vector<Seq> seqs(b);
+    for (int i = 0; i < b; ++i) {
+      for (int p = 0; p < each; ++p) seqs[i].pages.push_back(i * each + p);
+      seqs[i].n_past = c.context_tokens;
+    }
+    const int lane_slot = max_batch;
+    std::vector<int32_t> lane_page_ids;
+    for (int64_t p = 0; p < lane_pages; ++p) lane_page_ids.push_back(static_cast<int32_t>(lane_first_page + p));
+    const std::vector<int32_t> chunk_tokens = tokens_of(4242, c.lane_chunk_tokens, vocab, c.seed);
+    StepInput chunk_in;
+    chunk_in.before.push_back({-1, lane_slot});
+    StepSeq cs;
+    cs.new_token_ids = chunk_tokens;
+    cs.n_past = c.context_tokens;
+    cs.state_slot = lane_slot;
+    cs.pages = lane_page_ids;
+    chunk_in.seqs.push_back(cs);
+    StepOutput chunk_out;
+    int step_no = 0;
+    std::vector<std::vector<int32_t>> tokens(b);
+    const auto decode_step = [&]() -> Status {
+      StepInput in;
+      if (step_no == 0)
+        for (int i = 0; i < b; ++i) in.before.push_back({-1, i});
+      for (int i = 0; i < b; ++i) {
+        tokens[i] = {tokens_of(i, 1, vocab, c.seed + 3001 + static_cast<uint64_t>(step_no))[0]};
+        StepSeq s;
+        s.new_token_ids = tokens[i];
+        s.n_past = seqs[i].n_past;
+        s.state_slot = i;
+        s.pages = seqs[i].pages;
+        s.sample = true;
+        in.seqs.push_back(s);
+        SequenceSampler(greedy, 0, {}).add_row(in.sampling, 0, {});
+      }
+      ++step_no;
+      return runner.step(in, out);
+    };
+    const auto run_chunk = [&]() -> Status {
+      lane->submit(&chunk_in, &chunk_out);
+      return lane->take();
+    };
+    LaneFigure f;
+    f.batch = b;
+    f.chunk_tokens = c.lane_chunk_tokens;
+    f.chunk_context = c.context_tokens;
+    // Alone: the decode steps, then the chunk (one untimed of each first).
+    for (int s = 0; s < c.warmup_steps + 1; ++s) MR_RETURN_IF_ERROR(decode_step());
+    auto t0 = std::chrono::steady_clock::now();
+    for (int s = 0; s < c.decode_steps; ++s) MR_RETURN_IF_ERROR(decode_step());
+    f.decode_ms_alone = 1e3 * seconds_since(t0) / c.decode_steps;
+    MR_RETURN_IF_ERROR(run_chunk());
+    chunk_in.before.clear();
+    t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < c.lane_chunks; ++r) MR_RETURN_IF_ERROR(run_chunk());
+    f.chunk_ms_alone = 1e3 * seconds_since(t0) / c.lane_chunks;
+    // Beside: decode steps back to back for as long as each chunk runs.
+    double chunk_s = 0, decode_s = 0;
+    int64_t beside = 0;
+    for (int r = 0; r < c.lane_chunks; ++r) {
+      const auto c0 = std::chrono::steady_clock::now();
+      lane->submit(&chunk_in, &chunk_out);
+      do {
+        const auto d0 = std::chrono::steady_clock::now();
+        MR_RETURN_IF_ERROR(decode_step());
+        decode_s += seconds_since(d0);
+        ++beside;
+      } while (!lane->wait_for(std::chrono::microseconds(0)));
+      chunk_s += seconds_since(c0);
+      MR_RETURN_IF_ERROR(lane->take());
+    }
+    f.chunk_ms_beside = 1e3 * chunk_s / c.lane_chunks;
+    f.decode_ms_beside = 1e3 * decode_s / static_cast<double>(beside);
+    f.decode_steps_per_chunk = static_cast<double>(beside) / c.lane_chunks;
+    report.lane.push_back(f);
+  }
+
   bool prefill_fits = true;
   if (c.prefill_tokens > 0 && has_kv && prefill_pages > pool.num_pages) {
     prefill_fits = false;
@@ -584,6 +696,22 @@ std::string format_model_bench(const ModelBenchReport& r) {
     }
   };
   skipped_rows("decode", false);
+  if (!r.lane.empty() || std::any_of(r.skipped.begin(), r.skipped.end(), [](const SkippedRow& k) { return k.kind == "lane"; })) {
+    // What a decode step costs beside a long prompt's chunk on the prefill lane, and the chunk
+    // beside the decode steps (issue #47: both bars at once need both ratios near 1).
+    s += "\ndecode beside a prefill-lane chunk (the chunk's end is seen at the first decode step to end after it)\n"
+         "| batch | chunk tokens | chunk's context | decode ms alone | decode ms beside | decode beside / alone | "
+         "chunk ms alone | chunk ms beside | chunk beside / alone | decode steps a chunk |\n"
+         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const LaneFigure& f : r.lane) {
+      std::snprintf(line, sizeof line, "| %d | %d | %d | %.3f | %.3f | %.2f | %.3f | %.3f | %.2f | %.1f |\n", f.batch,
+                    f.chunk_tokens, f.chunk_context, f.decode_ms_alone, f.decode_ms_beside,
+                    f.decode_ms_beside / f.decode_ms_alone, f.chunk_ms_alone, f.chunk_ms_beside,
+                    f.chunk_ms_beside / f.chunk_ms_alone, f.decode_steps_per_chunk);
+      s += line;
+    }
+    skipped_rows("lane", false);
+  }
   for (const SkippedRow& k : r.skipped)
     if (k.kind == "prefill") s += "\n" + k.message + "\n";
   if (r.prefill_tokens > 0) {
@@ -751,6 +879,18 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
     j["peer"] = p;
   }
   if (!r.kernels.empty()) j["kernels"] = kernel_bench_to_json(r.kernels, r.copy_gb_s);
+  if (!r.lane.empty()) {
+    j["beside_lane"] = nlohmann::json::array();
+    for (const LaneFigure& f : r.lane)
+      j["beside_lane"].push_back({{"batch", f.batch},
+                                  {"chunk_tokens", f.chunk_tokens},
+                                  {"chunk_context_tokens", f.chunk_context},
+                                  {"decode_ms_alone", f.decode_ms_alone},
+                                  {"decode_ms_beside", f.decode_ms_beside},
+                                  {"chunk_ms_alone", f.chunk_ms_alone},
+                                  {"chunk_ms_beside", f.chunk_ms_beside},
+                                  {"decode_steps_per_chunk", f.decode_steps_per_chunk}});
+  }
   j["skipped"] = nlohmann::json::array();
   for (const SkippedRow& k : r.skipped)
     j["skipped"].push_back({{"kind", k.kind},

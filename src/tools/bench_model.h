@@ -38,6 +38,21 @@ struct ModelBenchConfig {
   // and k drafts, for each k here (> 0), every draft rejected (a rollback each step: the
   // dearest case).
   std::vector<int> draft_tokens;
+  // The prefill lane (issue #47): > 0 also times, per batch size, decode steps while a chunk
+  // of this many tokens (after --context tokens of its prompt) runs on the lane, against each
+  // alone: what a decode step costs beside a long prompt's chunk, and the chunk beside it.
+  int lane_chunk_tokens = 0;
+  int lane_chunks = 3;  // timed chunks per batch size (after one untimed)
+};
+
+// Decode steps beside a prefill-lane chunk (ModelBenchConfig::lane_chunk_tokens).
+struct LaneFigure {
+  int batch = 0;
+  int chunk_tokens = 0, chunk_context = 0;  // the chunk: tokens, and its prompt's tokens before it
+  double decode_ms_alone = 0, decode_ms_beside = 0;  // mean decode step, alone / while the chunk runs
+  double chunk_ms_alone = 0, chunk_ms_beside = 0;    // the chunk alone / beside the decode steps (seen
+                                                     // at the first decode step to end after it)
+  double decode_steps_per_chunk = 0;  // decode steps that ran while a chunk did
 };
 
 // One op's share of a profiled step (backend/op_profile.h), per step.
@@ -117,6 +132,7 @@ struct ModelBenchReport {
   std::optional<PeerFigures> peer;
   std::vector<KernelFigure> kernels;  // --kernels
   std::vector<SkippedRow> skipped;    // rows that do not fit the pools (the rest still ran)
+  std::vector<LaneFigure> lane;       // --lane-chunk
 };
 
 // Issue #12's llama.cpp figures for the K3-width 3-layer slice at 4k context on one H200,
