@@ -44,8 +44,10 @@ void moe_forward(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tenso
   // projection split) and shared experts split over the group: the routed sum (needed whole
   // before the latent norm, which is not linear) and the shared experts' partial sum are
   // all-reduced as one buffer, [T x io | T x hidden] fp32: one collective a MoE layer instead
-  // of two, the same sums element by element.
-  const bool packed = !w.latent_up.empty() && !dims.split_latent_up && !w.shared.empty() && !dims.shared_whole;
+  // of two, the same sums element by element. At one rank there is nothing to reduce: the
+  // ops keep the order the single-GPU figures were measured with.
+  const bool packed = !w.latent_up.empty() && !dims.split_latent_up && !w.shared.empty() && !dims.shared_whole &&
+                      ops.parallel_size() > 1;
   Tensor both, y, shared;
   if (packed) {
     both = ops.scratch(1, T * (D + dims.hidden), DType::F32);
