@@ -540,19 +540,9 @@ void CpuOps::all_reduce_sum(Tensor x) {
 }
 
 void CpuOps::all_gather_cols(const Tensor& x, Tensor out) {
-  const int W = parallel_size();
-  MR_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32 && out.rows == x.rows && out.cols == W * x.cols)
-      << "all_gather_cols shapes: [" << x.rows << ", " << x.cols << "] x " << W << " -> [" << out.rows << ", "
-      << out.cols << "]";
-  if (W == 1) return copy(x, out);
-  // Gathered rank-major ([W, rows, cols]), then interleaved into [rows, W * cols].
-  const size_t n = static_cast<size_t>(x.numel());
-  gather_buf_.resize(n * W);
-  comm_->all_gather(f32(x), n, gather_buf_.data());
-  float* o = f32(out);
-  for (int r = 0; r < W; ++r)
-    for (int64_t i = 0; i < x.rows; ++i)
-      std::copy_n(gather_buf_.data() + r * n + i * x.cols, x.cols, o + i * out.cols + r * x.cols);
+  const Tensor parts[] = {x};
+  Tensor outs[] = {out};
+  all_gather_cols_packed(parts, outs);
 }
 
 void CpuOps::all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) {

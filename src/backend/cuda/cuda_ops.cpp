@@ -741,20 +741,9 @@ class CudaOps final : public Ops {
     if (comm_) comm_->all_reduce_sum(x.as<float>(), static_cast<size_t>(x.numel()));
   }
   void all_gather_cols(const Tensor& x, Tensor out) override {
-    is_f32(x, "all_gather_cols");
-    const int W = parallel_size();
-    check(out.rows == x.rows && out.cols == W * x.cols, "all_gather_cols: output " + shape(out));
-    if (W == 1) return copy(x, out);
-    // NCCL gathers rank-major [W, rows, cols]; each rank's block becomes its columns.
-    const size_t mark = scratch_mark();
-    Tensor gathered = scratch(W * x.rows, x.cols, DType::F32);
-    comm_->all_gather(x.as<float>(), static_cast<size_t>(x.numel()), gathered.as<float>());
-    const size_t row_bytes = static_cast<size_t>(x.cols) * sizeof(float);
-    for (int r = 0; r < W; ++r)
-      CUDA_CHECK(cudaMemcpy2DAsync(out.as<float>() + static_cast<int64_t>(r) * x.cols, out.cols * sizeof(float),
-                                   gathered.as<float>() + static_cast<int64_t>(r) * x.numel(), row_bytes, row_bytes,
-                                   x.rows, cudaMemcpyDeviceToDevice, stream_));
-    scratch_rewind(mark);
+    const Tensor parts[] = {x};
+    Tensor outs[] = {out};
+    all_gather_cols_packed(parts, outs);
   }
   void all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) override {
     const int W = parallel_size();
