@@ -148,12 +148,7 @@ SchedulerOutput Scheduler::schedule() {
         cache_.free(req->seq_id);  // gives back what match_prefix shared
         break;
       }
-      waiting_.pop_front();
-      req->state = RequestState::kRunning;
-      req->num_computed_tokens = cached;
-      if (req->num_preemptions == 0) req->num_cached_tokens = cached;
-      running_.push_back(req);
-      plan_snapshot(req, n_new);
+      admit_head(cached, n_new);
       out.seqs.push_back({req, n_new, cached + n_new == req->num_tokens()});
       out.n_tokens += n_new;
       budget -= n_new;
@@ -191,14 +186,19 @@ ScheduledSeq Scheduler::admit_to_lane(int max_tokens, int min_prompt_tokens) {
     cache_.free(req->seq_id);  // gives back what match_prefix shared
     return {};
   }
+  admit_head(cached, n_new);
+  last_paced_chunk_.erase(req->seq_id);
+  return {req, n_new, cached + n_new == req->num_tokens(), 0};
+}
+
+void Scheduler::admit_head(int cached, int n_new) {
+  Request* req = waiting_.front();
   waiting_.pop_front();
   req->state = RequestState::kRunning;
   req->num_computed_tokens = cached;
   if (req->num_preemptions == 0) req->num_cached_tokens = cached;
   running_.push_back(req);
-  last_paced_chunk_.erase(req->seq_id);
   plan_snapshot(req, n_new);
-  return {req, n_new, cached + n_new == req->num_tokens(), 0};
 }
 
 int Scheduler::growth_cap(const Request* req, double left) const {

@@ -135,6 +135,9 @@ class Scheduler {
   void record_chunk(const Request* req, int n, double left);
   // Queues a state snapshot when the step ends req's chunk at an uncached block boundary.
   void plan_snapshot(const Request* req, int n_new);
+  // The head of the queue, its cached prefix matched and its first n_new tokens' pages
+  // allocated, becomes a running request (schedule()'s newcomers, admit_to_lane).
+  void admit_head(int cached, int n_new);
 
   SchedulerConfig config_;
   CacheManager& cache_;

@@ -259,7 +259,7 @@ void KimiK3::replay_state(Ops& ops, const BatchView& batch, const CachePools& po
   }
 }
 
-bool KimiK3::set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) {
+bool KimiK3::set_taps(std::vector<int> layers) {
   if (stage_.num_stages > 1) return false;  // a draft reads every layer's rows on one rank
   tap_of_layer_.assign(cfg_.num_hidden_layers, -1);
   for (size_t j = 0; j < layers.size(); ++j) {
@@ -267,8 +267,6 @@ bool KimiK3::set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows)
     tap_of_layer_[layers[j]] = static_cast<int>(j);
   }
   if (layers.empty()) tap_of_layer_.clear();
-  taps_ = taps;
-  taps_stride_rows_ = stride_rows;
   return true;
 }
 
@@ -414,11 +412,9 @@ void KimiK3::forward_body(Ops& ops, const BatchView& batch, const CachePools& po
     }
     ops.add(prefix, m, h);
     if (!tap_of_layer_.empty() && tap_of_layer_[i] >= 0) {
-      const bool own = !pools.taps.empty();  // the runner's own buffer (a prefill lane's)
-      const Tensor& taps = own ? pools.taps : taps_;
-      const int64_t stride = own ? pools.taps_stride_rows : taps_stride_rows_;
-      MR_CHECK(T <= stride) << T << " tokens, taps hold " << stride;
-      ops.copy(h, taps.rows_view(tap_of_layer_[i] * stride, T));
+      MR_CHECK(!pools.taps.empty() && T <= pools.taps_stride_rows)
+          << T << " tokens, taps hold " << pools.taps_stride_rows;
+      ops.copy(h, pools.taps.rows_view(tap_of_layer_[i] * pools.taps_stride_rows, T));
     }
   }
   MR_CHECK(rows.rows == batch.n_logit_rows() && rows.cols == H) << "forward_body: rows " << rows.rows << " x " << rows.cols;

@@ -116,7 +116,7 @@ class KimiK3 final : public Model {
   void forward_head(Ops& ops, Tensor rows, Tensor logits) override;
   uint32_t graph_variant(const ForwardBatch& batch) const override;
   int64_t replay_floats_per_token() const override;
-  bool set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) override;
+  bool set_taps(std::vector<int> layers) override;
   DraftSharedWeights draft_shared() const override;
   void replay_state(Ops& ops, const BatchView& batch, const CachePools& pools) override;
   size_t weight_bytes() const override { return weight_bytes_; }
@@ -149,8 +149,6 @@ class KimiK3 final : public Model {
   int64_t vocab_begin_ = 0;
   // DSpark taps (set_taps): tap_of_layer_[i] = j when layer i's output goes to tap j, else -1.
   std::vector<int> tap_of_layer_;
-  Tensor taps_;
-  int64_t taps_stride_rows_ = 0;  // this rank's first vocabulary row (embedding, lm_head)
   KdaShape kda_shape_;  // this rank's heads
   MlaDims mla_dims_;    // this rank's heads
   std::vector<DsaIndexerWeights> indexers_;  // K3.1's DSA layers (replicated: kimi_k31.h)

@@ -49,8 +49,8 @@ struct CachePools {
   // Speculative decoding: what a verifying step saved of its draft rows for a state rollback,
   // [capacity rows, Model::replay_floats_per_token()] F32; empty when nothing is saved.
   Tensor replay;
-  // DSpark: where a forward copies the tapped layers' rows (Model::set_taps names the layers
-  // and the default buffer); a runner beside another (the prefill lane's) has its own here.
+  // DSpark: where a forward copies the tapped layers' rows (Model::set_taps names the layers):
+  // [n_taps * taps_stride_rows, hidden] F32, each runner its own (the prefill lane's too).
   Tensor taps;
   int64_t taps_stride_rows = 0;
   int num_slots = 0;
@@ -151,10 +151,10 @@ class Model {
   // the model keeps no recurrent state (its caches roll back by length alone).
   virtual int64_t replay_floats_per_token() const { return 0; }
   // DSpark drafts read the outputs of some of the target's layers: once set, every forward
-  // copies layer layers[j]'s output row of each token t to taps row j * stride_rows + t
-  // (taps F32 [layers.size() * stride_rows, hidden], stride_rows >= the step's tokens).
+  // copies layer layers[j]'s output row of each token t to pools.taps row
+  // j * pools.taps_stride_rows + t (CachePools::taps; the stride >= the step's tokens).
   // False: this model cannot.
-  virtual bool set_taps(std::vector<int> layers, Tensor taps, int64_t stride_rows) { return false; }
+  virtual bool set_taps(std::vector<int> layers) { return false; }
   // The weights a draft shares; empty where this rank holds only a part of them.
   virtual DraftSharedWeights draft_shared() const { return {}; }
   // Advances the state slots of `batch`'s sequences (already restored to their snapshots)

@@ -78,11 +78,11 @@ Status ModelRunner::attach_draft(std::unique_ptr<DSparkDraft> draft) {
   if (lane_) return invalid_argument("attach the DSpark draft before the prefill lane (its runner ingests too)");
   const DSparkConfig& dc = draft->config();
   // Every token row a step can carry, padded decode batches included.
-  taps_stride_rows_ = std::max<int64_t>(options_.max_tokens_per_step,
+  pools_.taps_stride_rows = std::max<int64_t>(options_.max_tokens_per_step,
                                         static_cast<int64_t>(options_.max_seqs_per_step) *
                                             (1 + std::max(options_.num_speculative_tokens, dc.block_size)));
   try {
-    taps_ = ops_->alloc(dc.n_taps() * taps_stride_rows_, dc.hidden_size, DType::F32, "dspark taps");
+    pools_.taps = ops_->alloc(dc.n_taps() * pools_.taps_stride_rows, dc.hidden_size, DType::F32, "dspark taps");
     // Blocks reach B - 1 positions past the longest context.
     const int64_t cache_tokens = static_cast<int64_t>(cache_.num_pages) * cache_.page_size_tokens;
     const int64_t longest =
@@ -94,7 +94,7 @@ Status ModelRunner::attach_draft(std::unique_ptr<DSparkDraft> draft) {
   } catch (const BackendError& e) {
     return resource_exhausted(std::string("allocating the draft's cache failed: ") + e.what());
   }
-  if (!model_->set_taps(dc.target_layer_ids, taps_, taps_stride_rows_))
+  if (!model_->set_taps(dc.target_layer_ids))
     return unimplemented("this model cannot give a DSpark draft its layers' outputs");
   draft_ = std::move(draft);
   ingest_draft_ = draft_.get();
@@ -171,8 +171,6 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::make_lane_runner(int chunk_tok
   if (ingest_draft_) {
     r->ingest_draft_ = ingest_draft_;
     r->draft_pool_ = draft_pool_;
-    r->taps_ = lane_taps;
-    r->taps_stride_rows_ = chunk_tokens;
     r->pools_.taps = lane_taps;
     r->pools_.taps_stride_rows = chunk_tokens;
   }
@@ -613,7 +611,7 @@ Status ModelRunner::step(const StepInput& input, StepOutput& output) {
     MR_RETURN_IF_ERROR(check_positions());
     const auto body = [&] {
       model_->forward(ops, view, pools_, logits);
-      if (ingest_draft_) ingest_draft_->ingest(ops, view, taps_, taps_stride_rows_, draft_pool_);
+      if (ingest_draft_) ingest_draft_->ingest(ops, view, pools_.taps, pools_.taps_stride_rows, draft_pool_);
     };
     if (graph) {
       // tokens_each is at most kShortSeqMaxNewTokens: bits 32..39; the model's own shape

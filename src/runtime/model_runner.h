@@ -221,8 +221,6 @@ class ModelRunner final : public StepRunner {
   // for a prefill lane's runner (which proposes nothing).
   DSparkDraft* ingest_draft_ = nullptr;
   DraftPool draft_pool_;
-  Tensor taps_;                  // [n_taps * taps_stride_rows_, hidden] F32
-  int64_t taps_stride_rows_ = 0;
   Status failed_ = Status::ok();  // sticky: the backend's state is unknown after a failure
   std::unique_ptr<PrefillLane> lane_;  // enable_prefill_lane; destroyed first
 };
