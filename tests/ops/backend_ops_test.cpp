@@ -804,6 +804,125 @@ TEST_P(BackendOps, DsaOpsOnAMixedBatch) {
   }
 }
 
+// DSA at K3.1-Pro's widths, through the fast kernels (MOONRUN_DSA_FAST / cuda::set_dsa_fast)
+// and the reference ones: the top 2,048 of rows of up to 20,001 scores (several radix bins
+// and write tiles; random scores and coarse ones with many ties, where the lowest positions
+// must win), exact against the CPU; then MLA over that selection with 96 heads (six 16-head
+// groups on the tensor cores, the selection split over the SMs) on bf16 and fp8 rows, per
+// token against the CPU. Decode tokens after 20,000 / 5,000 / 2,047 / 1,999 positions (more,
+// exactly and fewer than 2,048 visible) and an 8-token chunk after 3,000.
+TEST_P(BackendOps, DsaAtK31Widths) {
+  Backends& B = b();
+  const int page = 16, K = 2048;
+  struct Seq {
+    int n_past, n_new;
+  };
+  const std::vector<Seq> seqs = {{20000, 1}, {5000, 1}, {2047, 1}, {1999, 1}, {3000, 8}};
+  int n_pages = 0;
+  for (const Seq& s : seqs) n_pages += (s.n_past + s.n_new + page - 1) / page;
+  std::vector<int32_t> all_pages(n_pages);
+  for (int i = 0; i < n_pages; ++i) all_pages[i] = (i * 613) % n_pages;  // a permutation (613 is prime)
+  ForwardBatch fb;
+  const std::vector<int32_t> ids(8, 1);
+  int used = 0, cols = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int np = (seqs[i].n_past + seqs[i].n_new + page - 1) / page;
+    fb.add_seq(ids.data(), seqs[i].n_new, seqs[i].n_past, static_cast<int>(i), all_pages.data() + used, np);
+    used += np;
+    cols = std::max(cols, seqs[i].n_past + seqs[i].n_new);
+  }
+  const int T = fb.n_tokens(), P = n_pages * page;
+  const BatchView vc = B.cpu.upload_batch(fb), vg = B.gpu->upload_batch(fb);
+  const bool was = cuda::dsa_fast();
+
+  std::vector<float> random = normal(static_cast<size_t>(T) * cols, 90), coarse = random;
+  for (float& v : coarse) v = std::floor(v * 2.0f);  // ~10 distinct values: ties across every tile
+  std::vector<float> cpu_selection;
+  for (const bool fast : {true, false}) {
+    cuda::set_dsa_fast(fast);
+    for (const auto& [name, values] : {std::pair{std::string("random"), random}, std::pair{std::string("ties"), coarse}}) {
+      Pair sc = put(B, values, T, cols);
+      Pair sel = out(B, T, K, DType::I32);
+      B.cpu.dsa_topk(sc.c, vc, sel.c);
+      B.gpu->dsa_topk(sc.g, vg, sel.g);
+      const std::vector<float> want = testing::download(B.cpu, sel.c);
+      expect_exact(std::string(fast ? "dsa_topk_fast_" : "dsa_topk_") + B.mode(), name + "_2048of20001",
+                   testing::download(*B.gpu, sel.g), want);
+      if (name == "random") cpu_selection = want;
+    }
+  }
+
+  // The indexer's scores over an FP8 key pool at K3.1's 32 heads x 128: the tensor-core
+  // kernel (bf16 math only: the query rounded to bf16) within 1e-2 of the CPU's fp32 scores,
+  // the same positions masked; the reference kernel (and every kernel under --dtype float32)
+  // to fp32 rounding.
+  {
+    const DsaIndexerShape ish{32, 128};
+    const int H = ish.num_heads, D = ish.head_dim, W = dsa_fp8_row_width(D);
+    std::vector<uint8_t> bytes(static_cast<size_t>(P) * W);
+    const std::vector<float> keys = normal(static_cast<size_t>(P) * D, 94);
+    for (int r = 0; r < P; ++r) dsa_quantize_index_row(keys.data() + static_cast<size_t>(r) * D, D, bytes.data() + size_t(r) * W);
+    Pair pool{B.cpu.alloc(P, W, DType::F8_E4M3, "keys"), B.gpu->alloc(P, W, DType::F8_E4M3, "keys")};
+    B.cpu.upload(pool.c, 0, bytes.data(), bytes.size());
+    B.gpu->upload(pool.g, 0, bytes.data(), bytes.size());
+    const KvLayer kc{pool.c.data, DType::F8_E4M3, page, W}, kg{pool.g.data, DType::F8_E4M3, page, W};
+    Pair q = put(B, normal(static_cast<size_t>(T) * H * D, 95), T, H * D), w = put(B, normal(static_cast<size_t>(T) * H, 96), T, H);
+    Pair want_sc = out(B, T, cols);
+    B.cpu.dsa_index_scores(q.c, w.c, vc, kc, ish, want_sc.c);
+    const std::vector<float> want = testing::download(B.cpu, want_sc.c);
+    for (const bool fast : {true, false}) {
+      cuda::set_dsa_fast(fast);
+      Pair sc = out(B, T, cols);
+      B.gpu->dsa_index_scores(q.g, w.g, vg, kg, ish, sc.g);
+      std::vector<float> got = testing::download(*B.gpu, sc.g), ref = want;
+      size_t masks_differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        masks_differ += std::isinf(got[i]) != std::isinf(ref[i]);
+        if (std::isinf(got[i]) || std::isinf(ref[i])) got[i] = ref[i] = 0;
+      }
+      EXPECT_EQ(masks_differ, 0u) << (fast ? "fast" : "reference");
+      const bool mma = fast && !B.f32;
+      expect_close(std::string(fast ? "dsa_index_scores_fast_fp8_" : "dsa_index_scores_fp8_") + B.mode(), "32x128_20001",
+                   optest::normalised_error(got, ref), mma ? 1e-2 : 1e-5);
+    }
+  }
+
+  const MlaShape shp{96, 512, 128, 64, 128};
+  const int row = shp.row_width();
+  const std::vector<int32_t> sel_i(cpu_selection.begin(), cpu_selection.end());
+  Pair sel = put_i32(B, sel_i, T, K);
+  const std::vector<float> pool = normal(static_cast<size_t>(P) * row, 91);
+  Pair mq = put(B, normal(static_cast<size_t>(T) * shp.num_heads * (shp.nope + shp.rope), 92), T,
+                shp.num_heads * (shp.nope + shp.rope));
+  MatrixPair kv_b = put_matrix(B, normal(static_cast<size_t>(shp.num_heads) * (shp.nope + shp.v_dim) * shp.kv_lora, 93, 0.2f),
+                               shp.num_heads * (shp.nope + shp.v_dim), shp.kv_lora);
+  const int64_t o_width = static_cast<int64_t>(shp.num_heads) * shp.v_dim;
+  for (const DType kv_dtype : {act(), DType::F8_E4M3}) {
+    const bool fp8 = kv_dtype == DType::F8_E4M3;
+    Pair cache = put(B, pool, P, row, kv_dtype);
+    if (fp8) cache.c = testing::upload(B.cpu, pool, P, row, DType::F8_E4M3);
+    const KvLayer kc{cache.c.data, fp8 ? DType::F8_E4M3 : DType::F32, page, row};
+    const KvLayer kg{cache.g.data, kv_dtype, page, row};
+    Pair o_cpu = out(B, T, o_width);
+    B.cpu.mla_sparse_attention(mq.c, kv_b.c, vc, kc, shp, MlaMode::kAuto, sel.c, o_cpu.c);
+    const std::vector<float> want = testing::download(B.cpu, o_cpu.c);
+    for (const bool fast : {true, false}) {
+      cuda::set_dsa_fast(fast);
+      Pair o = out(B, T, o_width);
+      B.gpu->mla_sparse_attention(mq.g, kv_b.g, vg, kg, shp, MlaMode::kAuto, sel.g, o.g);
+      const std::vector<float> got = testing::download(*B.gpu, o.g);
+      for (int t = 0; t < T; ++t) {
+        const std::vector<float> g(got.begin() + t * o_width, got.begin() + (t + 1) * o_width);
+        const std::vector<float> w(want.begin() + t * o_width, want.begin() + (t + 1) * o_width);
+        expect_close(std::string(fast ? "mla_sparse_attention_fast_" : "mla_sparse_attention_") + (fp8 ? "fp8kv_" : "") +
+                         B.mode(),
+                     "96heads_top2048_token" + std::to_string(t), optest::normalised_error(g, w), B.tol(2e-2));
+      }
+    }
+  }
+  cuda::set_dsa_fast(was);
+}
+
 // A chunk over a long cached prefix: plain-mode MLA walks the prefix in blocks of keys
 // (ops.h: mla_prefill_key_block), so a chunk after 9,000 cached positions takes two prefix
 // blocks (8,192 + 808 keys) and then its own keys, merged by log-sum-exp; in bf16 at K3's

@@ -560,7 +560,8 @@ class CudaOps final : public Ops {
     for (const BatchSeq& s : batch.host->seqs)
       check(s.n_past + s.n_new <= scores.cols, "dsa_index_scores: scores narrower than a sequence's positions");
     cuda::dsa_index_scores(q.as<float>(), weights.as<float>(), first_token, static_cast<int>(q.rows), H, D,
-                           shp.weight_scale(), tables(batch), cache, scores.as<float>(), scores.cols, stream_);
+                           shp.weight_scale(), tables(batch), cache, !float32_, scores.as<float>(), scores.cols,
+                           stream_);
   }
   void dsa_topk(const Tensor& scores, const BatchView& batch, Tensor indices, int first_token) override {
     check(indices.dtype == DType::I32 && first_token >= 0 && first_token + indices.rows <= batch.n_tokens() &&
@@ -581,9 +582,11 @@ class CudaOps final : public Ops {
     ScratchScope scope(*this);
     Tensor q_abs = scratch(T, static_cast<int64_t>(H) * shp.row_width(), DType::F32);
     Tensor o_lat = scratch(T, static_cast<int64_t>(H) * shp.kv_lora, DType::F32);
+    const int k = static_cast<int>(indices.cols);
+    Tensor partials = scratch(static_cast<int64_t>(mla_sparse_partial_floats(T, H, shp.kv_lora, k)) + 1, 1, DType::F32);
     mla_absorb_query(q.as<float>(), kvb, T, shp, tables(batch), false, q_abs.as<float>(), stream_);
-    mla_attend_sparse(q_abs.as<float>(), T, shp, tables(batch), cache, indices.as<int32_t>(),
-                      static_cast<int>(indices.cols), o_lat.as<float>(), stream_);
+    mla_attend_sparse(q_abs.as<float>(), T, shp, tables(batch), cache, indices.as<int32_t>(), k, !float32_,
+                      o_lat.as<float>(), partials.as<float>(), stream_);
     mla_expand_output(o_lat.as<float>(), kvb, T, shp, tables(batch), false, o.as<float>(), stream_);
   }
 

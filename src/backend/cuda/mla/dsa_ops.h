@@ -16,9 +16,11 @@ void dsa_index_store(const float* k, int n_tokens, int dim, const float* norm_w,
 // Both over a block of the batch's tokens: row r is token first_token + r.
 // scores [n_tokens, cols]: column p <= positions[t] is sum_h weights[t, h] * scale *
 // ReLU(q[t, h] . key[p]), the others -inf. q [n_tokens, heads * dim], weights [n_tokens, heads].
+// With dsa_fast(), bf16_math and an FP8 pool (dim 128, heads a multiple of 8 up to 32) on the
+// tensor cores with the query rounded to bf16; otherwise fp32 on CUDA cores (the reference).
 void dsa_index_scores(const float* q, const float* weights, int first_token, int n_tokens, int heads, int dim,
-                      float scale, const BatchTables& batch, const KvLayer& pool, float* scores, int64_t cols,
-                      cudaStream_t stream);
+                      float scale, const BatchTables& batch, const KvLayer& pool, bool bf16_math, float* scores,
+                      int64_t cols, cudaStream_t stream);
 // indices [n_tokens, k]: each token's top k of columns [0, positions[t]] by (score
 // descending, position ascending), as increasing positions, then -1s.
 void dsa_topk(const float* scores, int first_token, int n_tokens, int64_t cols, const BatchTables& batch, int k,

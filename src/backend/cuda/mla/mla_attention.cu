@@ -64,6 +64,7 @@ struct PlainSource {
 // value; token t sees its sequence's positions [0, positions[t]].
 template <typename Cache>
 struct AbsorbedSource {
+  using CacheType = Cache;
   PagedRows<Cache> cache;
   BatchTables batch;
   bool only_short_seqs;
@@ -85,6 +86,7 @@ struct AbsorbedSource {
 // attention kernel's "position" j is an index into that row.
 template <typename Cache>
 struct SparseSource {
+  using CacheType = Cache;
   PagedRows<Cache> cache;
   BatchTables batch;
   const int32_t* selected;
@@ -92,12 +94,18 @@ struct SparseSource {
   const int32_t* pages = nullptr;  // set by bind
   const int32_t* row = nullptr;
   __device__ int begin() const { return 0; }
+  // The row's selected count: the first -1, found by bisection (the row is increasing
+  // positions, then -1s): 11 reads at k = 2,048, where a scan read up to k in turn.
   __device__ int bind(int t) {
     pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
     row = selected + static_cast<int64_t>(t) * k;
-    int n = 0;
-    while (n < k && row[n] >= 0) ++n;
-    return n;
+    int lo = 0, hi = k;  // row[0, lo) >= 0, row[hi, k) < 0
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (row[mid] >= 0) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
   }
   __device__ const Cache* key_a(int j, int) const { return cache.at(pages, row[j]); }
   __device__ const Cache* key_b(int j) const { return cache.at(pages, row[j]) + kv_lora; }
@@ -603,13 +611,15 @@ __device__ __forceinline__ void widen_fp8x16(const uint4 v, bf16* dst) {
   reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-// grid (n_tokens, num_heads / 16, n_splits), kThreads threads. Cache: bf16 or fp8.
-template <typename Cache>
+// grid (n_tokens, num_heads / 16, n_splits), kThreads threads. Source: AbsorbedSource or
+// SparseSource over bf16 or fp8 rows (a position j of the source is its key_a(j) row).
+template <class Source>
 __global__ void __launch_bounds__(kThreads) attend_group_mma_kernel(const float* __restrict__ q_abs,
-                                                                    AbsorbedSource<Cache> src, int kv_lora, int rope,
+                                                                    Source src, int kv_lora, int rope,
                                                                     float scale, float* __restrict__ o,
                                                                     float* __restrict__ part_acc,
                                                                     float* __restrict__ part_ml) {
+  using Cache = typename Source::CacheType;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int row_width = kv_lora + rope, st = mma_row_stride(row_width);
   const Cache** row_ptr = reinterpret_cast<const Cache**>(smem_raw);     // [64]
@@ -904,9 +914,9 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
         const dim3 grid(n_tokens, H / kGroupHeads, n_splits);
         if (mma) {
           const size_t smem = group_mma_smem_bytes(shape.row_width());
-          allow_dynamic_smem(attend_group_mma_kernel<Cache>, smem);
-          attend_group_mma_kernel<Cache><<<grid, kThreads, smem, stream>>>(q_abs, src, shape.kv_lora, shape.rope,
-                                                                           scale, o_lat, part_acc, part_ml);
+          allow_dynamic_smem(attend_group_mma_kernel<AbsorbedSource<Cache>>, smem);
+          attend_group_mma_kernel<<<grid, kThreads, smem, stream>>>(q_abs, src, shape.kv_lora, shape.rope, scale,
+                                                                    o_lat, part_acc, part_ml);
         } else if constexpr (std::is_same_v<Cache, bf16>) {
           const size_t smem = group_smem_bytes(shape.row_width());
           allow_dynamic_smem(attend_group_kernel, smem);
@@ -927,15 +937,61 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
   });
 }
 
+namespace {
+
+// The splits of the tensor-core sparse path: as the grouped decode's, but never more than
+// the selection has 64-row chunks (k = 2,048: at most 32).
+int sparse_splits(int n_tokens, int num_heads, int k) {
+  return std::clamp(absorbed_splits(n_tokens, num_heads), 1, std::max(1, (k + kMmaChunk - 1) / kMmaChunk));
+}
+
+bool sparse_mma_applies(const MlaShape& shape, DType cache_dtype, bool bf16_math) {
+  if (!dsa_fast()) return false;
+  if (cache_dtype == DType::BF16) return group_mma_applies<bf16>(shape.num_heads, shape.kv_lora, shape.rope);
+  if (cache_dtype == DType::F8_E4M3)
+    return bf16_math && group_mma_applies<fp8>(shape.num_heads, shape.kv_lora, shape.rope);
+  return false;
+}
+
+}  // namespace
+
+size_t mla_sparse_partial_floats(int n_tokens, int num_heads, int kv_lora, int k) {
+  return partial_floats(n_tokens, num_heads, sparse_splits(n_tokens, num_heads, k), kv_lora);
+}
+
 void mla_attend_sparse(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                       const KvLayer& cache, const int32_t* selected, int k, float* o_lat, cudaStream_t stream) {
+                       const KvLayer& cache, const int32_t* selected, int k, bool bf16_math, float* o_lat,
+                       float* partials, cudaStream_t stream) {
+  if (n_tokens <= 0) return;
   const float scale = softmax_scale(shape.nope, shape.rope);
+  const int H = shape.num_heads;
   with_cache_type(cache.dtype, [&](auto tag) {
     using Cache = typename decltype(tag)::type;
     const SparseSource<Cache> src{paged_rows<Cache>(cache), batch, selected, k, shape.kv_lora};
-    // One split: at most k (2,048 in K3.1-Pro) rows a token, read by one block per head.
-    launch_attend(q_abs, src, n_tokens, shape.num_heads, shape.kv_lora, shape.rope, shape.kv_lora, scale, 1, o_lat,
-                  nullptr, nullptr, stream);
+    if constexpr (!std::is_same_v<Cache, float>) {
+      if (sparse_mma_applies(shape, cache.dtype, bf16_math)) {
+        // 16 heads a block on the tensor cores, the selection split over the SMs (decode)
+        // and the splits combined after, as the grouped absorbed decode does.
+        const int n_splits = sparse_splits(n_tokens, H, k);
+        MR_CHECK(n_splits == 1 || partials != nullptr) << "MLA sparse attention partials";
+        float* part_acc = n_splits > 1 ? partials : nullptr;
+        float* part_ml = n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
+        const size_t smem = group_mma_smem_bytes(shape.row_width());
+        allow_dynamic_smem(attend_group_mma_kernel<SparseSource<Cache>>, smem);
+        attend_group_mma_kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(
+            q_abs, src, shape.kv_lora, shape.rope, scale, o_lat, part_acc, part_ml);
+        CUDA_CHECK_LAUNCH();
+        if (n_splits > 1) {
+          combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
+                                                                           shape.kv_lora, o_lat, nullptr);
+          CUDA_CHECK_LAUNCH();
+        }
+        return;
+      }
+    }
+    // The reference: one split, one block per (token, head), CUDA cores.
+    launch_attend(q_abs, src, n_tokens, H, shape.kv_lora, shape.rope, shape.kv_lora, scale, 1, o_lat, nullptr,
+                  nullptr, stream);
   });
 }
 

@@ -112,11 +112,21 @@ bool mla_decode_tma();
 void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
                       const KvLayer& cache, bool only_short_seqs, float* o_lat, float* partials,
                       cudaStream_t stream);
+// DSA's fast kernels (issue 38): the sparse attention on the tensor cores (below), the
+// top-k in few passes over a row (dsa_ops.cu); on with MOONRUN_DSA_FAST=1 or set_dsa_fast
+// (the op tests run both), off by default until measured on a GPU against the reference
+// kernels they sit beside.
+void set_dsa_fast(bool on);
+bool dsa_fast();
 // mla_attend_absorbed over only the positions each token lists in its row of selected
 // [n_tokens, k] I32 (DSA's top-k: increasing positions, then -1s), every token computed.
-// CUDA cores, fp32 products, one block per (token, head): the reference kernel (issue 38).
+// The reference: CUDA cores, fp32 products, one block per (token, head). With dsa_fast() and
+// bf16 rows (or fp8 rows and bf16_math), 16 heads a block on the tensor cores as the grouped
+// absorbed decode, the selection split over mla_sparse_partial_floats' partials.
 void mla_attend_sparse(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
-                       const KvLayer& cache, const int32_t* selected, int k, float* o_lat, cudaStream_t stream);
+                       const KvLayer& cache, const int32_t* selected, int k, bool bf16_math, float* o_lat,
+                       float* partials, cudaStream_t stream);
+size_t mla_sparse_partial_floats(int n_tokens, int num_heads, int kv_lora, int k);
 // o[t, h] = W_uv_h o_lat[t, h]; o [n_tokens, H, v] fp32.
 void mla_expand_output(const float* o_lat, const KvB& kv_b, int n_tokens, const MlaShape& shape,
                        const BatchTables& batch, bool only_short_seqs, float* o, cudaStream_t stream);
