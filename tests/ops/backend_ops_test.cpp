@@ -852,6 +852,38 @@ TEST_P(BackendOps, DsaAtK31Widths) {
     }
   }
 
+  // Long rows for few tokens: the fast top-k cuts them into slices (each keeps its own top
+  // 2,048), then selects from the slices' union (300,001 scores: 9 slices; 70,001: 2).
+  {
+    const std::vector<int> long_past = {300000, 70000, 3000};
+    ForwardBatch lb;
+    size_t total_pages = 0;
+    for (const int p : long_past) total_pages += (p + page) / page;  // p + 1 positions a sequence
+    std::vector<int32_t> lpages(total_pages);
+    for (size_t i = 0; i < lpages.size(); ++i) lpages[i] = static_cast<int32_t>(i);
+    int at = 0;
+    for (size_t i = 0; i < long_past.size(); ++i) {
+      const int np = (long_past[i] + page) / page;
+      lb.add_seq(ids.data(), 1, long_past[i], static_cast<int>(i), lpages.data() + at, np);
+      at += np;
+    }
+    const int LT = lb.n_tokens(), lcols = long_past[0] + 1;
+    const BatchView lc = B.cpu.upload_batch(lb), lg = B.gpu->upload_batch(lb);
+    std::vector<float> lrandom = normal(static_cast<size_t>(LT) * lcols, 97), lcoarse = lrandom;
+    for (float& v : lcoarse) v = std::floor(v * 2.0f);
+    for (const bool fast : {true, false}) {
+      cuda::set_dsa_fast(fast);
+      for (const auto& [name, values] : {std::pair{std::string("random"), lrandom}, std::pair{std::string("ties"), lcoarse}}) {
+        Pair sc = put(B, values, LT, lcols);
+        Pair sel = out(B, LT, K, DType::I32);
+        B.cpu.dsa_topk(sc.c, lc, sel.c);
+        B.gpu->dsa_topk(sc.g, lg, sel.g);
+        expect_exact(std::string(fast ? "dsa_topk_fast_" : "dsa_topk_") + B.mode(), name + "_2048of300001",
+                     testing::download(*B.gpu, sel.g), testing::download(B.cpu, sel.c));
+      }
+    }
+  }
+
   // The indexer's scores over an FP8 key pool at K3.1's 32 heads x 128: the tensor-core
   // kernel (bf16 math only: the query rounded to bf16) within 1e-2 of the CPU's fp32 scores,
   // the same positions masked; the reference kernel (and every kernel under --dtype float32)

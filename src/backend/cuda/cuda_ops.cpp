@@ -567,8 +567,12 @@ class CudaOps final : public Ops {
     check(indices.dtype == DType::I32 && first_token >= 0 && first_token + indices.rows <= batch.n_tokens() &&
               scores.rows == indices.rows && indices.cols > 0,
           "dsa_topk shapes");
-    cuda::dsa_topk(scores.as<float>(), first_token, static_cast<int>(scores.rows), scores.cols, tables(batch),
-                   static_cast<int>(indices.cols), indices.as<int32_t>(), stream_);
+    const int T = static_cast<int>(scores.rows), k = static_cast<int>(indices.cols);
+    ScratchScope scope(*this);
+    const size_t ws = cuda::dsa_topk_workspace_bytes(T, scores.cols, k);
+    Tensor workspace = ws > 0 ? scratch(static_cast<int64_t>(ws), 1, DType::U8) : Tensor{};
+    cuda::dsa_topk(scores.as<float>(), first_token, T, scores.cols, tables(batch), k, indices.as<int32_t>(),
+                   ws > 0 ? workspace.data : nullptr, stream_);
   }
   void mla_sparse_attention(const Tensor& q, const Matrix& kv_b, const BatchView& batch, KvLayer cache,
                             const MlaShape& shp, MlaMode, const Tensor& indices, Tensor o) override {

@@ -6,9 +6,11 @@
 // measured against these.
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
+#include "common/check.h"
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/dsa_index_row.h"
@@ -329,100 +331,189 @@ __global__ void __launch_bounds__(kTopkThreads) topk_kernel(const float* __restr
 // the same bin add once (match.any), a bin's count is found by one block-wide scan, and the
 // write pass scans once a tile of 4 scores a thread (above and equal counts packed into one
 // int) instead of twice per 256 scores.
+//
+// Long rows with few tokens (one sequence at 1M: one block would read 4 MB five times) go
+// in two kernels: slices of the row each keep their own top k (as (position, key) pairs in
+// position order, padded with position -1), then one block a token takes the top k of the
+// slices' union. Exact: an element of the row's top k under (score descending, position
+// ascending) has fewer than k elements before it in its slice too, so its slice kept it;
+// and the union, slice after slice, is in position order.
 constexpr int kFastTopkThreads = 1024;
 constexpr int kFastTopkBins = 2048;
-constexpr int kFastTopkPerThread = 4;  // scores a thread per tile of the write pass
+constexpr int kFastTopkPerThread = 4;  // elements a thread per tile of the write pass
 constexpr int kFastTopkTile = kFastTopkThreads * kFastTopkPerThread;
+constexpr int kTopkSliceMin = 32768;   // the two-kernel path: slices of at least this many scores
+constexpr int kTopkMaxSlices = 32;
 
-__global__ void __launch_bounds__(kFastTopkThreads) topk_fast_kernel(const float* __restrict__ scores, int64_t cols,
-                                                                     BatchTables batch, int first_token, int k,
-                                                                     int32_t* __restrict__ out) {
-  using Scan = cub::BlockScan<int, kFastTopkThreads>;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ int hist[kFastTopkBins];
-  __shared__ uint32_t s_prefix;
-  __shared__ int s_remaining;
-  const int r = blockIdx.x, t = first_token + r;  // the block's row, the batch's token
-  const int visible = min(static_cast<int64_t>(batch.positions[t]) + 1, cols);
-  const float* row = scores + static_cast<int64_t>(r) * cols;
-  int32_t* dst = out + static_cast<int64_t>(r) * k;
+using TopkScan = cub::BlockScan<int, kFastTopkThreads>;
+struct TopkShared {
+  typename TopkScan::TempStorage scan;
+  int hist[kFastTopkBins];
+  uint32_t prefix;
+  int remaining;
+};
+
+// A row's scores: element i is position first + i.
+struct ScoreReader {
+  const float* row;
+  int first, n;
+  __device__ bool get(int i, uint32_t& u, int& p) const {
+    if (i >= n) return false;
+    u = ordered(row[i]);
+    p = first + i;
+    return true;
+  }
+};
+// The slices' kept pairs, slice after slice (position -1: padding).
+struct CandidateReader {
+  const int32_t* pos;
+  const uint32_t* key;
+  int n;
+  __device__ bool get(int i, uint32_t& u, int& p) const {
+    if (i >= n) return false;
+    p = pos[i];
+    u = key[i];
+    return p >= 0;
+  }
+};
+
+// The block's top k of the reader's valid elements, written in position order to
+// out_pos[0, k) (and their keys to out_key, when given), padded with -1 (key 0).
+template <class Reader>
+__device__ void block_topk(const Reader& rd, int k, TopkShared& sh, int32_t* __restrict__ out_pos,
+                           uint32_t* __restrict__ out_key) {
   const int tid = threadIdx.x, lane = tid % 32;
-  if (visible <= k) {
-    for (int j = tid; j < k; j += kFastTopkThreads) dst[j] = j < visible ? j : -1;
-    return;
-  }
   if (tid == 0) {
-    s_prefix = 0;
-    s_remaining = k;
+    sh.prefix = 0;
+    sh.remaining = k;
   }
-  uint32_t mask = 0;
+  uint32_t mask = 0, kth = 0;
+  int ties = 0;
+  bool keep_all = false;
   constexpr int kShifts[3] = {21, 10, 0};
   constexpr int kBits[3] = {11, 11, 10};
-#pragma unroll
+  const int rounds = (rd.n + kFastTopkThreads - 1) / kFastTopkThreads;
+#pragma unroll 1
   for (int pass = 0; pass < 3; ++pass) {
     const int shift = kShifts[pass];
     const uint32_t digit_mask = (1u << kBits[pass]) - 1;
-    for (int i = tid; i < kFastTopkBins; i += kFastTopkThreads) hist[i] = 0;
+    for (int i = tid; i < kFastTopkBins; i += kFastTopkThreads) sh.hist[i] = 0;
     __syncthreads();
-    const uint32_t prefix = s_prefix;
-    // Every lane of the warp runs each round (the loop bound is warp-uniform), so match.any
-    // sees the whole warp; a lane past the row or outside the prefix adds nothing.
-    const int rounds = (visible + kFastTopkThreads - 1) / kFastTopkThreads;
+    const uint32_t prefix = sh.prefix;
+    // Every lane of the warp runs each round (the bound is block-uniform), so match.any
+    // sees the whole warp; a lane past the end, invalid or outside the prefix adds nothing.
+#pragma unroll 4
     for (int round = 0; round < rounds; ++round) {
-      const int p = round * kFastTopkThreads + tid;
-      const uint32_t u = p < visible ? ordered(row[p]) : 0;
-      const bool counts = p < visible && (u & mask) == prefix;
+      uint32_t u = 0;
+      int p;
+      const bool valid = rd.get(round * kFastTopkThreads + tid, u, p);
+      const bool counts = valid && (u & mask) == prefix;
       const uint32_t bin = counts ? (u >> shift) & digit_mask : 0xffffffffu;
       const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-      if (counts && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+      if (counts && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
     }
     __syncthreads();
-    // The bin holding the remaining-th largest: thread i owns bins 2i, 2i + 1 from the top
-    // (bin B - 1 - 2i, B - 2 - 2i); an exclusive scan gives the count above its pair.
+    // The bin holding the remaining-th largest: thread i owns bins B-1-2i and B-2-2i; an
+    // exclusive scan gives the count above its pair.
     const int top = kFastTopkBins - 1 - 2 * tid;
-    const int c0 = hist[top], c1 = hist[top - 1];
-    int above;
-    Scan(scan_tmp).ExclusiveSum(c0 + c1, above);
-    const int remaining = s_remaining;
-    __syncthreads();  // every thread has read s_remaining and s_prefix
+    const int c0 = sh.hist[top], c1 = sh.hist[top - 1];
+    int above, total;
+    TopkScan(sh.scan).ExclusiveSum(c0 + c1, above, total);
+    const int remaining = sh.remaining;
+    if (pass == 0 && total <= k) {  // every valid element is kept (uniform: total is the block's)
+      keep_all = true;
+      break;
+    }
+    __syncthreads();  // every thread has read sh.remaining and sh.prefix
     if (above < remaining && above + c0 + c1 >= remaining) {
       const bool first = above + c0 >= remaining;
-      s_remaining = first ? remaining - above : remaining - above - c0;
-      s_prefix = prefix | (static_cast<uint32_t>(first ? top : top - 1) << shift);
+      sh.remaining = first ? remaining - above : remaining - above - c0;
+      sh.prefix = prefix | (static_cast<uint32_t>(first ? top : top - 1) << shift);
     }
     mask |= digit_mask << shift;
     __syncthreads();
   }
-  const uint32_t kth = s_prefix;
-  const int ties = s_remaining;  // how many of the keys equal to kth are kept: the lowest positions
+  if (!keep_all) {
+    kth = sh.prefix;
+    ties = sh.remaining;  // how many of the keys equal to kth are kept: the lowest positions
+  }
+  __syncthreads();  // the scan storage is free again (also after the keep-all break)
   int written = 0, eq_seen = 0;  // over the tiles before this one (the same in every thread)
-  for (int base = 0; base < visible; base += kFastTopkTile) {
-    // Thread i takes the tile's positions base + 4i .. base + 4i + 3 (in position order).
+  for (int base = 0; base < rd.n; base += kFastTopkTile) {
+    // Thread i takes the tile's elements base + 4i .. base + 4i + 3 (in position order).
     uint32_t u[kFastTopkPerThread];
+    int p[kFastTopkPerThread];
+    bool above[kFastTopkPerThread], equal[kFastTopkPerThread];
     int n_above = 0, n_equal = 0;
 #pragma unroll
     for (int j = 0; j < kFastTopkPerThread; ++j) {
-      const int p = base + kFastTopkPerThread * tid + j;
-      u[j] = p < visible ? ordered(row[p]) : 0;
-      n_above += p < visible && u[j] > kth;
-      n_equal += p < visible && u[j] == kth;
+      const bool valid = rd.get(base + kFastTopkPerThread * tid + j, u[j], p[j]);
+      above[j] = valid && (keep_all || u[j] > kth);
+      equal[j] = valid && !keep_all && u[j] == kth;
+      n_above += above[j];
+      n_equal += equal[j];
     }
     int before, total;
-    Scan(scan_tmp).ExclusiveSum(n_above | (n_equal << 16), before, total);  // a tile holds < 2^16 of each
+    TopkScan(sh.scan).ExclusiveSum(n_above | (n_equal << 16), before, total);  // a tile holds < 2^16 of each
     const int above_before = before & 0xffff, eq_before = eq_seen + (before >> 16);
     int slot = written + above_before + min(eq_before, ties) - min(eq_seen, ties);
     int eq_mine = eq_before;
 #pragma unroll
     for (int j = 0; j < kFastTopkPerThread; ++j) {
-      const int p = base + kFastTopkPerThread * tid + j;
-      if (p >= visible) break;
-      if (u[j] > kth || (u[j] == kth && eq_mine++ < ties)) dst[slot++] = p;
+      if (above[j] || (equal[j] && eq_mine++ < ties)) {
+        out_pos[slot] = p[j];
+        if (out_key) out_key[slot] = u[j];
+        ++slot;
+      }
     }
     const int tile_above = total & 0xffff, tile_equal = total >> 16;
     written += tile_above + min(eq_seen + tile_equal, ties) - min(eq_seen, ties);
     eq_seen += tile_equal;
-    __syncthreads();  // scan_tmp is reused by the next tile's scan
+    __syncthreads();  // the scan storage is reused by the next tile
   }
+  for (int j = written + tid; j < k; j += kFastTopkThreads) {
+    out_pos[j] = -1;
+    if (out_key) out_key[j] = 0;
+  }
+}
+
+// grid n_tokens, kFastTopkThreads: a token's row in one block.
+__global__ void __launch_bounds__(kFastTopkThreads) topk_fast_kernel(const float* __restrict__ scores, int64_t cols,
+                                                                     BatchTables batch, int first_token, int k,
+                                                                     int32_t* __restrict__ out) {
+  __shared__ TopkShared sh;
+  const int r = blockIdx.x, t = first_token + r;  // the block's row, the batch's token
+  const int visible = min(static_cast<int64_t>(batch.positions[t]) + 1, cols);
+  const ScoreReader rd{scores + static_cast<int64_t>(r) * cols, 0, visible};
+  block_topk(rd, k, sh, out + static_cast<int64_t>(r) * k, nullptr);
+}
+
+// grid (n_tokens, n_slices), kFastTopkThreads: slice s of a token's visible scores (of
+// ceil(visible / n_slices) each) keeps its top k into cand_pos / cand_key [n_tokens,
+// n_slices, k].
+__global__ void __launch_bounds__(kFastTopkThreads) topk_slices_kernel(const float* __restrict__ scores, int64_t cols,
+                                                                       BatchTables batch, int first_token, int k,
+                                                                       int32_t* __restrict__ cand_pos,
+                                                                       uint32_t* __restrict__ cand_key) {
+  __shared__ TopkShared sh;
+  const int r = blockIdx.x, t = first_token + r, slice = blockIdx.y, n_slices = gridDim.y;
+  const int visible = min(static_cast<int64_t>(batch.positions[t]) + 1, cols);
+  const int span = (visible + n_slices - 1) / n_slices;
+  const int begin = min(visible, slice * span), end = min(visible, begin + span);
+  const ScoreReader rd{scores + static_cast<int64_t>(r) * cols + begin, begin, end - begin};
+  const int64_t at = (static_cast<int64_t>(r) * n_slices + slice) * k;
+  block_topk(rd, k, sh, cand_pos + at, cand_key + at);
+}
+
+// grid n_tokens, kFastTopkThreads: the top k of a token's slices' kept pairs.
+__global__ void __launch_bounds__(kFastTopkThreads) topk_merge_kernel(const int32_t* __restrict__ cand_pos,
+                                                                      const uint32_t* __restrict__ cand_key,
+                                                                      int n_slices, int k, int32_t* __restrict__ out) {
+  __shared__ TopkShared sh;
+  const int r = blockIdx.x;
+  const int64_t at = static_cast<int64_t>(r) * n_slices * k;
+  const CandidateReader rd{cand_pos + at, cand_key + at, n_slices * k};
+  block_topk(rd, k, sh, out + static_cast<int64_t>(r) * k, nullptr);
 }
 
 bool dsa_fast_from_env() {
@@ -480,12 +571,39 @@ void dsa_index_scores(const float* q, const float* weights, int first_token, int
   CUDA_CHECK_LAUNCH();
 }
 
+// Slices a row for the two-kernel top-k: enough blocks to fill ~the SMs when few tokens
+// select over long rows, each slice kTopkSliceMin scores at least and holding more than k
+// (else one block a token). From the columns only (not the positions), so a captured
+// decode graph keeps its launch shape at every context its width covers.
+static int topk_slices(int n_tokens, int64_t cols, int k) {
+  if (!dsa_fast() || n_tokens <= 0) return 1;
+  const int64_t by_length = cols / std::max<int64_t>(kTopkSliceMin, 2 * static_cast<int64_t>(k));
+  const int by_blocks = std::max(1, 132 / n_tokens);
+  return static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(by_length, by_blocks), 1, kTopkMaxSlices));
+}
+
+size_t dsa_topk_workspace_bytes(int n_tokens, int64_t cols, int k) {
+  const int n_slices = topk_slices(n_tokens, cols, k);
+  return n_slices > 1 ? static_cast<size_t>(n_tokens) * n_slices * k * (sizeof(int32_t) + sizeof(uint32_t)) : 0;
+}
+
 void dsa_topk(const float* scores, int first_token, int n_tokens, int64_t cols, const BatchTables& batch, int k,
-              int32_t* indices, cudaStream_t stream) {
+              int32_t* indices, void* workspace, cudaStream_t stream) {
   if (n_tokens <= 0) return;
-  if (dsa_fast())
-    topk_fast_kernel<<<n_tokens, kFastTopkThreads, 0, stream>>>(scores, cols, batch, first_token, k, indices);
-  else
+  if (dsa_fast()) {
+    const int n_slices = topk_slices(n_tokens, cols, k);
+    if (n_slices > 1) {
+      MR_CHECK(workspace != nullptr) << "dsa_topk: the slices' workspace";
+      int32_t* cand_pos = static_cast<int32_t*>(workspace);
+      uint32_t* cand_key = reinterpret_cast<uint32_t*>(cand_pos + static_cast<size_t>(n_tokens) * n_slices * k);
+      topk_slices_kernel<<<dim3(n_tokens, n_slices), kFastTopkThreads, 0, stream>>>(scores, cols, batch, first_token,
+                                                                                   k, cand_pos, cand_key);
+      CUDA_CHECK_LAUNCH();
+      topk_merge_kernel<<<n_tokens, kFastTopkThreads, 0, stream>>>(cand_pos, cand_key, n_slices, k, indices);
+    } else {
+      topk_fast_kernel<<<n_tokens, kFastTopkThreads, 0, stream>>>(scores, cols, batch, first_token, k, indices);
+    }
+  } else
     topk_kernel<<<n_tokens, kTopkThreads, 0, stream>>>(scores, cols, batch, first_token, k, indices);
   CUDA_CHECK_LAUNCH();
 }

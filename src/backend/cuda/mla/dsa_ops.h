@@ -23,7 +23,10 @@ void dsa_index_scores(const float* q, const float* weights, int first_token, int
                       int64_t cols, cudaStream_t stream);
 // indices [n_tokens, k]: each token's top k of columns [0, positions[t]] by (score
 // descending, position ascending), as increasing positions, then -1s.
+// With dsa_fast(), long rows of few tokens are selected in two kernels (slices, then their
+// union) through a workspace of dsa_topk_workspace_bytes (0: none needed).
 void dsa_topk(const float* scores, int first_token, int n_tokens, int64_t cols, const BatchTables& batch, int k,
-              int32_t* indices, cudaStream_t stream);
+              int32_t* indices, void* workspace, cudaStream_t stream);
+size_t dsa_topk_workspace_bytes(int n_tokens, int64_t cols, int k);
 
 }  // namespace moonrun::cuda
