@@ -1,5 +1,5 @@
 // `moonrun bench-model --model DIR [--batch 1,8,32] [--context N] [--steps N] [--prefill N]
-// [--max-total-tokens N] [--device cuda] [--dtype ...] [--tp-size N [--ep-size M]] [--disable-cuda-graph] [--no-profile]
+// [--max-total-tokens N] [--device cuda] [--dtype ...] [--tp-size N [--ep-size M] [--standin-collective-us U]] [--disable-cuda-graph] [--no-profile]
 // [--kernels [--kernel-peers FILE]]
 // [--json-out FILE]`: decode
 // step times per batch size beside the bandwidth floor, the prefill rate beside the GEMM peak,
@@ -52,6 +52,10 @@ void add_bench_model_command(CLI::App& app) {
   cmd->add_option("--ep-size,--expert-parallel-size,--ep", c->runtime.ep_size,
                   "expert-parallel groups (must divide --tp-size)")
       ->capture_default_str();
+  cmd->add_option("--standin-collective-us", c->runtime.standin_collective_us,
+                  "with --tp-size N: time rank 0 of the group alone on one device (its shard of every kernel), each "
+                  "collective a wait of this many microseconds (timing only; issue #41)")
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_flag("--disable-cuda-graph", *no_graphs, "decode steps eagerly");
   auto no_profile = std::make_shared<bool>(false);
   cmd->add_flag("--no-profile", *no_profile, "skip the per-op tables (extra eager steps timed op by op)");

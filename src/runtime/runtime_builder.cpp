@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/thread_comm.h"
+#include "backend/standin_comm.h"
 #include "common/host_memory.h"
 #include "common/log.h"
 #include "model/checkpoint.h"
@@ -16,6 +17,7 @@
 #include "backend/cuda/common/device_peaks.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/nccl_comm.h"
+#include "backend/cuda/standin_comm.h"
 #endif
 
 namespace moonrun {
@@ -226,7 +228,11 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   const int P = o.pp_size;
   if (P < 1) return invalid_argument("--pp-size must be >= 1, got " + std::to_string(P));
   const int world = W * P;
-  const int local = o.local_ranks > 0 ? o.local_ranks : world;
+  const bool standin = o.standin_collective_us >= 0;
+  if (standin && (W < 2 || P > 1 || o.first_rank != 0 || o.local_ranks > 1 || o.dp_attention || o.prefill_lane_tokens > 0))
+    return invalid_argument("a stand-in group (--standin-collective-us) times rank 0 of --tp-size >= 2 alone: not with "
+                            "--pp-size, --nnodes, --enable-dp-attention or a prefill lane");
+  const int local = standin ? 1 : o.local_ranks > 0 ? o.local_ranks : world;
   if (o.first_rank < 0 || o.first_rank + local > world)
     return invalid_argument("ranks [" + std::to_string(o.first_rank) + ", " + std::to_string(o.first_rank + local) +
                             ") are not in a group of " + std::to_string(world));
@@ -273,7 +279,15 @@ Result<LoadedRanks> load_ranks(const std::string& model_dir_or_repo, const Runti
   // stage boundary a two-rank link per tensor-parallel rank (Ops::set_pipeline).
   std::vector<std::unique_ptr<Communicator>> comms;  // by local index
   std::vector<std::unique_ptr<Communicator>> pipe_prev(static_cast<size_t>(local)), pipe_next(static_cast<size_t>(local));
-  if (gpu_groups) {
+  if (standin) {
+    comms.push_back(lr.device == "cuda" ?
+#if MOONRUN_HAS_CUDA
+                                        cuda::make_standin_comm(W, o.standin_collective_us)
+#else
+                                        nullptr
+#endif
+                                        : make_standin_comm(W, o.standin_collective_us));
+  } else if (gpu_groups) {
     // GPU stages across nodes: every group (each stage's TP group, each ring link) an NCCL
     // communicator from node 0's id for it, this process making its own members, every
     // process walking the groups in one order (a creation returns once the group's other

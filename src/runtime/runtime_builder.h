@@ -58,6 +58,10 @@ struct RuntimeOptions {
   // this process and talks through shared memory.
   int first_rank = 0;
   int local_ranks = 0;
+  // >= 0: time rank 0 of the tp_size group alone on this device (bench-model
+  // --standin-collective-us): its shard of the weights, every collective a stand-in that
+  // waits this long (backend/standin_comm.h). For timing only: the outputs are not the group's.
+  double standin_collective_us = -1;
   std::function<Result<std::unique_ptr<Communicator>>(int group, int rank, int size, int hub_process,
                                                       bool one_process)>
       make_comm;

@@ -256,11 +256,13 @@ Result<ModelBenchReport> run_model_bench(const ModelBenchConfig& c) {
   report.caches_prefilled = prefill_fill;
   report.tp_size = ro.tp_size;
   report.ep_size = ro.ep_size;
+  report.standin_collective_us = ro.standin_collective_us;
   report.mla_layers = rt.config.num_mla_layers;
   // The floor and the one-GPU peer figures are a single device's: at TP > 1 the per-op
   // table (rank 0's) and the collectives say where the time goes instead.
   if (ro.tp_size == 1) report.peer = k3_slice_peer(rt.config);
-  if (auto* group = dynamic_cast<ParallelRunner*>(rt.runner.get())) {
+  auto* group = dynamic_cast<ParallelRunner*>(rt.runner.get());
+  if (group && ro.standin_collective_us < 0) {
     std::vector<Ops*> ranks;
     for (int r = 0; r < group->size(); ++r) ranks.push_back(&group->rank(r).ops());
     bool moe = false;
@@ -647,6 +649,13 @@ std::string format_model_bench(const ModelBenchReport& r) {
                   "device's; the per-op tables are rank 0's)\n",
                   r.tp_size, r.ep_size);
     s += line;
+    if (r.standin_collective_us >= 0) {
+      std::snprintf(line, sizeof line,
+                    "stand-in collectives: rank 0 of the group alone on one device, its shard of every kernel, each "
+                    "collective a wait of %.1f us (timing only: the outputs are not the group's)\n",
+                    r.standin_collective_us);
+      s += line;
+    }
     if (r.collectives) s += "\n" + format_collective_bench(*r.collectives);
     s += "\n| batch | step (ms) | tok/s | vs b=1 |\n|---:|---:|---:|---:|\n";
     for (const DecodeFigure& f : r.decode) {
@@ -829,6 +838,7 @@ nlohmann::json model_bench_to_json(const ModelBenchReport& r) {
                       {"weight_bytes", r.weight_bytes},
                       {"tp_size", r.tp_size},
                       {"ep_size", r.ep_size}};
+  if (r.standin_collective_us >= 0) j["standin_collective_us"] = r.standin_collective_us;
   if (r.collectives) j["collectives"] = collective_bench_to_json(*r.collectives);
   j["verify"] = nlohmann::json::array();
   for (const DecodeFigure& f : r.verify) {

@@ -118,6 +118,7 @@ struct ModelBenchReport {
   double copy_gb_s = 0, bf16_tflops = 0;  // measured in this run (GPU); 0 on the CPU
   double weight_bytes = 0;      // one rank's
   int tp_size = 1, ep_size = 1;  // > 1: a group in this process (one GPU a rank); no floor
+  double standin_collective_us = -1;  // >= 0: rank 0 of the group alone, stand-in collectives (timing only)
   std::optional<CollectiveBench> collectives;  // tp_size > 1: the group's all-reduces, timed alone
   std::vector<DecodeFigure> decode;
   std::vector<DecodeFigure> verify;  // ModelBenchConfig::draft_tokens

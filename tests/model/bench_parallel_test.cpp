@@ -3,6 +3,7 @@
 // decode steps run across the group, rank 0's per-op table shows the all-reduces the
 // forward issues, and the collectives bench checks every rank's sums (rank r contributes
 // r + 1) before it times them. Issue #19 runs the same on two H200s.
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -118,6 +119,51 @@ TEST(BenchParallel, ThePlansCollectivesAreTheOnesTheForwardIssues) {
   for (const LayerSpec& l : model->shape.config.layers) (l.mlp == MlpKind::moe ? moe : dense) += 1;
   ASSERT_GT(moe, 0);
   EXPECT_EQ(unsplit, int64_t(model->shape.config.layers.size()) + moe + dense + 2);
+}
+
+// --standin-collective-us (issue #41): rank 0 of a group timed alone on one device runs
+// exactly rank 0's ops of the real group (the same op table, call for call, under each
+// split), and every collective waits the stand-in's latency (a step of 2 ms waits is at
+// least that many times 2 ms).
+TEST(BenchParallel, AStandinGroupRunsRankZerosOpsAlone) {
+  struct Mode {
+    bool down, up, router;
+  };
+  for (const Mode m : {Mode{false, false, false}, Mode{true, true, true}}) {
+    SCOPED_TRACE(std::string("splits ") + (m.down ? "on" : "off"));
+    auto op_calls = [&](double standin_us) {
+      tools::ModelBenchConfig c = tiny_bench(2, 2);
+      c.batches = {3};
+      c.runtime.split_latent_moe = m.down;
+      c.runtime.split_latent_up = m.up;
+      c.runtime.split_router = m.router;
+      c.runtime.standin_collective_us = standin_us;
+      auto r = tools::run_model_bench(c);
+      EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+      std::map<std::string, double> calls;
+      if (!r.is_ok() || r->decode.empty()) return std::pair{calls, 0.0};
+      for (const tools::OpFigure& o : r->decode[0].ops) calls[o.op] += o.calls;
+      // A real group times its collectives alone; a stand-in has no peers to time them with.
+      EXPECT_EQ(r->collectives.has_value(), standin_us < 0);
+      EXPECT_EQ(tools::model_bench_to_json(*r).value("standin_collective_us", -1.0), standin_us < 0 ? -1.0 : standin_us);
+      return std::pair{calls, r->decode[0].step_ms};
+    };
+    const auto [group, group_ms] = op_calls(-1);
+    const auto [alone, alone_ms] = op_calls(0);
+    ASSERT_FALSE(group.empty());
+    EXPECT_EQ(alone, group);
+    const double collectives = group.count("all_reduce_sum") ? group.at("all_reduce_sum") : 0;
+    const double gathers = group.count("all_gather_cols") ? group.at("all_gather_cols") : 0;
+    ASSERT_GT(collectives + gathers, 0);
+    const auto [waited, waited_ms] = op_calls(2000);
+    EXPECT_GE(waited_ms, (collectives + gathers) * 2.0) << "every collective waits 2 ms";
+  }
+  // Refused where it has no meaning.
+  tools::ModelBenchConfig one = tiny_bench(1, 1);
+  one.runtime.standin_collective_us = 10;
+  auto r = tools::run_model_bench(one);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find("--standin-collective-us"), std::string::npos) << r.status().to_string();
 }
 
 TEST(BenchParallel, OneRankHasNoCollectivesTable) {
