@@ -52,6 +52,13 @@ void add_bench_model_command(CLI::App& app) {
   cmd->add_option("--ep-size,--expert-parallel-size,--ep", c->runtime.ep_size,
                   "expert-parallel groups (must divide --tp-size)")
       ->capture_default_str();
+  cmd->add_flag("--split-router", c->runtime.split_router, "the MoE router split over the TP ranks by expert");
+  cmd->add_flag_callback(
+      "--split-latent-moe", [c] { c->runtime.split_latent_moe = c->runtime.split_latent_up = true; },
+      "the LatentMoE down and up projections split over the TP ranks");
+  cmd->add_flag_callback(
+      "--split-latent-moe-down", [c] { c->runtime.split_latent_moe = true; },
+      "only the LatentMoE down projection split over the TP ranks");
   cmd->add_option("--standin-collective-us", c->runtime.standin_collective_us,
                   "with --tp-size N: time rank 0 of the group alone on one device (its shard of every kernel), each "
                   "collective a wait of this many microseconds (timing only; issue #41)")
