@@ -344,6 +344,12 @@ class Ops {
   virtual void all_gather_cols_packed(std::span<const Tensor> parts, std::span<Tensor> outs) {
     for (size_t i = 0; i < parts.size(); ++i) all_gather_cols(parts[i], outs[i]);
   }
+  // A hint from the forward (issue 41: overlap the collectives with the next weights'
+  // reads): the weights it reads after this rank's next collective, first-read first. A
+  // GPU backend may pull their leading bytes into L2 on a side stream while that collective
+  // waits on the other ranks (CUDA: MOONRUN_L2_PREFETCH_MB, off by default); it changes no
+  // value. The next collective consumes the hint; one that comes before any replaces it.
+  virtual void prefetch_during_next_collective(std::span<const Tensor> weights) {}
   virtual int parallel_rank() const { return 0; }
   virtual int parallel_size() const { return 1; }
   // After this rank failed: every rank waiting in (or entering) a collective of the group

@@ -103,6 +103,24 @@ struct Lister {
   }
 };
 
+// The weights a layer's attention reads, and those of its MLP part, first-read first: what
+// the forward hints to the backend before the collective that precedes them
+// (Ops::prefetch_during_next_collective; the routed experts, chosen per token, are not).
+std::vector<Tensor> attention_weights(const LayerSpec& spec, const KimiK3LayerWeights& lw) {
+  if (spec.attn == LayerKind::kda) {
+    const KdaWeights& k = lw.kda;
+    return {k.q_proj.w, k.k_proj.w, k.v_proj.w, k.f_a_proj.w, k.f_b_proj.w, k.b_proj.w,
+            k.g_proj.w, k.g_a_proj.w, k.g_b_proj.w, k.o_proj.w};
+  }
+  const MlaWeights& m = lw.mla;
+  return {m.q_a_proj.w, m.q_b_proj.w, m.q_proj.w, m.kv_a_proj_with_mqa.w, m.kv_b_proj.w, m.g_proj.w, m.o_proj.w};
+}
+std::vector<Tensor> mlp_weights(const LayerSpec& spec, const KimiK3LayerWeights& lw) {
+  if (spec.mlp == MlpKind::dense) return {lw.mlp.gate.w, lw.mlp.up.w, lw.mlp.down.w};
+  const MoeWeights& m = lw.moe;
+  return {m.router.w, m.latent_down.w, m.shared.gate.w, m.shared.up.w, m.shared.down.w, m.latent_up.w};
+}
+
 }  // namespace
 
 void describe_kimi_k3_weights(const ModelConfig& cfg, KimiK3Weights& w, WeightSink& sink, const WeightLayout& layout) {
@@ -365,6 +383,8 @@ void KimiK3::forward_body(Ops& ops, const BatchView& batch, const CachePools& po
     if (n_blocks > 0) ops.pipe_recv(blocks.rows_view(0, n_blocks * T));
   }
 
+  // The L2 prefetch hints matter only where collectives wait on other ranks.
+  const bool prefetch = ops.parallel_size() > 1 && !tp_.dp_attention;
   for (int i = stage_.first_layer; i < stage_.end_layer; ++i) {
     const LayerSpec& spec = cfg_.layers[i];
     const KimiK3LayerWeights& lw = w_.layers[i];
@@ -378,7 +398,9 @@ void KimiK3::forward_body(Ops& ops, const BatchView& batch, const CachePools& po
     }
     if (block_start) ops.copy(h, blocks.rows_view(n_blocks++ * T, T));
 
-    // 2. Attention: KDA (linear) or MLA (full), through the sequences' caches.
+    // 2. Attention: KDA (linear) or MLA (full), through the sequences' caches. Its output's
+    // all-reduce may pull the MLP part's weights into L2 meanwhile (a hint; issue #41).
+    if (prefetch) ops.prefetch_during_next_collective(mlp_weights(spec, lw));
     ops.rmsnorm(attn_in, lw.input_layernorm, eps, xa);
     if (spec.attn == LayerKind::kda) {
       const KdaSavedInputs save = saved_of(spec);
@@ -400,7 +422,10 @@ void KimiK3::forward_body(Ops& ops, const BatchView& batch, const CachePools& po
       mlp_in = x;
     }
 
-    // 5. MLP: dense (first_k_dense_replace) or MoE; the layer's output is prefix + m.
+    // 5. MLP: dense (first_k_dense_replace) or MoE; the layer's output is prefix + m. Its
+    // collective may pull the next layer's attention weights into L2 meanwhile.
+    if (prefetch && i + 1 < stage_.end_layer)
+      ops.prefetch_during_next_collective(attention_weights(cfg_.layers[i + 1], w_.layers[i + 1]));
     if (spec.mlp == MlpKind::dense) {
       ops.rmsnorm(mlp_in, lw.post_attention_layernorm, eps, xa);
       mlp_forward(ops, lw.mlp, act_, xa, m, /*reduce=*/!tp_.dp_attention);

@@ -179,6 +179,36 @@ TEST_P(CudaFixture, CudaGraphsEqualEagerDecode) {
   EXPECT_LE(worst, 1e-5);
 }
 
+// The L2 prefetch beside collectives (MOONRUN_L2_PREFETCH_MB, read when a backend is made;
+// issue #41) changes no value: rank 0 of a TP 2 x EP 2 group alone on one GPU with stand-in
+// collectives (backend/standin_comm.h), decoding through CUDA graphs (the prefetch's side
+// stream forked and joined inside them), gives bit for bit the tokens and logits it gives
+// without the prefetch.
+TEST(CudaL2Prefetch, BesideStandinCollectivesItChangesNoLogit) {
+  REQUIRE_GPU();
+  const std::string dir = fixtures_dir() + "/k3-tiny-b";
+  auto cfg = load_model_config(dir);
+  ASSERT_TRUE(cfg.is_ok());
+  std::vector<testing::SeqResult> runs[2];
+  int64_t replays[2] = {0, 0};
+  for (int pf = 0; pf < 2; ++pf) {
+    ::setenv("MOONRUN_L2_PREFETCH_MB", pf ? "8" : "0", 1);
+    RuntimeOptions ro = testing::test_runtime_options("cuda", 0);
+    ro.mem_fraction_static = 0.2;
+    ro.tp_size = 2;
+    ro.ep_size = 2;
+    ro.standin_collective_us = 2;
+    runs[pf] = testing::run_batched(dir, 12, 6, 5, cfg->vocab_size, ro, &replays[pf]);
+  }
+  ::unsetenv("MOONRUN_L2_PREFETCH_MB");
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(runs[0][i].tokens, runs[1][i].tokens) << "sequence " << i;
+    EXPECT_EQ(testing::max_abs_diff(runs[0][i].logits, runs[1][i].logits), 0.0) << "sequence " << i;
+  }
+  EXPECT_GT(replays[1], 0) << "no decode step ran as a graph";
+}
+
 // A 32,768-token prompt in one step and in chunks of 512 and 8,192 (support/chunked_prefill.h):
 // --dtype float32, so the CUDA-core MLA path walks the cached prefix in key blocks and merges
 // them, and the runs agree to fp32 rounding; the tensor-core blocks of K3's head dims are

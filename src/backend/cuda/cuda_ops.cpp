@@ -16,6 +16,7 @@
 #include "backend/cpu/sample.h"
 #include "backend/cuda/common/bf16.h"
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/l2_prefetch.h"
 #include "backend/cuda/common/device_buffer.h"
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/dense/dense_ops.h"
@@ -129,6 +130,12 @@ class CudaOps final : public Ops {
     pipe_prev_.reset();
     pipe_next_.reset();
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    if (prefetch_stream_) {
+      cudaStreamSynchronize(prefetch_stream_);
+      cudaStreamDestroy(prefetch_stream_);
+      cudaEventDestroy(prefetch_fork_);
+      cudaEventDestroy(prefetch_join_);
+    }
     blas_.reset();
     for (Staging& st : staging_) {
       if (st.host) cudaFreeHost(st.host);
@@ -745,7 +752,21 @@ class CudaOps final : public Ops {
   // ---- collectives (NCCL, nccl_comm.h; none at one rank) -----------------------------
   void all_reduce_sum(Tensor x) override {
     is_f32(x, "all_reduce_sum");
-    if (comm_) comm_->all_reduce_sum(x.as<float>(), static_cast<size_t>(x.numel()));
+    if (comm_) with_prefetch([&] { comm_->all_reduce_sum(x.as<float>(), static_cast<size_t>(x.numel())); });
+  }
+  // Ops::prefetch_during_next_collective: the leading MOONRUN_L2_PREFETCH_MB of the weights
+  // (none when unset or 0, or without a group), kept for the next collective.
+  void prefetch_during_next_collective(std::span<const Tensor> weights) override {
+    prefetch_.n = 0;
+    if (l2_prefetch_bytes_ <= 0 || !comm_ || comm_->size() < 2) return;
+    int64_t left = l2_prefetch_bytes_;
+    for (const Tensor& w : weights) {
+      if (w.empty() || left <= 0 || prefetch_.n == cuda::kMaxL2PrefetchRanges) continue;
+      const int64_t b = std::min<int64_t>(static_cast<int64_t>(w.nbytes()), left);
+      prefetch_.ptr[prefetch_.n] = w.data;
+      prefetch_.bytes[prefetch_.n++] = b;
+      left -= b;
+    }
   }
   void all_gather_cols(const Tensor& x, Tensor out) override {
     const Tensor parts[] = {x};
@@ -770,7 +791,7 @@ class CudaOps final : public Ops {
     // NCCL gathers rank-major [W, n]; each rank's block holds its parts one after another.
     const size_t mark = scratch_mark();
     Tensor gathered = scratch(W, static_cast<int64_t>(n), DType::F32);
-    comm_->all_gather(parts[0].as<float>(), n, gathered.as<float>());
+    with_prefetch([&] { comm_->all_gather(parts[0].as<float>(), n, gathered.as<float>()); });
     size_t offset = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       const Tensor &x = parts[i], &out = outs[i];
@@ -858,6 +879,37 @@ class CudaOps final : public Ops {
     graphs_.clear();
   }
 
+  // A collective with the pending L2 prefetch beside it: the prefetch kernel on a side
+  // stream forked from this one before the collective is enqueued and joined after it (so a
+  // captured graph holds both, and the step's next kernel waits for neither longer than the
+  // collective itself takes, as the prefetch only issues requests).
+  template <class F>
+  void with_prefetch(F&& collective) {
+    if (prefetch_.n == 0) {
+      collective();
+      return;
+    }
+    if (!prefetch_stream_) {
+      int least = 0, greatest = 0;
+      CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      CUDA_CHECK(cudaStreamCreateWithPriority(&prefetch_stream_, cudaStreamNonBlocking, lane_ ? least : greatest));
+      CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_fork_, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_join_, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
+    cuda::l2_prefetch(prefetch_, prefetch_stream_);
+    CUDA_CHECK(cudaEventRecord(prefetch_join_, prefetch_stream_));
+    prefetch_.n = 0;
+    collective();
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, prefetch_join_, 0));
+  }
+
+  static int64_t l2_prefetch_bytes_from_env() {
+    const char* v = std::getenv("MOONRUN_L2_PREFETCH_MB");
+    return v ? static_cast<int64_t>(std::atof(v) * 1024 * 1024) : 0;
+  }
+
   // Pinned host memory for sample()'s copies, at least `bytes`: a pageable cudaMemcpyAsync
   // goes through a driver staging buffer (and may wait for the stream), a pinned one is one
   // DMA. Every sample() ends in a stream synchronisation, so the buffer is free on entry.
@@ -888,6 +940,11 @@ class CudaOps final : public Ops {
   std::vector<std::pair<int, std::vector<float>>> raw_rows_;  // sample(): rows asking for logprobs
   char* sample_staging_ = nullptr;  // pinned, sample_staging()
   size_t sample_staging_bytes_ = 0;
+  // prefetch_during_next_collective: the budget, the pending ranges, the side stream.
+  int64_t l2_prefetch_bytes_ = l2_prefetch_bytes_from_env();
+  cuda::L2PrefetchRanges prefetch_;
+  cudaStream_t prefetch_stream_ = nullptr;
+  cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
 };
 
 Result<std::unique_ptr<Ops>> make_cuda_ops(const CudaOpsOptions& o, std::unique_ptr<Communicator> comm) {
