@@ -158,7 +158,9 @@ def project_plan(p, cfg, batch, context, bw, ratio, a, cross_us, net_gb_s):
         for c in st["collectives"]:
             w = wire_s(c["bytes_per_token"] * m, c["kind"] == "all_gather", p["tp"], gpn,
                        st["collectives_cross_nodes"], a, net_gb_s)
-            cms += c["count"] * (lat * 1e-3 + w * 1e3)
+            # What the L2 prefetch beside a collective took off the step (measured with
+            # stand-in collectives, --standin-runs), at most the collective's own latency.
+            cms += c["count"] * (max(0.0, lat - a.prefetch_hidden_us) * 1e-3 + w * 1e3)
         kern.append(kms)
         coll.append(cms)
         t_stage.append(kms + cms)
@@ -170,6 +172,27 @@ def project_plan(p, cfg, batch, context, bw, ratio, a, cross_us, net_gb_s):
     return {"micro_batches": micro, "micro_batch_tokens": m, "kernel_ms": sum(kern), "collective_ms": sum(coll),
             "hop_ms": hop_ms, "stage_ms": t_stage, "period_ms": period,
             "tok_s_per_sequence": 1e3 / period, "tok_s": batch * 1e3 / period}
+
+
+def prefetch_hidden_us_from(paths):
+    """What the L2 prefetch beside a collective hides, measured on one GPU with stand-in
+    collectives (`moonrun bench-model --tp-size N --standin-collective-us U`): three runs of
+    rank 0 alone - collectives waiting 0 us, U us, and U us with MOONRUN_L2_PREFETCH_MB set.
+    Batch 1: the waits add (t_U - t_0), i.e. n = (t_U - t_0) / U collectives' worth; the
+    prefetch takes (t_U - t_pf) off; per collective (t_U - t_pf) / n."""
+    runs = [json.load(open(p)) for p in paths]
+    us = [r.get("standin_collective_us", -1) for r in runs]
+    if us[0] != 0 or us[1] <= 0 or us[2] != us[1]:
+        sys.exit(f"--standin-runs: stand-in latencies {us}: need 0, U and U (the third with the prefetch on)")
+    step = [next(d["step_ms"] for d in r["decode"] if d["batch"] == 1) for r in runs]
+    n = (step[1] - step[0]) * 1e3 / us[1]
+    if n <= 0:
+        sys.exit(f"--standin-runs: the waits added nothing ({step[0]:.3f} -> {step[1]:.3f} ms)")
+    hidden = max(0.0, (step[1] - step[2]) * 1e3 / n)
+    return hidden, (f"measured on one {runs[0].get('gpu', 'GPU')}: rank 0 of TP {runs[0].get('tp_size')} with stand-in "
+                    f"collectives, batch 1 step {step[0]:.3f} / {step[1]:.3f} / {step[2]:.3f} ms (0 us / {us[1]:g} us / "
+                    f"{us[1]:g} us + L2 prefetch): {n:.0f} collectives' worth of waits, {hidden:.2f} us hidden a "
+                    f"collective; {', '.join(paths)}")
 
 
 def nvlink_us_from(path):
@@ -291,7 +314,8 @@ def single_node(a, cfg, measured, copy, ratio):
                    "gpu_measured": measured.get("gpu"), "context_tokens": a.context,
                    "copy_tb_s_measured": measured["copy_tb_s"], "copy_tb_s_used": copy / 1e12, "floor_ratio": ratio,
                    "assumed": {"nvlink_us": a.nvlink_us, "nvlink_us_source": a.nvlink_source,
-                               "nvlink_gb_s": a.nvlink_gb_s}, "rows": rows},
+                               "nvlink_gb_s": a.nvlink_gb_s, "prefetch_hidden_us": a.prefetch_hidden_us,
+                               "prefetch_hidden_source": a.prefetch_source}, "rows": rows},
                   open(a.json_out, "w"), indent=1)
 
 
@@ -310,6 +334,9 @@ def main():
     ap.add_argument("--measured-collectives", default="", metavar="JSON",
                     help="a `moonrun bench-model --tp-size N --json-out` run on N GPUs of one node: its NCCL "
                          "all-reduces of batch 1 replace --nvlink-us")
+    ap.add_argument("--standin-runs", nargs=3, default=None, metavar=("ZERO", "U", "U_PREFETCH"),
+                    help="three `bench-model --tp-size N --standin-collective-us` runs (0 us, U us, U us with "
+                         "MOONRUN_L2_PREFETCH_MB): what the L2 prefetch hides a collective comes off every collective")
     ap.add_argument("--nvlink-gb-s", type=float, default=450.0,
                     help="assumed: NVLink bandwidth a GPU, one direction (H100/H200: 900 GB/s both ways)")
     ap.add_argument("--ib-node-gb-s", type=float, default=400.0,
@@ -325,6 +352,10 @@ def main():
     ap.add_argument("--gpu", default="H200", help="with --single-node")
     a = ap.parse_args()
     a.nvlink_source = "assumed"
+    a.prefetch_hidden_us, a.prefetch_source = 0.0, "none"
+    if a.standin_runs:
+        a.prefetch_hidden_us, a.prefetch_source = prefetch_hidden_us_from(a.standin_runs)
+        print(f"(L2 prefetch beside each collective: {a.prefetch_hidden_us:.2f} us off it, {a.prefetch_source})")
     if a.measured_collectives:
         a.nvlink_us, a.nvlink_source = nvlink_us_from(a.measured_collectives)
         print(f"(inside a node: {a.nvlink_us:.2f} us a collective, {a.nvlink_source})")
@@ -381,6 +412,7 @@ def main():
         assumed = {k: getattr(a, k) for k in ("inter_node_us", "ethernet_us", "nvlink_us", "nvlink_gb_s",
                                               "ib_node_gb_s", "ethernet_node_gb_s")}
         assumed["nvlink_us_source"] = a.nvlink_source
+        assumed["prefetch_hidden_us"], assumed["prefetch_hidden_source"] = a.prefetch_hidden_us, a.prefetch_source
         json.dump({"what": "projection, not a measurement", "date": datetime.date.today().isoformat(),
                    "source": a.measured, "commit": measured.get("commit"), "context_tokens": a.context,
                    "copy_tb_s": measured["copy_tb_s"], "floor_ratio": ratio, "assumed": assumed,

@@ -210,12 +210,20 @@ void KimiK2::forward_body(Ops& ops, const BatchView& batch, const CachePools& po
   Tensor xn = ops.scratch(T, H, DType::F32);  // normed, F32 (the router's input)
   Tensor xa = act == DType::F32 ? xn : ops.scratch(T, H, act);  // normed, the projections' input
 
+  // Before each collective, what the forward reads after it, for a backend that may pull it
+  // into L2 while the collective waits (Ops::prefetch_during_next_collective; issue #41).
+  const bool prefetch = ops.parallel_size() > 1 && !tp_.dp_attention;
   for (int i = stage_.first_layer; i < stage_.end_layer; ++i) {
     const LayerSpec& spec = cfg_.layers[i];
     const KimiK2LayerWeights& lw = w_.layers[i];
+    if (prefetch)
+      ops.prefetch_during_next_collective(spec.mlp == MlpKind::dense ? mlp_weights_read_order(lw.mlp)
+                                                                     : moe_weights_read_order(lw.moe));
     ops.rmsnorm(h, lw.input_layernorm, eps, xa);
     mla_forward(ops, lw.mla, mla_dims_, xa, batch, kv_of(spec), mla_mode_, a, cos_sin);
     ops.add(h, a, h);
+    if (prefetch && i + 1 < stage_.end_layer)
+      ops.prefetch_during_next_collective(mla_weights_read_order(w_.layers[i + 1].mla));
     if (spec.mlp == MlpKind::dense) {
       ops.rmsnorm(h, lw.post_attention_layernorm, eps, xa);
       mlp_forward(ops, lw.mlp, act_, xa, a, /*reduce=*/!tp_.dp_attention);

@@ -105,20 +105,12 @@ struct Lister {
 
 // The weights a layer's attention reads, and those of its MLP part, first-read first: what
 // the forward hints to the backend before the collective that precedes them
-// (Ops::prefetch_during_next_collective; the routed experts, chosen per token, are not).
+// (Ops::prefetch_during_next_collective).
 std::vector<Tensor> attention_weights(const LayerSpec& spec, const KimiK3LayerWeights& lw) {
-  if (spec.attn == LayerKind::kda) {
-    const KdaWeights& k = lw.kda;
-    return {k.q_proj.w, k.k_proj.w, k.v_proj.w, k.f_a_proj.w, k.f_b_proj.w, k.b_proj.w,
-            k.g_proj.w, k.g_a_proj.w, k.g_b_proj.w, k.o_proj.w};
-  }
-  const MlaWeights& m = lw.mla;
-  return {m.q_a_proj.w, m.q_b_proj.w, m.q_proj.w, m.kv_a_proj_with_mqa.w, m.kv_b_proj.w, m.g_proj.w, m.o_proj.w};
+  return spec.attn == LayerKind::kda ? kda_weights_read_order(lw.kda) : mla_weights_read_order(lw.mla);
 }
 std::vector<Tensor> mlp_weights(const LayerSpec& spec, const KimiK3LayerWeights& lw) {
-  if (spec.mlp == MlpKind::dense) return {lw.mlp.gate.w, lw.mlp.up.w, lw.mlp.down.w};
-  const MoeWeights& m = lw.moe;
-  return {m.router.w, m.latent_down.w, m.shared.gate.w, m.shared.up.w, m.shared.down.w, m.latent_up.w};
+  return spec.mlp == MlpKind::dense ? mlp_weights_read_order(lw.mlp) : moe_weights_read_order(lw.moe);
 }
 
 }  // namespace

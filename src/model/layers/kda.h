@@ -38,6 +38,12 @@ struct KdaWeights {
   Matrix o_proj;                      // [hidden, H*d]
 };
 
+// Its matrices in the order a step reads them (a prefetch hint's list; issue #41).
+inline std::vector<Tensor> kda_weights_read_order(const KdaWeights& k) {
+  return {k.q_proj.w, k.k_proj.w, k.v_proj.w, k.f_a_proj.w, k.f_b_proj.w, k.b_proj.w,
+          k.g_proj.w, k.g_a_proj.w, k.g_b_proj.w, k.o_proj.w};
+}
+
 // The layer's state within a slot: floats, and where each part starts.
 int64_t kda_state_floats(const KdaShape& shape);
 int64_t kda_conv_window_floats(const KdaShape& shape);  // one of the three windows

@@ -37,6 +37,11 @@ struct MlaWeights {
   Matrix g_proj;            // [H*v, hidden] when output_gate
 };
 
+// Its matrices in the order a step reads them (a prefetch hint's list; issue #41).
+inline std::vector<Tensor> mla_weights_read_order(const MlaWeights& m) {
+  return {m.q_a_proj.w, m.q_b_proj.w, m.q_proj.w, m.kv_a_proj_with_mqa.w, m.kv_b_proj.w, m.g_proj.w, m.o_proj.w};
+}
+
 // x [T, hidden] act dtype (input_layernorm'ed) -> out [T, hidden] F32. Writes the new
 // tokens' rows into `cache` (this layer's pages) and attends over each sequence's rows.
 // rope_cos_sin [T, rope] F32 (model/layers/rope.h) turns q_pe and k_pe; empty: no rotary.

@@ -13,6 +13,9 @@ struct MlpWeights {
   bool empty() const { return gate.empty(); }
 };
 
+// Its matrices in the order a step reads them (a prefetch hint's list; issue #41).
+inline std::vector<Tensor> mlp_weights_read_order(const MlpWeights& m) { return {m.gate.w, m.up.w, m.down.w}; }
+
 // x [T, in] act dtype -> out [T, in] F32. reduce = false leaves out as this rank's partial
 // sum (its intermediate slice), for a caller that adds to it before one all-reduce.
 void mlp_forward(Ops& ops, const MlpWeights& w, const ActivationParams& act, const Tensor& x, Tensor out,

@@ -35,6 +35,13 @@ struct MoeWeights {
   Tensor latent_norm;         // [1, io] F32; empty when latent_moe_use_norm is false
 };
 
+// Its matrices but the routed experts (chosen per token) in the order a step reads them (a
+// prefetch hint's list; issue #41): the router, the latent down projection, the shared
+// experts, the latent up projection.
+inline std::vector<Tensor> moe_weights_read_order(const MoeWeights& m) {
+  return {m.router.w, m.latent_down.w, m.shared.gate.w, m.shared.up.w, m.shared.down.w, m.latent_up.w};
+}
+
 // x: the post_attention_layernorm'ed input [T, hidden] in F32 (the router's) and in the act
 // dtype (the projections'; the same tensor when act is F32) -> out [T, hidden] F32.
 void moe_forward(Ops& ops, const MoeWeights& w, const MoeDims& dims, const Tensor& x_f32, const Tensor& x_act,
