@@ -94,11 +94,14 @@ struct SparseSource {
   const int32_t* pages = nullptr;  // set by bind
   const int32_t* row = nullptr;
   __device__ int begin() const { return 0; }
-  // The row's selected count: the first -1, found by bisection (the row is increasing
-  // positions, then -1s): 11 reads at k = 2,048, where a scan read up to k in turn.
+  // The row's selected count: the first -1 (the row is increasing positions, then -1s).
+  // dsa_topk keeps min(k, visible) positions, which two reads confirm; any other row is
+  // bisected (11 reads at k = 2,048, where a scan read up to k in turn).
   __device__ int bind(int t) {
     pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
     row = selected + static_cast<int64_t>(t) * k;
+    const int expected = min(k, batch.positions[t] + 1);
+    if (expected > 0 && row[expected - 1] >= 0 && (expected == k || row[expected] < 0)) return expected;
     int lo = 0, hi = k;  // row[0, lo) >= 0, row[hi, k) < 0
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
