@@ -807,9 +807,9 @@ TEST_P(BackendOps, DsaOpsOnAMixedBatch) {
 // DSA at K3.1-Pro's widths, through the fast kernels (MOONRUN_DSA_FAST / cuda::set_dsa_fast)
 // and the reference ones: the top 2,048 of rows of up to 20,001 scores (several radix bins
 // and write tiles; random scores and coarse ones with many ties, where the lowest positions
-// must win), exact against the CPU; then MLA over that selection with 96 heads (six 16-head
-// groups on the tensor cores, the selection split over the SMs) on bf16 and fp8 rows, per
-// token against the CPU. Decode tokens after 20,000 / 5,000 / 2,047 / 1,999 positions (more,
+// must win), exact against the CPU; then MLA over that selection with 96 heads on bf16 rows
+// (the whole-token warpgroup-MMA decode kernel, two blocks of 48 heads) and fp8 rows (six
+// 16-head groups on mma.sync), the selection split over the SMs, per token against the CPU. Decode tokens after 20,000 / 5,000 / 2,047 / 1,999 positions (more,
 // exactly and fewer than 2,048 visible) and an 8-token chunk after 3,000.
 TEST_P(BackendOps, DsaAtK31Widths) {
   Backends& B = b();

@@ -959,7 +959,9 @@ bool sparse_mma_applies(const MlaShape& shape, DType cache_dtype, bool bf16_math
 }  // namespace
 
 size_t mla_sparse_partial_floats(int n_tokens, int num_heads, int kv_lora, int k) {
-  return partial_floats(n_tokens, num_heads, sparse_splits(n_tokens, num_heads, k), kv_lora);
+  // Enough for whichever kernel mla_attend_sparse picks.
+  return std::max(partial_floats(n_tokens, num_heads, sparse_splits(n_tokens, num_heads, k), kv_lora),
+                  partial_floats(n_tokens, num_heads, mla_decode_heads_splits(n_tokens, num_heads), kv_lora));
 }
 
 void mla_attend_sparse(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
@@ -972,6 +974,14 @@ void mla_attend_sparse(const float* q_abs, int n_tokens, const MlaShape& shape, 
     using Cache = typename decltype(tag)::type;
     const SparseSource<Cache> src{paged_rows<Cache>(cache), batch, selected, k, shape.kv_lora};
     if constexpr (!std::is_same_v<Cache, float>) {
+      if (dsa_fast() && std::is_same_v<Cache, bf16> && mla_decode_heads_applies(shape, cache.dtype)) {
+        // bf16 rows of K3's width on sm_90a: every head of a token in one block (up to 48) on
+        // the warpgroup MMAs, so a selected row is read once a token (twice at 96 heads), not
+        // once per 16 heads; the selection split over the SMs and combined after.
+        mla_decode_heads(q_abs, n_tokens, shape, batch, cache, /*only_short_seqs=*/false, o_lat, partials, stream,
+                         selected, k);
+        return;
+      }
       if (sparse_mma_applies(shape, cache.dtype, bf16_math)) {
         // 16 heads a block on the tensor cores, the selection split over the SMs (decode)
         // and the splits combined after, as the grouped absorbed decode does.

@@ -75,7 +75,26 @@ struct HeadsArgs {
   float* o_lat;     // [n_tokens, H, 512] when n_splits == 1
   float* part_acc;  // [n_tokens, H, n_splits, 512]
   float* part_ml;   // [n_tokens, H, n_splits, 2]
+  // DSA (issue 38): token t attends only the positions in its row of selected [n_tokens, k]
+  // (dsa_topk's: increasing positions, then -1s); its "position" j is an index into the row.
+  const int32_t* selected = nullptr;
+  int k = 0;
 };
+
+// The positions a block of token t walks: [0, visible) of its context, or of its selected
+// row (whose count is min(k, visible) where dsa_topk made it: two reads confirm it, else
+// bisection for the first -1).
+__device__ __forceinline__ int sparse_count(const int32_t* row, int k, int context) {
+  const int expected = min(k, context);
+  if (expected > 0 && row[expected - 1] >= 0 && (expected == k || row[expected] < 0)) return expected;
+  int lo = 0, hi = k;  // row[0, lo) >= 0, row[hi, k) < 0
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (row[mid] >= 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
 
 template <int N, bool kTransA>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate) {
@@ -92,13 +111,14 @@ __device__ __forceinline__ void group_barrier(int wg) {  // the 128 threads of w
 // stale NaN would not be), 16-byte pieces in the swizzle. Warp w takes rows 8w .. 8w + 7, its
 // lanes the pieces of a row (32 at a time), so a row's address (a page-table read and a
 // division) is worked out once a warp, not once a piece.
+// sel: a DSA selection row (position c0 + r is sel[c0 + r]); null: the context itself.
 __device__ __forceinline__ void load_round(unsigned char* buf, const PagedRows<bf16>& cache, const int32_t* pages,
-                                           int c0, int n) {
+                                           int c0, int n, const int32_t* sel) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int rr = 0; rr < kKeys / (kHeadsThreads / 32); ++rr) {
     const int r = (kKeys / (kHeadsThreads / 32)) * warp + rr;
-    const bf16* src = r < n ? cache.at(pages, c0 + r) : nullptr;
+    const bf16* src = r < n ? cache.at(pages, sel ? sel[c0 + r] : c0 + r) : nullptr;
 #pragma unroll
     for (int k = 0; k < (kRow / 8 + 31) / 32; ++k) {
       const int c = lane + 32 * k;
@@ -131,7 +151,8 @@ __global__ void __launch_bounds__(kHeadsThreads, 1) decode_heads_kernel(const He
   if (!computes(a.batch, t, a.only_short_seqs)) return;  // uniform over the block
   const int heads_here = min(a.heads_per_block, a.num_heads - h0);
   const int32_t* pages = a.batch.page_table + a.batch.seqs[a.batch.token_seq[t]].page_start;
-  const int visible = a.batch.positions[t] + 1;
+  const int32_t* sel = a.selected ? a.selected + static_cast<int64_t>(t) * a.k : nullptr;
+  const int visible = sel ? sparse_count(sel, a.k, a.batch.positions[t] + 1) : a.batch.positions[t] + 1;
   const int span = ((visible + a.n_splits - 1) / a.n_splits + kKeys - 1) / kKeys * kKeys;
   const int begin = min(visible, split * span), end = min(visible, begin + span);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4, wl = warp % 4;
@@ -159,7 +180,7 @@ __global__ void __launch_bounds__(kHeadsThreads, 1) decode_heads_kernel(const He
     for (int i = 0; i < NH / 2; ++i) acc[mt][i] = 0.0f;
   float l_part[OWN][2] = {};  // this thread's share of its owned heads' denominators
 
-  if (begin < end) load_round(rows, a.cache, pages, begin, min(kKeys, end - begin));
+  if (begin < end) load_round(rows, a.cache, pages, begin, min(kKeys, end - begin), sel);
   asm volatile("cp.async.commit_group;\n" ::: "memory");
   int buf = 0;
   const uint32_t q_base = smem_address(q_s), pt_base = smem_address(pt_s);
@@ -168,7 +189,7 @@ __global__ void __launch_bounds__(kHeadsThreads, 1) decode_heads_kernel(const He
     unsigned char* cur = rows + buf * kRoundBytes;
     __syncthreads();  // both groups are done with the other buffer, P^T and the swap area
     if (c0 + kKeys < end)
-      load_round(rows + (buf ^ 1) * kRoundBytes, a.cache, pages, c0 + kKeys, min(kKeys, end - c0 - kKeys));
+      load_round(rows + (buf ^ 1) * kRoundBytes, a.cache, pages, c0 + kKeys, min(kKeys, end - c0 - kKeys), sel);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     fence_view_async_shared();
@@ -673,9 +694,11 @@ int mla_decode_heads_splits(int n_tokens, int num_heads) {
 
 void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
                       const KvLayer& cache, bool only_short_seqs, float* o_lat, float* partials,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const int32_t* selected, int k) {
   if (n_tokens <= 0) return;
   HeadsArgs a{};
+  a.selected = selected;
+  a.k = k;
   a.q_abs = q_abs;
   a.cache = paged_rows<bf16>(cache);
   a.batch = batch;
@@ -688,7 +711,9 @@ void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, c
   a.part_acc = partials;
   a.part_ml = partials + static_cast<size_t>(n_tokens) * shape.num_heads * a.n_splits * kLatent;
   const dim3 grid((shape.num_heads + a.heads_per_block - 1) / a.heads_per_block, a.n_splits, n_tokens);
-  if (g_use_tma && cache.page_size_tokens % kTmaRows == 0 && reinterpret_cast<uintptr_t>(cache.base) % 16 == 0) {
+  // The TMA variant loads a round as boxes of whole pages: not a selection's scattered rows.
+  if (g_use_tma && !selected && cache.page_size_tokens % kTmaRows == 0 &&
+      reinterpret_cast<uintptr_t>(cache.base) % 16 == 0) {
     const CUtensorMap& map = rows_tensor_map(cache.base);
     auto launch = [&](auto kernel, size_t smem) {
       allow_dynamic_smem(kernel, smem);

@@ -109,9 +109,12 @@ int mla_decode_heads_splits(int n_tokens, int num_heads);
 // (the op tests run both), off by default until it is measured faster.
 void set_mla_decode_tma(bool on);
 bool mla_decode_tma();
+// With selected (DSA, issue 38): token t attends only the positions in its row of
+// selected [n_tokens, k] (every token computed: only_short_seqs false), on the lock-step
+// kernel (the TMA one loads whole pages).
 void mla_decode_heads(const float* q_abs, int n_tokens, const MlaShape& shape, const BatchTables& batch,
                       const KvLayer& cache, bool only_short_seqs, float* o_lat, float* partials,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const int32_t* selected = nullptr, int k = 0);
 // DSA's fast kernels (issue 38): the sparse attention on the tensor cores (below), the
 // top-k in few passes over a row (dsa_ops.cu); on with MOONRUN_DSA_FAST=1 or set_dsa_fast
 // (the op tests run both), off by default until measured on a GPU against the reference
