@@ -28,6 +28,10 @@
 #                  streams, with MOONRUN_DEBUG_STEP_PHASES logs; the slice's verify steps)
 #     --part experts (the routed-expert kernels by batch: the K2.7 and K3 slices at b = 1..128
 #                  with and without MOONRUN_EXPERT_MULTI_PASS, side by side)
+#     --part dsa  (issue #38: the fast DSA kernels' op tests and the K3.1 slice at 131k / 1M
+#                  with MOONRUN_DSA_FAST off and on)
+#     --part standin (issue #41: rank 0 of TP 8 on one GPU with stand-in collectives, the L2
+#                  prefetch beside them at STANDIN_PREFETCH_MB, the 12-head slice at 131k)
 #     --part sanitize
 #     --part e2e  with E2E_FILES="api errors load lifecycle disconnect structured sampling_params"
 #     --part e2e  with E2E_FILES="responses messages vision attacks shutdown operator multinode"
@@ -43,8 +47,8 @@ while [[ $# -gt 0 ]]; do
     --prebuilt) PREBUILT=$(cd "$2" && pwd); shift 2 ;;
     --part)
       case ${2:-} in
-        ops|demo|slice|long|spec|experts|sanitize|e2e|parallel) PARTS+=" $2 " ;;
-        *) echo "gpu-check: --part takes ops, demo, slice, long, spec, experts, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
+        ops|demo|slice|long|spec|experts|dsa|standin|sanitize|e2e|parallel) PARTS+=" $2 " ;;
+        *) echo "gpu-check: --part takes ops, demo, slice, long, spec, experts, dsa, standin, sanitize, e2e or parallel, not '${2:-}'" >&2; exit 2 ;;
       esac
       shift 2 ;;
     *) BUILD=$1; shift ;;
@@ -262,6 +266,56 @@ if [[ $PARTS == *" experts "* ]]; then
       grep -E '^\| [0-9]+ \|' "$OUT/experts-$m-multi$f.log"
     done
   done
+fi
+
+# 3e. DSA's fast kernels (issue #38; MOONRUN_DSA_FAST): their op tests (top-k exact, scores
+#     and sparse MLA against the CPU, with the switch on and off) and the K3.1 fixtures with it
+#     on, then the K3.1-width slice's decode at 131k (off and on) and 1M (on). Figures:
+#     $OUT/k31-{131k-fast0,131k-fast1,1m-fast1}.json.
+slice_bench() {  # slice-dir name env... -- args...
+  local dir=$1 name=$2; shift 2
+  local envs=()
+  while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  local t0=$(date +%s)
+  env "${envs[@]}" timeout "${SLICE_BENCH_TIMEOUT:-150}" "$EXE" bench-model --model "$dir" --device cuda "$@" \
+    --json-out "$OUT/$name.json" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  row "$name ($(( $(date +%s) - t0 )) s)" "$([[ $rc -eq 0 && -s $OUT/$name.json ]] && echo ok || echo FAIL)" \
+    "$(grep -E '^\| (1|8|128) \|' "$OUT/$name.log" | awk -F'|' '{printf "b=%s %s ms; ", $2, $3}')"
+  grep -E '^\| (1|8|128) \||dsa_|sparse' "$OUT/$name.log" | head -12
+}
+if [[ $PARTS == *" dsa "* ]]; then
+  run_ops "DSA op tests (fast and reference)" "*Dsa*" "$OUT/ops-dsa.log"
+  MOONRUN_DSA_FAST=1 run_ops "K3.1 fixtures, MOONRUN_DSA_FAST=1" "*k31*:*K31*" "$OUT/ops-k31-fast.log"
+  K31=/tmp/k31-slice
+  [[ -f $K31/config.json ]] || "$EXE" make-slice --config models/kimi-k3.1-pro.config.json --layers kda-dense,kda-moe,mla-moe \
+    --out "$K31" >"$OUT/make-k31-slice.log" 2>&1
+  for f in 1 0; do
+    slice_bench "$K31" "k31-131k-fast$f" MOONRUN_DSA_FAST=$f -- --context-length 1049600 --batch 1,8 --context 131072 --steps 8
+  done
+  slice_bench "$K31" k31-1m-fast1 MOONRUN_DSA_FAST=1 -- --context-length 1049600 --batch 1,8 --context 1048576 --steps 8
+fi
+
+# 3f. Rank 0 of a TP 8 x EP 8 group alone on this GPU with stand-in collectives (issue #41;
+#     bench-model --standin-collective-us): waits of 0 and 10 us, the split plan, the L2
+#     prefetch beside each collective at STANDIN_PREFETCH_MB (default "8 24 40"), and the
+#     12-head slice (TP 8's attention) at 131k. bench/project_parallel.py --standin-runs takes
+#     k3-tp8-standin0, k3-tp8-standin10 and the best k3-tp8-standin10-pf<MB>.
+if [[ $PARTS == *" standin "* ]]; then
+  K3=/tmp/k3-slice
+  [[ -f $K3/config.json ]] || "$EXE" make-slice --config kimi-k3 --layers kda-dense,kda-moe,mla-moe --out "$K3" \
+    >"$OUT/make-k3-slice.log" 2>&1
+  TP8=(--tp-size 8 --ep-size 8 --batch 1,128 --context 4096 --steps 16 --no-profile)
+  slice_bench "$K3" k3-tp8-standin0 MOONRUN_L2_PREFETCH_MB=0 -- "${TP8[@]}" --standin-collective-us 0
+  slice_bench "$K3" k3-tp8-standin10 MOONRUN_L2_PREFETCH_MB=0 -- "${TP8[@]}" --standin-collective-us 10
+  slice_bench "$K3" k3-tp8-split-standin10 MOONRUN_L2_PREFETCH_MB=0 -- "${TP8[@]}" --standin-collective-us 10 \
+    --split-latent-moe --split-router
+  for mb in ${STANDIN_PREFETCH_MB:-8 24 40}; do
+    slice_bench "$K3" "k3-tp8-standin10-pf$mb" MOONRUN_L2_PREFETCH_MB=$mb -- "${TP8[@]}" --standin-collective-us 10
+  done
+  slice_bench "$K3" k3-tp8-12heads-131k MOONRUN_L2_PREFETCH_MB=0 -- --tp-size 8 --ep-size 8 --standin-collective-us 0 \
+    --context-length 1049600 --batch 1,8 --context 131072 --steps 8 --no-profile
 fi
 
 for tool in $(want sanitize && echo memcheck racecheck); do
