@@ -94,21 +94,10 @@ struct SparseSource {
   const int32_t* pages = nullptr;  // set by bind
   const int32_t* row = nullptr;
   __device__ int begin() const { return 0; }
-  // The row's selected count: the first -1 (the row is increasing positions, then -1s).
-  // dsa_topk keeps min(k, visible) positions, which two reads confirm; any other row is
-  // bisected (11 reads at k = 2,048, where a scan read up to k in turn).
   __device__ int bind(int t) {
     pages = batch.page_table + batch.seqs[batch.token_seq[t]].page_start;
     row = selected + static_cast<int64_t>(t) * k;
-    const int expected = min(k, batch.positions[t] + 1);
-    if (expected > 0 && row[expected - 1] >= 0 && (expected == k || row[expected] < 0)) return expected;
-    int lo = 0, hi = k;  // row[0, lo) >= 0, row[hi, k) < 0
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (row[mid] >= 0) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
+    return selected_count(row, k, batch.positions[t] + 1);
   }
   __device__ const Cache* key_a(int j, int) const { return cache.at(pages, row[j]); }
   __device__ const Cache* key_b(int j) const { return cache.at(pages, row[j]) + kv_lora; }
@@ -818,6 +807,33 @@ size_t partial_floats(int n_tokens, int num_heads, int n_splits, int out_dim) {
   return n_splits == 1 ? 0 : static_cast<size_t>(n_tokens) * num_heads * n_splits * (out_dim + 2);
 }
 
+// The splits' partials into o_lat, when the positions were split (combine_splits_kernel).
+template <class Source>
+void combine_if_split(const Source& src, int n_tokens, int num_heads, int n_splits, int kv_lora, float* part_acc,
+                      float* part_ml, float* o_lat, cudaStream_t stream) {
+  if (n_splits <= 1) return;
+  combine_splits_kernel<<<dim3(n_tokens, num_heads), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits, kv_lora,
+                                                                           o_lat, nullptr);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The grouped tensor-core kernel over src (16 heads a block, the positions in n_splits),
+// then the combine: the absorbed decode's launch and the sparse one's.
+template <class Source>
+void launch_group_mma(const float* q_abs, const Source& src, int n_tokens, const MlaShape& shape, float scale,
+                      int n_splits, float* partials, float* o_lat, cudaStream_t stream) {
+  const int H = shape.num_heads;
+  MR_CHECK(n_splits == 1 || partials != nullptr) << "MLA attention partials";
+  float* part_acc = n_splits > 1 ? partials : nullptr;
+  float* part_ml = n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
+  const size_t smem = group_mma_smem_bytes(shape.row_width());
+  allow_dynamic_smem(attend_group_mma_kernel<Source>, smem);
+  attend_group_mma_kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(
+      q_abs, src, shape.kv_lora, shape.rope, scale, o_lat, part_acc, part_ml);
+  CUDA_CHECK_LAUNCH();
+  combine_if_split(src, n_tokens, H, n_splits, shape.kv_lora, part_acc, part_ml, o_lat, stream);
+}
+
 }  // namespace
 
 size_t mla_plain_partial_floats(int n_tokens, int num_heads, int n_positions, int v_dim) {
@@ -911,26 +927,18 @@ void mla_attend_absorbed(const float* q_abs, int n_tokens, const MlaShape& shape
       else
         grouped = mma;
       if (n_tokens > 0 && grouped) {
-        float* part_acc = n_splits > 1 ? partials : nullptr;
-        float* part_ml =
-            n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
-        const dim3 grid(n_tokens, H / kGroupHeads, n_splits);
         if (mma) {
-          const size_t smem = group_mma_smem_bytes(shape.row_width());
-          allow_dynamic_smem(attend_group_mma_kernel<AbsorbedSource<Cache>>, smem);
-          attend_group_mma_kernel<<<grid, kThreads, smem, stream>>>(q_abs, src, shape.kv_lora, shape.rope, scale,
-                                                                    o_lat, part_acc, part_ml);
+          launch_group_mma(q_abs, src, n_tokens, shape, scale, n_splits, partials, o_lat, stream);
         } else if constexpr (std::is_same_v<Cache, bf16>) {
+          float* part_acc = n_splits > 1 ? partials : nullptr;
+          float* part_ml =
+              n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
           const size_t smem = group_smem_bytes(shape.row_width());
           allow_dynamic_smem(attend_group_kernel, smem);
-          attend_group_kernel<<<grid, kThreads, smem, stream>>>(q_abs, src, shape.kv_lora, shape.rope, scale, o_lat,
-                                                                part_acc, part_ml);
-        }
-        CUDA_CHECK_LAUNCH();
-        if (n_splits > 1) {
-          combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
-                                                                           shape.kv_lora, o_lat, nullptr);
+          attend_group_kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(
+              q_abs, src, shape.kv_lora, shape.rope, scale, o_lat, part_acc, part_ml);
           CUDA_CHECK_LAUNCH();
+          combine_if_split(src, n_tokens, H, n_splits, shape.kv_lora, part_acc, part_ml, o_lat, stream);
         }
         return;
       }
@@ -985,20 +993,7 @@ void mla_attend_sparse(const float* q_abs, int n_tokens, const MlaShape& shape, 
       if (sparse_mma_applies(shape, cache.dtype, bf16_math)) {
         // 16 heads a block on the tensor cores, the selection split over the SMs (decode)
         // and the splits combined after, as the grouped absorbed decode does.
-        const int n_splits = sparse_splits(n_tokens, H, k);
-        MR_CHECK(n_splits == 1 || partials != nullptr) << "MLA sparse attention partials";
-        float* part_acc = n_splits > 1 ? partials : nullptr;
-        float* part_ml = n_splits > 1 ? partials + static_cast<size_t>(n_tokens) * H * n_splits * shape.kv_lora : nullptr;
-        const size_t smem = group_mma_smem_bytes(shape.row_width());
-        allow_dynamic_smem(attend_group_mma_kernel<SparseSource<Cache>>, smem);
-        attend_group_mma_kernel<<<dim3(n_tokens, H / kGroupHeads, n_splits), kThreads, smem, stream>>>(
-            q_abs, src, shape.kv_lora, shape.rope, scale, o_lat, part_acc, part_ml);
-        CUDA_CHECK_LAUNCH();
-        if (n_splits > 1) {
-          combine_splits_kernel<<<dim3(n_tokens, H), kThreads, 0, stream>>>(src, part_acc, part_ml, n_splits,
-                                                                           shape.kv_lora, o_lat, nullptr);
-          CUDA_CHECK_LAUNCH();
-        }
+        launch_group_mma(q_abs, src, n_tokens, shape, scale, sparse_splits(n_tokens, H, k), partials, o_lat, stream);
         return;
       }
     }

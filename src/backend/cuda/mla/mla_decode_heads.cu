@@ -81,21 +81,6 @@ struct HeadsArgs {
   int k = 0;
 };
 
-// The positions a block of token t walks: [0, visible) of its context, or of its selected
-// row (whose count is min(k, visible) where dsa_topk made it: two reads confirm it, else
-// bisection for the first -1).
-__device__ __forceinline__ int sparse_count(const int32_t* row, int k, int context) {
-  const int expected = min(k, context);
-  if (expected > 0 && row[expected - 1] >= 0 && (expected == k || row[expected] < 0)) return expected;
-  int lo = 0, hi = k;  // row[0, lo) >= 0, row[hi, k) < 0
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (row[mid] >= 0) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 template <int N, bool kTransA>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate) {
   if constexpr (N == 16) wgmma::mma_m64n16k16_ss<kTransA>(d, a, b, accumulate);
@@ -152,7 +137,7 @@ __global__ void __launch_bounds__(kHeadsThreads, 1) decode_heads_kernel(const He
   const int heads_here = min(a.heads_per_block, a.num_heads - h0);
   const int32_t* pages = a.batch.page_table + a.batch.seqs[a.batch.token_seq[t]].page_start;
   const int32_t* sel = a.selected ? a.selected + static_cast<int64_t>(t) * a.k : nullptr;
-  const int visible = sel ? sparse_count(sel, a.k, a.batch.positions[t] + 1) : a.batch.positions[t] + 1;
+  const int visible = sel ? selected_count(sel, a.k, a.batch.positions[t] + 1) : a.batch.positions[t] + 1;
   const int span = ((visible + a.n_splits - 1) / a.n_splits + kKeys - 1) / kKeys * kKeys;
   const int begin = min(visible, split * span), end = min(visible, begin + span);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4, wl = warp % 4;

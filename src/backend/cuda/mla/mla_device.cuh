@@ -93,4 +93,20 @@ __device__ __forceinline__ bool computes(const BatchTables& b, int t, bool only_
   return !only_short_seqs || b.seqs[b.token_seq[t]].n_new <= kShortSeqMaxNewTokens;
 }
 
+// DSA (issue 38): how many positions a selected row [k] (dsa_topk's: increasing positions,
+// then -1s) lists, for a token with `visible` positions. The top-k keeps min(k, visible),
+// which two reads confirm; any other row is bisected for its first -1 (11 reads at k =
+// 2,048, where a scan read up to k in turn).
+__device__ __forceinline__ int selected_count(const int32_t* row, int k, int visible) {
+  const int expected = min(k, visible);
+  if (expected > 0 && row[expected - 1] >= 0 && (expected == k || row[expected] < 0)) return expected;
+  int lo = 0, hi = k;  // row[0, lo) >= 0, row[hi, k) < 0
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (row[mid] >= 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 }  // namespace moonrun::cuda::mla_detail
