@@ -54,6 +54,11 @@ __global__ void index_store_kernel(const float* __restrict__ k, int dim, const f
   }
 }
 
+// -inf into row[from, to), by the whole block: the scores of positions past a token's own.
+__device__ __forceinline__ void mask_scores(float* row, int64_t from, int64_t to) {
+  for (int64_t p = from + threadIdx.x; p < to; p += blockDim.x) row[p] = -INFINITY;
+}
+
 // One key row of the pool as floats, into a warp's shared row (lanes over the values).
 __device__ __forceinline__ void load_key(const float* kp, int dim, int lane, float* key) {
   for (int d = lane; d < dim; d += 32) key[d] = kp[d];
@@ -88,7 +93,7 @@ __global__ void index_scores_kernel(const float* __restrict__ q, const float* __
   const int64_t p0 = static_cast<int64_t>(blockIdx.y) * kPositionsPerBlock;
   float* row = scores + static_cast<int64_t>(r) * cols;
   if (p0 >= visible) {  // all masked: no loads
-    for (int i = threadIdx.x; i < kPositionsPerBlock && p0 + i < cols; i += blockDim.x) row[p0 + i] = -INFINITY;
+    mask_scores(row, p0, min(p0 + kPositionsPerBlock, cols));
     return;
   }
   for (int i = threadIdx.x; i < heads * dim; i += blockDim.x)
@@ -159,7 +164,7 @@ __global__ void __launch_bounds__(kMmaScoreWarps * 32) index_scores_mma_kernel(
   const int64_t p0 = static_cast<int64_t>(blockIdx.y) * kMmaPositionsPerBlock;
   float* row = scores + static_cast<int64_t>(r) * cols;
   if (p0 >= visible) {  // all masked: no loads
-    for (int i = threadIdx.x; i < kMmaPositionsPerBlock && p0 + i < cols; i += blockDim.x) row[p0 + i] = -INFINITY;
+    mask_scores(row, p0, min(p0 + kMmaPositionsPerBlock, cols));
     return;
   }
   for (int i = threadIdx.x; i < H * kMmaIndexDim; i += blockDim.x)
@@ -236,9 +241,7 @@ __global__ void __launch_bounds__(kMmaScoreWarps * 32) index_scores_mma_kernel(
     __syncwarp();  // the staged rows are read before the next tile overwrites them
   }
   // The block's positions past the token's (a warp stopped at them): -inf.
-  const int64_t masked_from = max(p0, static_cast<int64_t>(visible));
-  for (int64_t p = masked_from + threadIdx.x; p < min(p0 + kMmaPositionsPerBlock, cols); p += blockDim.x)
-    row[p] = -INFINITY;
+  mask_scores(row, max(p0, static_cast<int64_t>(visible)), min(p0 + kMmaPositionsPerBlock, cols));
 }
 
 // Order-preserving map of a float to an unsigned integer (larger float, larger key).
